@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Creates .venv with legato and its test dependencies. torch is pinned first:
+# a bare `torch` requirement with no torch installed pulls several GB of CUDA
+# wheels, while 2.13.0 is the CPU build this machine kind provides.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+TORCH_SPEC=${LEGATO_TORCH_SPEC:-torch==2.13.0}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
+    .venv/bin/pip install -q "$TORCH_SPEC"
+fi
+.venv/bin/pip install -q -e '.[test]'

@@ -1,0 +1,5 @@
+import sys
+
+from trainer.launch import main
+
+sys.exit(main())

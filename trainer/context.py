@@ -1,0 +1,70 @@
+"""What a training entrypoint receives on each rank: settings, identity, and session factories.
+
+A user entrypoint `pkg.mod:fn` is called as `fn(ctx)` on every rank after the
+process group is up and the seeds are set; it returns an exit code (or None
+for 0). The built-in loop is such an entrypoint too. This module only wires
+config values into the public API; it holds no training logic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader
+
+from trainer import checkpoint as ckpt
+from trainer.config import Config, training_settings
+from trainer.determinism import Seeds
+from trainer.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader, stop_signals
+
+
+@dataclass
+class RunContext:
+    cfg: Config
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    seeds: Seeds
+    on_event: Callable[[dict], None] = field(default=lambda event: None)
+
+    @property
+    def run_dir(self) -> Path:
+        return self.cfg.run_dir
+
+    @property
+    def options(self) -> dict:
+        return self.cfg.train.options
+
+    def loader(self, dataset: Any, batch_size: int | None = None, **kwargs: Any) -> DataLoader:
+        return resumable_loader(
+            dataset,
+            batch_size or self.cfg.train.batch_size,
+            seed=self.cfg.determinism.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+            num_workers=self.cfg.train.num_workers,
+            **kwargs,
+        )
+
+    def session(self, **kwargs: Any) -> Session:
+        """A Session with checkpoint, stop and chaos policies from the config; kwargs as for Session."""
+        c, chaos = self.cfg.checkpoint, self.cfg.chaos
+        kwargs.setdefault("total_steps", self.cfg.train.steps)
+        return Session(
+            self.run_dir,
+            checkpoint=CheckpointPolicy(c.every_steps, c.every_minutes, c.keep_last, c.verify, c.hash_every_steps),
+            stop=StopPolicy(stop_signals(self.cfg.slurm.signal, self.cfg.slurm.handle_sigterm)),
+            chaos=Chaos(
+                signal_rank=chaos.signal_rank,
+                signal_at_steps=tuple(chaos.signal_at_steps),
+                skip_restore=frozenset(chaos.skip_restore),
+                kill=ckpt.KillPoint(chaos.kill_in_checkpoint, chaos.kill_point) if chaos.kill_in_checkpoint else None,
+            ),
+            training=training_settings(self.cfg),
+            on_event=self.on_event,
+            **kwargs,
+        )

@@ -1,0 +1,81 @@
+"""Seeding and determinism switches for one rank.
+
+One run seed fans out to a per-rank seed, derived from (seed, rank) by a hash
+so ranks never share a stream. Strict mode turns on every switch PyTorch has
+for run-to-run determinism; fast mode leaves the kernels alone but still
+records every seed so the run can be replayed. This module must never read or
+write checkpoint files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from trainer.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+CUBLAS_WORKSPACE = ":4096:8"
+
+
+@dataclass(frozen=True)
+class Seeds:
+    """Every seed a rank was started with: enough to replay it."""
+
+    run_seed: int
+    rank: int
+    rank_seed: int
+    mode: str
+    pythonhashseed: str | None
+
+
+def derive_seed(*parts: int | str) -> int:
+    """A 63-bit seed that is a pure function of `parts` (never of process state)."""
+    text = ":".join(str(p) for p in parts).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
+
+
+def seed_everything(seed: int, rank: int = 0, mode: str = "strict") -> Seeds:
+    """Seed python, numpy, torch CPU and every CUDA device for this rank.
+
+    In strict mode also enables deterministic algorithms and requires that
+    PYTHONHASHSEED was set before the interpreter started (it cannot be set
+    afterwards).
+    """
+    if mode not in ("strict", "fast"):
+        raise UsageError(f"determinism mode {mode!r} is not strict or fast.")
+    hashseed = os.environ.get("PYTHONHASHSEED")
+    if mode == "strict":
+        _enable_strict(hashseed)
+    rank_seed = derive_seed("rank", seed, rank)
+    random.seed(rank_seed)
+    np.random.seed(rank_seed % 2**32)
+    torch.manual_seed(rank_seed)  # seeds every CUDA device too
+    seeds = Seeds(run_seed=seed, rank=rank, rank_seed=rank_seed, mode=mode, pythonhashseed=hashseed)
+    log.info("seeded rank %d: run seed %d, rank seed %d, mode %s, PYTHONHASHSEED=%s", rank, seed, rank_seed, mode, hashseed)
+    return seeds
+
+
+def _enable_strict(hashseed: str | None) -> None:
+    if hashseed is None or hashseed == "random":
+        raise UsageError(
+            "Strict determinism needs PYTHONHASHSEED set before Python starts (set order and str hashes depend on it). "
+            "Export PYTHONHASHSEED=0 (legato's launchers do this for you) or set determinism.mode: fast."
+        )
+    if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            raise UsageError(
+                "Strict determinism needs CUBLAS_WORKSPACE_CONFIG set before CUDA starts, but CUDA was already initialised. "
+                f"Export CUBLAS_WORKSPACE_CONFIG={CUBLAS_WORKSPACE} before launching, or call seed_everything before touching CUDA."
+            )
+        os.environ["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE
+    torch.use_deterministic_algorithms(True)
+    torch.backends.cudnn.deterministic = True
+    torch.backends.cudnn.benchmark = False

@@ -1,0 +1,27 @@
+"""User-facing errors and the exit codes they map to.
+
+Every problem a user can fix (a bad config, a missing file, a checkpoint that
+does not fit this run) is raised as a `UsageError`: one paragraph naming the
+problem and the fix. Entry points turn it into exit code 2 with no traceback.
+This module must never import anything heavy: the CLI imports it first.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_RESUME_MISMATCH = 3
+EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped at a committed checkpoint, run again to resume
+
+
+class UsageError(Exception):
+    """A problem in the user's input, explained in one paragraph."""
+
+    exit_code = EXIT_USAGE
+
+
+class ResumeMismatchError(Exception):
+    """The restored state does not hash to what the checkpoint recorded."""
+
+    exit_code = EXIT_RESUME_MISMATCH

@@ -1,0 +1,124 @@
+"""One rank of a training job: logging, threads, seeds, process group, entrypoint, exit code.
+
+`run_rank` is what every launcher calls on every rank (the local launcher of
+`python -m trainer`, and the submitit job function). It maps outcomes to exit
+codes: 0 done, 75 stopped at a committed checkpoint, 2 a user-fixable problem
+(printed as one paragraph by rank 0), 3 a resume that failed verification,
+1 anything else (with its traceback).
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import logging
+import os
+import sys
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import Config
+from trainer.context import RunContext
+from trainer.determinism import seed_everything
+from trainer.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+
+    @classmethod
+    def from_environ(cls) -> "RankEnv":
+        env = os.environ
+        world = int(env.get("WORLD_SIZE", "1"))
+        return cls(
+            rank=int(env.get("RANK", "0")),
+            world_size=world,
+            local_rank=int(env.get("LOCAL_RANK", "0")),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29500")),
+        )
+
+
+def resolve_entrypoint(cfg: Config) -> Callable[[RunContext], int | None]:
+    """The function to call on each rank: the user's `pkg.mod:fn` or the bundled loop."""
+    if cfg.train.entrypoint is None:
+        from trainer.loop import train
+
+        return train
+    module_name, _, func_name = cfg.train.entrypoint.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UsageError(
+            f"train.entrypoint {cfg.train.entrypoint!r}: module {module_name!r} cannot be imported ({exc}). "
+            "Check the spelling, and that its package is installed or its directory is on PYTHONPATH."
+        ) from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise UsageError(
+            f"train.entrypoint {cfg.train.entrypoint!r}: module {module_name!r} has no function {func_name!r}. "
+            "Name a function that takes the run context, as in \"mypkg.train:main\"."
+        )
+    return func
+
+
+def setup_logging(rank: int) -> None:
+    logging.basicConfig(
+        level=os.environ.get("LEGATO_LOG_LEVEL", "INFO"),
+        format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None = None) -> int:
+    """Run this rank of the job to its end and return the exit code."""
+    setup_logging(env.rank)
+    try:
+        return _run(cfg, env, on_event)
+    except UsageError as exc:
+        if env.rank == 0:
+            sys.stderr.write(f"error: {exc}\n")
+        return exc.exit_code
+    except ResumeMismatchError as exc:
+        log.error("%s", exc)
+        return exc.exit_code
+    except Exception:
+        log.exception("rank %d failed", env.rank)
+        return EXIT_FAILED
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _run(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None) -> int:
+    torch.set_num_threads(cfg.determinism.threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
+    entrypoint = resolve_entrypoint(cfg)
+    seeds = seed_everything(cfg.determinism.seed, env.rank, cfg.determinism.mode)
+    use_cuda = torch.cuda.is_available()
+    device = torch.device("cuda", env.local_rank) if use_cuda else torch.device("cpu")
+    if use_cuda:
+        torch.cuda.set_device(device)
+    if env.world_size > 1:
+        dist.init_process_group(
+            "nccl" if use_cuda else "gloo",
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(seconds=cfg.train.collective_timeout_s),
+        )
+    ctx = RunContext(cfg, env.rank, env.world_size, env.local_rank, device, seeds, on_event or (lambda event: None))
+    code = entrypoint(ctx)
+    return EXIT_OK if code is None else int(code)

@@ -1,0 +1,127 @@
+"""`python -m trainer CONFIG --nproc N`: run the trainer on N local processes, no supervisor.
+
+Starts N real processes (gloo on CPU), forwards the stop signal to all of
+them, and exits with the job's code: 0 training complete, 75 stopped at a
+committed checkpoint (run the same command again to resume), 2 bad input.
+When one rank fails, the others are killed rather than left in a collective.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from trainer.config import load_config
+from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from trainer.job import resolve_entrypoint
+from trainer.stop import parse_signal
+
+POLL_S = 0.05
+KILL_GRACE_S = 5.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m trainer", description="Run the legato trainer locally on N processes.")
+    parser.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
+    parser.add_argument("--nproc", type=int, default=None, help="number of ranks (default: local.tasks from the config)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+        resolve_entrypoint(cfg)
+        nproc = args.nproc if args.nproc is not None else cfg.local.tasks
+        if nproc < 1:
+            raise UsageError(f"--nproc is {nproc}; it must be at least 1.")
+    except UsageError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    return run_local(Path(args.config), args.overrides, nproc, stop_signal=parse_signal(cfg.slurm.signal))
+
+
+def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signal.Signals) -> int:
+    port = free_port()
+    procs = [subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port)) for rank in range(nproc)]
+
+    def forward(signum: int, frame: object) -> None:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signum)
+
+    previous = signal.signal(stop_signal, forward)
+    try:
+        return _wait(procs)
+    finally:
+        signal.signal(stop_signal, previous)
+
+
+def _rank_command(config: Path, overrides: list[str]) -> list[str]:
+    cmd = [sys.executable, "-m", "trainer.rank", str(config)]
+    for item in overrides:
+        cmd += ["--set", item]
+    return cmd
+
+
+def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("PYTHONHASHSEED", "0")
+    env.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    return env
+
+
+def _wait(procs: list[subprocess.Popen]) -> int:
+    """Wait for every rank; if one fails, stop the rest. Returns the job's exit code."""
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [c for c in codes if c is not None and c not in (EXIT_OK, EXIT_STOPPED)]
+        if failed:
+            _kill_all(procs)
+            return _job_code(failed)
+        if all(c is not None for c in codes):
+            return _job_code(codes)
+        time.sleep(POLL_S)
+
+
+def _job_code(codes: list[int]) -> int:
+    if all(c == EXIT_OK for c in codes):
+        return EXIT_OK
+    if all(c == EXIT_STOPPED for c in codes):
+        return EXIT_STOPPED
+    if EXIT_USAGE in codes:
+        return EXIT_USAGE
+    real = [c for c in codes if c not in (EXIT_OK, EXIT_STOPPED)]
+    if real and real[0] > 0:
+        return real[0]
+    return EXIT_FAILED
+
+
+def _kill_all(procs: list[subprocess.Popen]) -> None:
+    deadline = time.monotonic() + KILL_GRACE_S
+    for p in procs:
+        while p.poll() is None and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+        if p.poll() is None:
+            p.kill()
+            p.wait()

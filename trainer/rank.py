@@ -1,0 +1,18 @@
+"""Process entry for one rank started by the local launcher (identity from RANK, WORLD_SIZE, ...)."""
+
+from __future__ import annotations
+
+import sys
+
+from trainer.job import RankEnv, run_rank
+from trainer.launch import parse_args
+from trainer.config import load_config
+
+
+def main() -> int:
+    args = parse_args(sys.argv[1:])
+    return run_rank(load_config(args.config, args.overrides), RankEnv.from_environ())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""Exact data position: a resumable distributed sampler and worker seeding.
+
+The sampler's whole state is (seed, epoch, position within this rank's share
+of the epoch). Its order is a pure function of (seed, epoch), so it resumes in
+the middle of an epoch without touching the samples it skips. Per-sample
+randomness (augmentations) comes from `sample_generator(seed, epoch, index)`,
+which depends neither on the worker count nor on where a run was cut. Nothing
+here may read the global RNGs.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+from trainer.determinism import derive_seed
+
+
+class ResumableDistributedSampler(Sampler[int]):
+    """Shuffles `length` indices per epoch and yields this rank's share from `position` on."""
+
+    def __init__(self, length: int, rank: int, world_size: int, seed: int, shuffle: bool = True) -> None:
+        if length < world_size:
+            raise ValueError(f"dataset of {length} samples cannot be split over {world_size} ranks")
+        self.length = length
+        self.rank = rank
+        self.world_size = world_size
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epoch = 0
+        self.position = 0
+        self.per_rank = length // world_size
+
+    def set_position(self, epoch: int, position: int) -> None:
+        """Next iteration yields sample `position` of this rank's share of `epoch`."""
+        if not 0 <= position <= self.per_rank:
+            raise ValueError(f"position {position} outside 0..{self.per_rank}")
+        self.epoch = epoch
+        self.position = position
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "epoch": self.epoch, "position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = state["seed"]
+        self.set_position(state["epoch"], state["position"])
+
+    def epoch_order(self, epoch: int) -> torch.Tensor:
+        """This rank's indices for `epoch`, in order (drops the tail that does not split evenly)."""
+        if self.shuffle:
+            gen = torch.Generator().manual_seed(derive_seed("order", self.seed, epoch))
+            order = torch.randperm(self.length, generator=gen)
+        else:
+            order = torch.arange(self.length)
+        return order[: self.per_rank * self.world_size][self.rank :: self.world_size]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.epoch_order(self.epoch)[self.position :].tolist())
+
+    def __len__(self) -> int:
+        return self.per_rank - self.position
+
+
+def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """A generator owned by one sample of one epoch: the source of its augmentation randomness."""
+    return torch.Generator().manual_seed(derive_seed("sample", seed, epoch, index))
+
+
+def worker_init(worker_id: int) -> None:
+    """DataLoader worker setup: ignore stop signals, seed python and numpy from torch's worker seed."""
+    import random
+
+    import numpy as np
+
+    for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    seed = torch.initial_seed()
+    random.seed(seed)
+    np.random.seed(seed % 2**32)

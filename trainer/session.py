@@ -1,0 +1,411 @@
+"""The exact-resume session: the public API around a user's own DDP loop.
+
+    session = Session(run_dir, model=ddp, optimizer=opt, loader=loader, total_steps=1000, scheduler=sched)
+    for batch in session:
+        loss = step(batch)
+        session.report(loss)
+    sys.exit(session.exit_code)
+
+Iterating restores the newest verified checkpoint (model, optimizer and loader
+state first, RNG last, then the state hash is recomputed on every rank and
+checked against the manifest), yields batches from the exact data position,
+and after each step logs the trajectory, takes part in the agreed stop and
+writes barrier checkpoints. The session never reaches into the orchestrator;
+it reports what happens through plain-dict events.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader
+
+from trainer import checkpoint as ckpt
+from trainer import rng
+from trainer.determinism import derive_seed
+from trainer.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
+from trainer.hashing import digest, global_hash, rank_hash
+from trainer.sampler import ResumableDistributedSampler
+from trainer.stop import StopAgreement, StopFlag, parse_signal
+from trainer.trajectory import TrajectoryWriter, trajectory_path
+
+log = logging.getLogger(__name__)
+
+LOADER_GENERATOR = "loader"
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> Any: ...
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    every_steps: int = 0
+    every_minutes: float = 0.0
+    keep_last: int = 3
+    verify: str = "error"  # "error" or "warn" on a resume whose state hash does not match
+    hash_every_steps: int = 10
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    signals: tuple[str, ...] = ("USR2",)
+
+
+@dataclass(frozen=True)
+class Chaos:
+    """Fault injection for tests and demos; all off by default."""
+
+    signal_rank: int = 0
+    signal_at_steps: tuple[int, ...] = ()
+    skip_restore: frozenset[str] = frozenset()
+    kill: ckpt.KillPoint | None = None
+
+
+@dataclass
+class Resumed:
+    step: int
+    path: Path
+    expected_hash: str
+    recomputed_hash: str
+    mismatches: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def match(self) -> bool:
+        return not self.mismatches
+
+
+def resumable_loader(
+    dataset: Any, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, shuffle: bool = True, **kwargs: Any
+) -> DataLoader:
+    """A DataLoader whose position the Session can save and restore exactly."""
+    from trainer.sampler import worker_init
+
+    sampler = ResumableDistributedSampler(len(dataset), rank, world_size, seed, shuffle=shuffle)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=num_workers,
+        worker_init_fn=worker_init if num_workers else None,
+        generator=torch.Generator(),
+        persistent_workers=False,
+        **kwargs,
+    )
+
+
+class Session:
+    def __init__(
+        self,
+        run_dir: str | Path,
+        *,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loader: DataLoader,
+        total_steps: int,
+        scheduler: Stateful | None = None,
+        scaler: Stateful | None = None,
+        extras: Mapping[str, Stateful] | None = None,
+        checkpoint: CheckpointPolicy = CheckpointPolicy(),
+        stop: StopPolicy = StopPolicy(),
+        chaos: Chaos = Chaos(),
+        training: dict | None = None,
+        on_event: Callable[[dict], None] | None = None,
+    ) -> None:
+        sampler = loader.sampler
+        if not isinstance(sampler, ResumableDistributedSampler) or loader.generator is None or not loader.drop_last:
+            raise TypeError("Session needs a loader from resumable_loader(): a ResumableDistributedSampler, a generator and drop_last")
+        self.run_dir = Path(run_dir)
+        self.model = model
+        self.optimizer = optimizer
+        self.loader = loader
+        self.sampler = sampler
+        self.total_steps = total_steps
+        self.scheduler = scheduler
+        self.scaler = scaler
+        self.extras = dict(extras or {})
+        self.policy = checkpoint
+        self.chaos = chaos
+        self.training = training
+        self.on_event = on_event or (lambda event: None)
+        self.steps_per_epoch = sampler.per_rank // loader.batch_size
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"batch size {loader.batch_size} is larger than a rank's share of the data ({sampler.per_rank})")
+
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
+        self.world_size = dist.get_world_size() if distributed else 1
+        # Control traffic gets its own gloo group: CPU tensors, and no interleaving with DDP's buckets.
+        self.group = dist.new_group(backend="gloo") if distributed else None
+        self.generators = {LOADER_GENERATOR: loader.generator}
+
+        self.step = 0
+        self.epoch = 0
+        self.step_in_epoch = 0
+        self.metrics = {"loss_sum": 0.0, "loss_count": 0}
+        self.stopped = False
+        self.resumed: Resumed | None = None
+        self.last_checkpoint: ckpt.Committed | None = None
+
+        self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
+        self._agreement = StopAgreement(self.group)
+        self._batches: Iterator | None = None
+        self._loss: float | None = None
+        self._lr: float | None = None
+        self._last_save_time = time.monotonic()
+        self._trajectory: TrajectoryWriter | None = None
+
+    # -- the loop -------------------------------------------------------
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_STOPPED if self.stopped else EXIT_OK
+
+    @property
+    def checkpoint_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    def __iter__(self) -> Iterator[Any]:
+        self._flag.install()
+        try:
+            self._begin()
+            while self.step < self.total_steps and not self.stopped:
+                if self._batches is None:
+                    self._batches = self._open_epoch()
+                batch = next(self._batches)
+                self._loss = None
+                self._lr = float(self.optimizer.param_groups[0]["lr"])
+                yield batch
+                self._end_step()
+        finally:
+            self._close()
+
+    def report(self, loss: torch.Tensor | float) -> None:
+        """Record this step's loss (exactly, as float.hex) and add it to the running accumulators."""
+        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        self._loss = value
+        self.metrics["loss_sum"] += value
+        self.metrics["loss_count"] += 1
+
+    def state_hash(self) -> tuple[dict[str, str], str]:
+        """This rank's component digests and rank hash, from the live objects (draws no RNG)."""
+        components = {name: digest(value) for name, value in self._state_components().items()}
+        return components, rank_hash(components)
+
+    # -- internals -------------------------------------------------------
+
+    def _begin(self) -> None:
+        found = self._select_checkpoint()
+        if found is None:
+            log.info("rank %d: no checkpoint under %s, starting at step 0", self.rank, self.checkpoint_root)
+        else:
+            self._restore(*found)
+        self._trajectory = TrajectoryWriter(trajectory_path(self.run_dir, self.rank), self.step)
+
+    def _open_epoch(self) -> Iterator[Any]:
+        # Reseeding per epoch makes the workers' base seed a function of (seed, rank, epoch),
+        # not of how many iterators this process happened to create before.
+        self.loader.generator.manual_seed(derive_seed("loader", self.sampler.seed, self.rank, self.epoch))
+        dataset_set_epoch = getattr(self.loader.dataset, "set_epoch", None)
+        if dataset_set_epoch is not None:
+            dataset_set_epoch(self.epoch)
+        self.sampler.set_position(self.epoch, self.step_in_epoch * self.loader.batch_size)
+        return iter(self.loader)
+
+    def _end_step(self) -> None:
+        self.step += 1
+        self.step_in_epoch += 1
+        if self.step_in_epoch == self.steps_per_epoch:
+            self.epoch += 1
+            self.step_in_epoch = 0
+            self._batches = None
+        self._record_trajectory()
+        if self.rank == self.chaos.signal_rank and self.step in self.chaos.signal_at_steps:
+            log.warning("chaos: rank %d sends itself %s after step %d", self.rank, self._flag.signals[0].name, self.step)
+            os.kill(os.getpid(), self._flag.signals[0])
+        clock_due = self.policy.every_minutes > 0 and time.monotonic() - self._last_save_time >= 60 * self.policy.every_minutes
+        decision = self._agreement.boundary(self._flag.raised, clock_due)
+        if self.step == self.total_steps:
+            self._save("final")
+        elif decision.stop:
+            self._on_stop()
+        elif decision.checkpoint_due or (self.policy.every_steps and self.step % self.policy.every_steps == 0):
+            self._save("periodic")
+
+    def _on_stop(self) -> None:
+        received = self._flag.received_at
+        self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": received})
+        log.info("rank %d: ranks agreed to stop after step %d", self.rank, self.step)
+        self._save("signal")
+        self.stopped = True
+
+    def _record_trajectory(self) -> None:
+        record = {"step": self.step, "epoch": self.epoch, "loss_hex": None if self._loss is None else self._loss.hex(), "lr": self._lr}
+        if self.policy.hash_every_steps and self.step % self.policy.hash_every_steps == 0:
+            record["state_hash"] = self.state_hash()[1]
+        assert self._trajectory is not None
+        self._trajectory.write(record)
+
+    def _state_components(self) -> dict[str, Any]:
+        parts: dict[str, Any] = {
+            "model": _unwrap(self.model).state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "counters": self._counters(),
+            "metrics": dict(self.metrics),
+            "data": self._data_position(),
+        }
+        if self.scheduler is not None:
+            parts["scheduler"] = self.scheduler.state_dict()
+        if self.scaler is not None:
+            parts["scaler"] = self.scaler.state_dict()
+        for name, obj in self.extras.items():
+            parts[f"extra.{name}"] = obj.state_dict()
+        parts.update(rng.capture(self.generators))
+        return parts
+
+    def _data_position(self) -> dict[str, int]:
+        """Where the next batch comes from: the sampler's state as of the steps consumed, not prefetched."""
+        return {"seed": self.sampler.seed, "epoch": self.epoch, "position": self.step_in_epoch * self.loader.batch_size}
+
+    def _counters(self) -> dict[str, int]:
+        return {"step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
+
+    def _save(self, reason: str) -> None:
+        assert self._trajectory is not None
+        self._trajectory.sync()
+        parts = self._state_components()
+        components = {name: digest(value) for name, value in parts.items()}
+        files: dict[str, Any] = {f"rank{self.rank}.pt": {k: v for k, v in parts.items() if k not in _REPLICATED}}
+        if self.rank == 0:
+            files["model.pt"] = parts["model"]
+            files["train_state.pt"] = {k: parts[k] for k in _REPLICATED if k != "model" and k in parts}
+        share = ckpt.RankShare(self.rank, files, components, rank_hash(components))
+        meta = {"reason": reason, "epoch": self.epoch, "training": self.training}
+        committed = ckpt.write_checkpoint(
+            self.checkpoint_root, self.step, share, self.world_size, self.group, meta, self.policy.keep_last, self.chaos.kill
+        )
+        self.last_checkpoint = committed
+        self._last_save_time = time.monotonic()
+        log.info("rank %d: %s checkpoint step %d committed in %.3fs, global hash %s", self.rank, reason, self.step, committed.seconds, committed.global_hash)
+        self.on_event(
+            {
+                "event": "checkpoint_committed",
+                "rank": self.rank,
+                "reason": reason,
+                "step": self.step,
+                "global_hash": committed.global_hash,
+                "seconds": committed.seconds,
+                "bytes": committed.bytes,
+            }
+        )
+
+    def _select_checkpoint(self) -> tuple[Path, dict] | None:
+        """Rank 0 picks the newest verified checkpoint and hands its manifest to the others."""
+        choice: list[Any] = [_pick(self.checkpoint_root, self.world_size, self.training) if self.rank == 0 else None]
+        if self.group is not None:
+            dist.broadcast_object_list(choice, src=0, group=self.group)
+        picked = choice[0]
+        if isinstance(picked, str):
+            raise UsageError(picked)
+        return None if picked is None else (Path(picked[0]), picked[1])
+
+    def _restore(self, path: Path, manifest: dict) -> None:
+        own = ckpt.load_file(path / f"rank{self.rank}.pt")
+        shared = ckpt.load_file(path / "train_state.pt")
+        _unwrap(self.model).load_state_dict(ckpt.load_file(path / "model.pt"))
+        self.optimizer.load_state_dict(shared["optimizer"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(shared["scheduler"])
+        if self.scaler is not None:
+            self.scaler.load_state_dict(shared["scaler"])
+        counters = shared["counters"]
+        self.step, self.epoch, self.step_in_epoch = counters["step"], counters["epoch"], counters["step_in_epoch"]
+        self.metrics = dict(own["metrics"])
+        for name, obj in self.extras.items():
+            obj.load_state_dict(own[f"extra.{name}"])
+        self.sampler.load_state_dict(own["data"])
+        self._batches = self._open_epoch()
+        # RNG goes last, right before the first resumed step: nothing may draw after it.
+        rng_state = {k: v for k, v in own.items() if k.startswith("rng.")}
+        rng.restore(rng_state, self.generators, skip=self.chaos.skip_restore)
+        self._verify(path, manifest)
+
+    def _verify(self, path: Path, manifest: dict) -> None:
+        components, own_hash = self.state_hash()
+        saved = manifest["ranks"][self.rank]["components"]
+        differing = sorted(name for name in set(saved) | set(components) if saved.get(name) != components.get(name))
+        reports: list[Any] = [(own_hash, differing)]
+        if self.group is not None:
+            reports = [None] * self.world_size
+            dist.all_gather_object(reports, (own_hash, differing), group=self.group)
+        recomputed = global_hash([h for h, _ in reports])
+        mismatches = {r: names for r, (_, names) in enumerate(reports) if names}
+        self.resumed = Resumed(self.step, path, manifest["global_hash"], recomputed, mismatches)
+        self.on_event(
+            {
+                "event": "resumed",
+                "rank": self.rank,
+                "step": self.step,
+                "path": str(path),
+                "expected_hash": manifest["global_hash"],
+                "recomputed_hash": recomputed,
+                "match": not mismatches,
+                "mismatches": {str(r): n for r, n in mismatches.items()},
+            }
+        )
+        if not mismatches:
+            log.info("rank %d: resumed at step %d from %s, global hash %s verified", self.rank, self.step, path, recomputed)
+            return
+        detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
+        message = (
+            f"Resume verification failed at step {self.step} ({path}): the restored state does not hash to what the "
+            f"checkpoint recorded. Differing components: {detail}. Something was not restored, or was changed after "
+            "restore (an RNG drawn between restore and the first step is the usual cause)."
+        )
+        if self.policy.verify == "warn":
+            log.warning("%s Continuing because checkpoint.verify is 'warn'.", message)
+            return
+        raise ResumeMismatchError(message)
+
+    def _close(self) -> None:
+        self._agreement.drain()
+        self._flag.uninstall()
+        self._batches = None
+        if self._trajectory is not None:
+            self._trajectory.close()
+            self._trajectory = None
+
+
+# Replicated across ranks by DDP: rank 0 writes one copy, every rank hashes its own.
+_REPLICATED = ("model", "optimizer", "scheduler", "scaler", "counters")
+
+def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
+    """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank."""
+    found = ckpt.newest_valid(root)
+    if found is None:
+        return None
+    path, manifest = found
+    try:
+        ckpt.check_compatible(manifest, path, world_size, training)
+    except UsageError as exc:
+        return str(exc)
+    return str(path), manifest
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
+
+
+def stop_signals(name: str, also_sigterm: bool) -> tuple[str, ...]:
+    return (name, "TERM") if also_sigterm and parse_signal(name) != signal.SIGTERM else (name,)

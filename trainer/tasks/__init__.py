@@ -1,0 +1,29 @@
+"""Built-in tasks: small models with data made on the spot, for demos, tests and benchmarks.
+
+A task builds a model, a dataset and a loss from plain options; it never
+touches the network, the filesystem or the global RNGs outside model init.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class Task:
+    model: torch.nn.Module
+    dataset: torch.utils.data.Dataset
+    loss: Callable[[torch.nn.Module, Any], torch.Tensor]
+
+
+def build_task(name: str, options: dict, seed: int) -> Task:
+    if name == "tiny_gpt":
+        from trainer.tasks.tiny_gpt import build
+    elif name == "mlp":
+        from trainer.tasks.mlp import build
+    else:
+        raise ValueError(f"unknown task {name!r}")
+    return build(options, seed)

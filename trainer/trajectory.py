@@ -1,0 +1,52 @@
+"""Per-rank trajectory log: one JSON line per step, for step-by-step comparison of runs.
+
+Each line holds at least `step`, `loss_hex` (float.hex of the loss, exact) and
+`lr`; every N steps also the rank's state hash. On resume the log is cut back
+to the resumed step, so it always describes the path that the surviving state
+took. It must never hold anything but plain JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import IO
+
+
+def trajectory_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / "trajectory" / f"rank{rank}.jsonl"
+
+
+def read_trajectory(path: Path) -> list[dict]:
+    """All complete lines of a trajectory; a torn last line (after a crash) is dropped."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+class TrajectoryWriter:
+    def __init__(self, path: Path, resume_step: int) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        kept = [r for r in read_trajectory(path) if r["step"] <= resume_step]
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        os.replace(tmp, path)
+        self._file: IO[str] = path.open("a", buffering=1)
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+
+    def sync(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+
+    def close(self) -> None:
+        self.sync()
+        self._file.close()
