@@ -273,6 +273,12 @@ def _coerce(key: str, value: Any, base: type, source: str) -> Any:
     ok = isinstance(value, base) and not (base in (int, float) and isinstance(value, bool))
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
+    if base is float and isinstance(value, str):
+        # PyYAML follows YAML 1.1, which reads 1e-3 (no dot) as a string.
+        try:
+            return float(value)
+        except ValueError:
+            pass
     if not ok:
         raise UsageError(
             f"{source}: {key} must be {_TYPE_WORDS[base]}, but it is {value!r} ({type(value).__name__}). "

@@ -286,7 +286,11 @@ class Session:
         self._trajectory.sync()
         parts = self._state_components()
         components = {name: digest(value) for name, value in parts.items()}
-        files: dict[str, Any] = {f"rank{self.rank}.pt": {k: v for k, v in parts.items() if k not in _REPLICATED}}
+        own = {k: v for k, v in parts.items() if k not in _REPLICATED}
+        # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
+        # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
+        own["model_buffers"] = {k: v for k, v in parts["model"].items() if k in _buffer_names(self.model)}
+        files: dict[str, Any] = {f"rank{self.rank}.pt": own}
         if self.rank == 0:
             files["model.pt"] = parts["model"]
             files["train_state.pt"] = {k: parts[k] for k in _REPLICATED if k != "model" and k in parts}
@@ -323,7 +327,9 @@ class Session:
     def _restore(self, path: Path, manifest: dict) -> None:
         own = ckpt.load_file(path / f"rank{self.rank}.pt")
         shared = ckpt.load_file(path / "train_state.pt")
-        _unwrap(self.model).load_state_dict(ckpt.load_file(path / "model.pt"))
+        model_state = ckpt.load_file(path / "model.pt")
+        model_state.update(own["model_buffers"])
+        _unwrap(self.model).load_state_dict(model_state)
         self.optimizer.load_state_dict(shared["optimizer"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(shared["scheduler"])
@@ -335,7 +341,10 @@ class Session:
         for name, obj in self.extras.items():
             obj.load_state_dict(own[f"extra.{name}"])
         self.sampler.load_state_dict(own["data"])
-        self._batches = self._open_epoch()
+        # Mirror the uninterrupted run: it had this epoch's iterator open only mid-epoch.
+        # At a boundary the loop opens it lazily, after the RNG restore, exactly as it did there.
+        if self.step_in_epoch > 0:
+            self._batches = self._open_epoch()
         # RNG goes last, right before the first resumed step: nothing may draw after it.
         rng_state = {k: v for k, v in own.items() if k.startswith("rng.")}
         rng.restore(rng_state, self.generators, skip=self.chaos.skip_restore)
@@ -401,6 +410,10 @@ def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict
     except UsageError as exc:
         return str(exc)
     return str(path), manifest
+
+
+def _buffer_names(model: torch.nn.Module) -> set[str]:
+    return {name for name, _ in _unwrap(model).named_buffers()}
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,4 +1,4 @@
-"""A small MLP with dropout and batch norm regressing a fixed nonlinear function of synthetic inputs.
+"""A small MLP with dropout, batch norm and mixup regressing a fixed nonlinear function of synthetic inputs.
 
 Each sample is jittered with noise drawn from its own (seed, epoch, index)
 generator, so augmentation is exact under resume and any worker count.
@@ -6,6 +6,9 @@ generator, so augmentation is exact under resume and any worker count.
 
 from __future__ import annotations
 
+import random
+
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -47,8 +50,15 @@ def build(options: dict, seed: int) -> Task:
     )
     dataset = Synthetic(int(options.get("samples", 512)), features, seed, float(options.get("jitter", 0.05)))
 
+    mixup = float(options.get("mixup", 0.4))
+
     def loss(net: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        # Mixup on half the steps: python decides, numpy draws the weight, torch the pairing.
         x, y = batch
+        if random.random() < 0.5:
+            lam = float(np.random.beta(mixup, mixup))
+            perm = torch.randperm(len(x), device=x.device)
+            x, y = lam * x + (1 - lam) * x[perm], lam * y + (1 - lam) * y[perm]
         return F.mse_loss(net(x), y)
 
     return Task(model, dataset, loss)

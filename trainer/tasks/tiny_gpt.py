@@ -8,7 +8,9 @@ crops whatever the worker count.
 from __future__ import annotations
 
 import math
+import random
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -89,8 +91,17 @@ def build(options: dict, seed: int) -> Task:
     )
     dataset = CharCrops(tokens, block, stride=int(options.get("stride", 16)), seed=seed)
 
+    noise = float(options.get("token_noise", 0.1))
+
     def loss(net: nn.Module, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        # Training-time randomness from every global generator, as real loops have it:
+        # python picks the context length, numpy the corruption rate, torch which tokens.
         x, y = batch
+        t = random.randint(block // 2, block)
+        x, y = x[:, :t], y[:, :t]
+        rate = float(np.random.uniform(0.0, noise))
+        corrupt = torch.rand(x.shape, device=x.device) < rate
+        x = torch.where(corrupt, torch.randint_like(x, len(vocab)), x)
         logits = net(x)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), y.reshape(-1))
 

@@ -1,0 +1,86 @@
+"""Shared helpers: run the real trainer in real processes and read what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY_GPT = ROOT / "configs" / "tiny_gpt.yaml"
+MLP = ROOT / "configs" / "mlp.yaml"
+
+# A short corpus so that epochs are a few steps long and a test sees several of them.
+FAST_GPT = ("train.steps=30", "train.options.sentences=100", "checkpoint.every_steps=0", "checkpoint.hash_every_steps=3")
+
+
+def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout: float = 180) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "trainer", str(config), "--nproc", str(nproc), "--set", f"run.dir={run_dir}"]
+    for item in sets:
+        cmd += ["--set", item]
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def run_to_completion(config: Path, run_dir: Path, *sets: str, max_attempts: int = 6) -> list[subprocess.CompletedProcess]:
+    """Run the same command until it exits 0 (each 75 is a stop at a checkpoint); returns every attempt."""
+    attempts = []
+    for _ in range(max_attempts):
+        proc = run_trainer(config, run_dir, *sets)
+        attempts.append(proc)
+        if proc.returncode != 75:
+            break
+    assert attempts[-1].returncode == 0, attempts[-1].stderr[-3000:]
+    return attempts
+
+
+def manifest(run_dir: Path, step: int | None = None) -> dict:
+    root = run_dir / "checkpoints"
+    path = root / f"step_{step}" if step is not None else max(root.glob("step_*"), key=lambda p: int(p.name[5:]))
+    return json.loads((path / "manifest.json").read_text())
+
+
+def trajectory(run_dir: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "trajectory" / f"rank{rank}.jsonl").read_text().splitlines()]
+
+
+def model_state(run_dir: Path, step: int) -> dict:
+    return torch.load(run_dir / "checkpoints" / f"step_{step}" / "model.pt", weights_only=True)
+
+
+def assert_bitwise_equal(reference: Path, resumed: Path, steps: int, world_size: int = 2) -> None:
+    """Same final global hash, same model tensors, same loss_hex and state hashes at every step on every rank."""
+    ref_manifest, res_manifest = manifest(reference, steps), manifest(resumed, steps)
+    assert res_manifest["global_hash"] == ref_manifest["global_hash"]
+    ref_model, res_model = model_state(reference, steps), model_state(resumed, steps)
+    assert ref_model.keys() == res_model.keys()
+    for name in ref_model:
+        assert torch.equal(ref_model[name], res_model[name]), name
+    for rank in range(world_size):
+        ref_traj, res_traj = trajectory(reference, rank), trajectory(resumed, rank)
+        assert [r["step"] for r in res_traj] == list(range(1, steps + 1))
+        assert [r["loss_hex"] for r in res_traj] == [r["loss_hex"] for r in ref_traj]
+        assert res_traj == ref_traj
+
+
+def resumed_steps(attempts: list[subprocess.CompletedProcess]) -> list[int]:
+    """Steps at which an attempt resumed with a verified hash, read from rank logs."""
+    found = []
+    for proc in attempts:
+        for line in proc.stderr.splitlines():
+            if "rank0 " in line and "verified" in line and "resumed at step" in line:
+                found.append(int(line.split("resumed at step ")[1].split()[0]))
+    return found
+
+
+@pytest.fixture(scope="session")
+def gpt_steps_per_epoch() -> int:
+    from trainer.tasks import build_task
+
+    dataset = build_task("tiny_gpt", {"sentences": 100}, seed=1234).dataset
+    return len(dataset) // 2 // 8

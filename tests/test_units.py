@@ -1,0 +1,122 @@
+"""In-process tests of the core's building blocks: hashing, RNG capture, sampler, config."""
+
+from __future__ import annotations
+
+import io
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from trainer import rng
+from trainer.config import load_config
+from trainer.determinism import seed_everything
+from trainer.errors import UsageError
+from trainer.hashing import digest, global_hash, rank_hash
+from trainer.sampler import ResumableDistributedSampler, sample_generator
+
+
+def test_digest_sees_every_bit_and_dtype() -> None:
+    t = torch.arange(10, dtype=torch.float32)
+    base = digest({"w": t})
+    flipped = t.clone()
+    flipped.view(torch.int32)[3] ^= 1  # lowest mantissa bit of one element
+    assert digest({"w": flipped}) != base
+    assert digest({"w": t.to(torch.float64)}) != base
+    assert digest({"w": t.reshape(2, 5)}) != base
+    assert digest({"w": t.clone()}) == base
+    assert digest({"a": 0.1}) != digest({"a": 0.1 + 2**-55})
+
+
+def test_rank_and_global_hash_depend_on_order_of_ranks_only() -> None:
+    assert rank_hash({"a": "1", "b": "2"}) == rank_hash({"b": "2", "a": "1"})
+    assert global_hash(["x", "y"]) != global_hash(["y", "x"])
+
+
+def test_capture_draws_nothing_and_round_trips_without_pickle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    seed_everything(5, rank=1, mode="fast")
+    gen = torch.Generator().manual_seed(3)
+    before = rng.capture({"g": gen})
+    assert digest(rng.capture({"g": gen})) == digest(before)
+    buf = io.BytesIO()
+    torch.save(before, buf)
+    buf.seek(0)
+    loaded = torch.load(buf, weights_only=True)
+    expected = (random.random(), np.random.rand(), torch.rand(1).item(), torch.rand(1, generator=gen).item())
+    rng.restore(loaded, {"g": gen})
+    assert (random.random(), np.random.rand(), torch.rand(1).item(), torch.rand(1, generator=gen).item()) == expected
+
+
+def test_restore_refuses_rng_state_of_another_torch_version() -> None:
+    state = rng.capture()
+    state[rng.TORCH] = {"state": torch.zeros(16, dtype=torch.uint8)}
+    with pytest.raises(UsageError, match="another torch version"):
+        rng.restore(state)
+
+
+def test_strict_mode_requires_pythonhashseed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    with pytest.raises(UsageError, match="PYTHONHASHSEED"):
+        seed_everything(1, mode="strict")
+
+
+def test_ranks_get_distinct_seeds_from_one_run_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYTHONHASHSEED", "0")
+    seeds = {seed_everything(9, rank=r, mode="fast").rank_seed for r in range(4)}
+    assert len(seeds) == 4
+    assert seed_everything(9, rank=2, mode="fast").rank_seed == seed_everything(9, rank=2, mode="fast").rank_seed
+
+
+def test_sampler_resumes_mid_epoch_with_the_exact_tail() -> None:
+    full = ResumableDistributedSampler(103, rank=1, world_size=2, seed=4)
+    full.set_position(3, 0)
+    whole = list(full)
+    cut = ResumableDistributedSampler(103, rank=1, world_size=2, seed=4)
+    cut.load_state_dict({"seed": 4, "epoch": 3, "position": 20})
+    assert list(cut) == whole[20:]
+    assert len(whole) == 51
+
+
+def test_sampler_shards_are_disjoint_and_epochs_reshuffle() -> None:
+    shards = [ResumableDistributedSampler(100, r, 4, seed=1) for r in range(4)]
+    seen = [i for s in shards for i in s]
+    assert sorted(seen) == list(range(100))
+    s = shards[0]
+    first = list(s)
+    s.set_position(1, 0)
+    assert list(s) != first
+
+
+def test_sample_randomness_is_a_function_of_seed_epoch_index() -> None:
+    a = torch.rand(3, generator=sample_generator(1, 2, 3))
+    assert torch.equal(a, torch.rand(3, generator=sample_generator(1, 2, 3)))
+    assert not torch.equal(a, torch.rand(3, generator=sample_generator(1, 3, 3)))
+
+
+def test_overrides_are_yaml_typed(tmp_path) -> None:
+    cfg = load_config(None, ["train.steps=12", "chaos.signal_at_steps=[3, 5]", "train.amp=true", "train.lr=1e-3"])
+    assert (cfg.train.steps, cfg.chaos.signal_at_steps, cfg.train.amp, cfg.train.lr) == (12, [3, 5], True, 0.001)
+
+
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        (["train.stepz=3"], ["train.stepz", "Did you mean train.steps"]),
+        (["train.steps=ten"], ["train.steps", "an integer"]),
+        (["train.steps=0"], ["train.steps", "positive"]),
+        (["train.amp=1"], ["train.amp", "true or false"]),
+        (["determinism.mode=loose"], ["determinism.mode", "strict, fast"]),
+        (["chaos.signal_at_steps=[1, x]"], ["chaos.signal_at_steps", "'x'"]),
+        (["slurm.signal=USR9"], ["slurm.signal", "not a signal name"]),
+        (["train.entrypoint=nocolon"], ["train.entrypoint", "package.module:function"]),
+        (["train=3"], ["train", "mapping"]),
+        (["slurm.time_min=-5"], ["slurm.time_min", "positive"]),
+    ],
+)
+def test_bad_settings_name_the_key_and_the_fix(overrides: list[str], words: list[str]) -> None:
+    with pytest.raises(UsageError) as info:
+        load_config(None, overrides)
+    for word in words:
+        assert word in str(info.value)
