@@ -1,0 +1,159 @@
+"""The checkers catch planted faults, and bad input fails cleanly.
+
+Real processes and real signals throughout: a skipped RNG restore must be
+named by the restore check, a flipped byte must make resume fall back, a
+SIGKILL in the middle of a checkpoint write must leave the previous one
+usable, and every bad input must exit 2 with one paragraph and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
+
+STEPS = 30
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference")
+    run_to_completion(TINY_GPT, run_dir, *FAST_GPT)
+    return run_dir
+
+
+def stop_once(run_dir: Path, at: int, *sets: str) -> None:
+    first = run_trainer(TINY_GPT, run_dir, *FAST_GPT, f"chaos.signal_at_steps=[{at - 1}]", *sets)
+    assert first.returncode == 75, first.stderr[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("component", ["rng.python", "rng.numpy", "rng.torch"])
+def test_restore_check_names_an_unrestored_rng_component(tmp_path: Path, component: str) -> None:
+    stop_once(tmp_path, 9)
+    resumed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, f"chaos.skip_restore=[{component}]")
+    assert resumed.returncode == 3
+    assert f"Differing components: rank 0: {component}; rank 1: {component}." in resumed.stderr
+    assert "Traceback" not in resumed.stderr
+
+
+@pytest.mark.slow
+def test_verify_warn_mode_continues_past_a_mismatch(tmp_path: Path) -> None:
+    stop_once(tmp_path, 9)
+    resumed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, "chaos.skip_restore=[rng.torch]", "checkpoint.verify=warn")
+    assert resumed.returncode == 0
+    assert "Continuing because checkpoint.verify is 'warn'" in resumed.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["rank1.pt", "model.pt", "manifest.json"])
+def test_flipped_byte_falls_back_to_the_previous_checkpoint(reference: Path, tmp_path: Path, victim: str) -> None:
+    stop_once(tmp_path, 13, "checkpoint.every_steps=5")
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_10", "step_13", "step_5"]
+    target = tmp_path / "checkpoints" / "step_13" / victim
+    data = bytearray(target.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    target.write_bytes(bytes(data))
+    attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, "checkpoint.every_steps=5")
+    assert f"skipping checkpoint {tmp_path / 'checkpoints' / 'step_13'}" in attempts[0].stderr
+    assert resumed_steps(attempts) == [10]
+    assert_bitwise_equal(reference, tmp_path, STEPS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("point", ["after_shards", "after_manifest", "before_publish"])
+def test_sigkill_inside_a_checkpoint_write_leaves_the_previous_one(reference: Path, tmp_path: Path, point: str) -> None:
+    killed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, "checkpoint.every_steps=4", "chaos.kill_in_checkpoint=12", f"chaos.kill_point={point}")
+    assert killed.returncode not in (0, 75)
+    assert not (tmp_path / "checkpoints" / "step_12").exists()
+    attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, "checkpoint.every_steps=4")
+    assert resumed_steps(attempts) == [8]
+    assert_bitwise_equal(reference, tmp_path, STEPS)
+
+
+@pytest.mark.slow
+def test_external_sigkill_at_a_random_moment_of_a_write(reference: Path, tmp_path: Path) -> None:
+    """SIGKILL every rank as soon as a checkpoint write is seen in progress, after a random extra delay."""
+    rnd = random.Random(os.getpid())
+    cmd = [sys.executable, "-m", "trainer", str(TINY_GPT), "--set", f"run.dir={tmp_path}", "--set", "checkpoint.every_steps=1"]
+    for item in FAST_GPT[:2]:
+        cmd += ["--set", item]
+    launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while not list((tmp_path / "checkpoints").glob(".tmp_step_*")) or not list((tmp_path / "checkpoints").glob("step_*")):
+        assert time.monotonic() < deadline and launcher.poll() is None, "no checkpoint write seen"
+        time.sleep(0.001)
+    time.sleep(rnd.uniform(0, 0.01))
+    os.killpg(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT)
+    assert len(resumed_steps(attempts)) == 1
+    assert_bitwise_equal(reference, tmp_path, STEPS)
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def assert_usage_error(proc: subprocess.CompletedProcess, *words: str) -> None:
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    message = proc.stderr.split("error: ", 1)[1]
+    for word in words:
+        assert word in message
+
+
+def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
+    bad = write(tmp_path / "bad.yaml", "train:\n  steps: 3\n  lr: [1,\n")
+    assert_usage_error(run_trainer(bad, tmp_path / "run"), str(bad), "line 4")
+
+
+def test_unknown_key_suggests_the_close_match(tmp_path: Path) -> None:
+    bad = write(tmp_path / "bad.yaml", "checkpoint:\n  every_step: 3\n")
+    assert_usage_error(run_trainer(bad, tmp_path / "run"), "checkpoint.every_step", "Did you mean checkpoint.every_steps?", "keep_last")
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    assert_usage_error(run_trainer(tmp_path / "nope.yaml", tmp_path / "run"), "does not exist")
+
+
+def test_missing_entrypoint_module(tmp_path: Path) -> None:
+    proc = run_trainer(TINY_GPT, tmp_path, "train.entrypoint=no_such_pkg.train:main")
+    assert_usage_error(proc, "no_such_pkg.train", "PYTHONPATH")
+
+
+@pytest.mark.slow
+def test_checkpoint_from_another_world_size_is_refused_and_kept(tmp_path: Path) -> None:
+    stop_once(tmp_path, 4)
+    before = (tmp_path / "checkpoints" / "step_4" / "manifest.json").read_bytes()
+    proc = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, nproc=1)
+    assert_usage_error(proc, "written by 2 ranks", "this run has 1")
+    assert (tmp_path / "checkpoints" / "step_4" / "manifest.json").read_bytes() == before
+
+
+@pytest.mark.slow
+def test_checkpoint_from_another_torch_version_is_refused(tmp_path: Path) -> None:
+    stop_once(tmp_path, 4)
+    path = tmp_path / "checkpoints" / "step_4" / "manifest.json"
+    data = json.loads(path.read_text())
+    data["torch_version"] = "1.13.1"
+    path.write_text(json.dumps(data))
+    assert_usage_error(run_trainer(TINY_GPT, tmp_path, *FAST_GPT), "torch 1.13.1", "resume with the torch that wrote it")
+
+
+@pytest.mark.slow
+def test_run_dir_of_another_training_config_is_refused(tmp_path: Path) -> None:
+    stop_once(tmp_path, 4)
+    proc = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, "train.lr=0.5")
+    assert_usage_error(proc, "belongs to another training config", "train.lr")
+    assert manifest(tmp_path, 4)["step"] == 4
