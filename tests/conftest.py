@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TINY_GPT = ROOT / "configs" / "tiny_gpt.yaml"
 MLP = ROOT / "configs" / "mlp.yaml"
 
-# A short corpus so that epochs are a few steps long and a test sees several of them.
-FAST_GPT = ("train.steps=30", "train.options.sentences=100", "checkpoint.every_steps=0", "checkpoint.hash_every_steps=3")
+# A short corpus so that epochs are a few steps long and a test sees several of them;
+# ranks agree every step so that a signal after step s stops the run after step s + 1.
+FAST_GPT = ("train.steps=30", "train.options.sentences=100", "checkpoint.every_steps=0", "checkpoint.hash_every_steps=3", "checkpoint.agree_every_steps=1")
 
 
 def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout: float = 180) -> subprocess.CompletedProcess:

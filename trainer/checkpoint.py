@@ -130,12 +130,30 @@ def _publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[di
     _fsync_dir(root)
 
 
+class _HashingWriter:
+    """A file that hashes what passes through it, so torch.save streams to disk in one pass."""
+
+    def __init__(self, f: io.BufferedWriter) -> None:
+        self._f = f
+        self.sha256 = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        self.sha256.update(data)
+        self.bytes += len(data)
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+
 def _save_fsynced(state: Any, path: Path) -> dict:
-    buf = io.BytesIO()
-    torch.save(state, buf)
-    data = buf.getbuffer()
-    _write_fsynced(path, data)
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    with open(path, "wb") as f:
+        writer = _HashingWriter(f)
+        torch.save(state, writer)
+        f.flush()
+        os.fsync(f.fileno())
+    return {"sha256": writer.sha256.hexdigest(), "bytes": writer.bytes}
 
 
 def _write_fsynced(path: Path, data: bytes | memoryview) -> None:

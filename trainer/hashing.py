@@ -2,7 +2,8 @@
 
 A digest is computed from live objects (state dicts, RNG states, counters) by
 walking plain nested data and feeding type tags, shapes, dtypes and raw bytes
-into BLAKE2b. It must never draw from an RNG, move a tensor in place, or
+into SHA-256 (truncated to 128 bits; SHA-256 has CPU instructions on current
+x86 and ARM servers, which makes it the fastest of hashlib's choices there). It must never draw from an RNG, move a tensor in place, or
 depend on anything but the values (no ids, no addresses, no dict order of
 insertion beyond what the state itself defines).
 """
@@ -19,9 +20,9 @@ DIGEST_BYTES = 16
 
 def digest(value: Any) -> str:
     """Hex digest of a nested structure of tensors, numbers, strings, lists and dicts."""
-    h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+    h = hashlib.sha256()
     _feed(h, value)
-    return h.hexdigest()
+    return h.hexdigest()[: 2 * DIGEST_BYTES]
 
 
 def rank_hash(components: Mapping[str, str]) -> str:

@@ -55,6 +55,7 @@ class CheckpointPolicy:
     keep_last: int = 3
     verify: str = "error"  # "error" or "warn" on a resume whose state hash does not match
     hash_every_steps: int = 10
+    agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
 
 
 @dataclass(frozen=True)
@@ -159,7 +160,7 @@ class Session:
         self.last_checkpoint: ckpt.Committed | None = None
 
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
-        self._agreement = StopAgreement(self.group)
+        self._agreement = StopAgreement(self.group, checkpoint.agree_every_steps)
         self._batches: Iterator | None = None
         self._loss: float | None = None
         self._lr: float | None = None
@@ -235,7 +236,7 @@ class Session:
             log.warning("chaos: rank %d sends itself %s after step %d", self.rank, self._flag.signals[0].name, self.step)
             os.kill(os.getpid(), self._flag.signals[0])
         clock_due = self.policy.every_minutes > 0 and time.monotonic() - self._last_save_time >= 60 * self.policy.every_minutes
-        decision = self._agreement.boundary(self._flag.raised, clock_due)
+        decision = self._agreement.boundary(self.step, self._flag.raised, clock_due)
         if self.step == self.total_steps:
             self._save("final")
         elif decision.stop:

@@ -1,9 +1,11 @@
 """Agreed stop: a signal only sets a flag; the ranks agree on the step to stop after.
 
-At every step boundary each rank starts a non-blocking MAX all-reduce of its
-local flags and reads the one it started at the previous boundary, so the
-collective's latency hides behind a whole step and every rank reaches the
-same decision after the same step, whichever rank got the signal and when.
+At agreed step boundaries each rank starts a non-blocking MAX all-reduce of
+its local flags and reads the one it started at the previous check, so the
+collective's latency hides behind the steps in between and every rank reaches
+the same decision after the same step, whichever rank got the signal and
+when. Checks are spaced so that their cost stays a small fraction of a step
+(on a busy CPU even an idle all-reduce costs about a millisecond).
 The same all-reduce carries a "periodic checkpoint is due by the clock" flag,
 because wall clocks differ between ranks. The signal handler must never do
 anything but set the flag: no I/O, no collectives, no checkpointing.
@@ -60,33 +62,65 @@ class StopFlag:
 
 
 class StopAgreement:
-    """One non-blocking all-reduce per step boundary; each decision is read one step later."""
+    """A non-blocking all-reduce every `interval` steps; each decision is read at the next check.
 
-    def __init__(self, group: dist.ProcessGroup | None) -> None:
+    The interval is fixed (`every_steps` > 0) or agreed: every rank proposes
+    how many of its steps fill about `target_s` seconds, and the smallest
+    proposal wins through the same all-reduce, so every rank checks at the same
+    steps. A stop signal is acted on within two intervals.
+    """
+
+    MAX_INTERVAL = 10_000
+
+    def __init__(self, group: dist.ProcessGroup | None, every_steps: int = 0, target_s: float = 1.0) -> None:
         self.group = group
+        self.fixed = every_steps
+        self.target_s = target_s
+        self.interval = every_steps or 1
+        self._next_check: int | None = None
+        self._last_check = (0, time.monotonic())
         self._pending: tuple[dist.Work, torch.Tensor] | None = None
 
-    def boundary(self, stop_local: bool, checkpoint_due_local: bool) -> Decision:
-        """Start this boundary's all-reduce and return the decision from the previous one."""
-        flags = torch.tensor([int(stop_local), int(checkpoint_due_local)], dtype=torch.int32)
+    def boundary(self, step: int, stop_local: bool, checkpoint_due_local: bool) -> Decision:
+        """Called after every step; returns what the ranks agreed at the previous check."""
         if self.group is None:
             return Decision(stop=stop_local, checkpoint_due=checkpoint_due_local)
-        decision = self._collect()
+        if self._next_check is None:
+            self._next_check = step
+            self._last_check = (step, time.monotonic())
+        if step < self._next_check:
+            return Decision(stop=False, checkpoint_due=False)
+        decision, agreed_interval = self._collect()
+        flags = torch.tensor([int(stop_local), int(checkpoint_due_local), -self._propose(step)], dtype=torch.int64)
         work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         self._pending = (work, flags)
+        if agreed_interval:
+            self.interval = agreed_interval
+        self._next_check = step + self.interval
         return decision
 
     def drain(self) -> None:
         """Finish the outstanding all-reduce (before a collective-free exit or teardown)."""
         self._collect()
 
-    def _collect(self) -> Decision:
+    def _propose(self, step: int) -> int:
+        if self.fixed:
+            return self.fixed
+        last_step, last_time = self._last_check
+        now = time.monotonic()
+        self._last_check = (step, now)
+        if step == last_step:
+            return 1
+        per_step = (now - last_time) / (step - last_step)
+        return max(1, min(self.MAX_INTERVAL, int(self.target_s / max(per_step, 1e-9))))
+
+    def _collect(self) -> tuple[Decision, int]:
         if self._pending is None:
-            return Decision(stop=False, checkpoint_due=False)
+            return Decision(stop=False, checkpoint_due=False), 0
         work, flags = self._pending
         self._pending = None
         work.wait()
-        return Decision(stop=bool(flags[0]), checkpoint_due=bool(flags[1]))
+        return Decision(stop=bool(flags[0]), checkpoint_due=bool(flags[1])), int(-flags[2])
 
 
 def parse_signal(name: str) -> signal.Signals:

@@ -1,0 +1,1 @@
+"""Glue between legato and SLURM (submitit, sbatch, the local test cluster)."""
