@@ -43,7 +43,8 @@ def main() -> int:
 
     session = legato.Session(
         args.run_dir, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=args.steps,
-        checkpoint=legato.CheckpointPolicy(every_steps=10),
+        # Steps of this toy take a millisecond: agree every step so the demo signal acts at once.
+        checkpoint=legato.CheckpointPolicy(every_steps=10, agree_every_steps=1),
         chaos=legato.Chaos(signal_rank=1, signal_at_steps=tuple(args.signal_at)),
     )
     for x, y in session:

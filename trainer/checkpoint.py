@@ -115,6 +115,7 @@ def _publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[di
         "created_unix": time.time(),
         **meta,
     }
+    manifest["manifest_sha256"] = _manifest_checksum(manifest)
     _write_fsynced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     _maybe_kill(kill, step, "after_manifest")
     _fsync_dir(tmp)
@@ -145,6 +146,12 @@ class _HashingWriter:
 
     def flush(self) -> None:
         self._f.flush()
+
+
+def _manifest_checksum(manifest: dict) -> str:
+    """SHA-256 of the manifest's canonical JSON without this field: a flipped digit must not pass."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
 
 
 def _save_fsynced(state: Any, path: Path) -> dict:
@@ -220,6 +227,8 @@ def read_manifest(path: Path) -> dict:
         raise ValueError(f"manifest.json is not valid JSON ({exc})") from None
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise ValueError(f"manifest.json is not a legato checkpoint manifest of format {FORMAT}")
+    if manifest.get("manifest_sha256") != _manifest_checksum(manifest):
+        raise ValueError("manifest.json does not match its own checksum (corrupt)")
     for name, info in manifest["files"].items():
         _verify_file(path / name, info)
     return manifest
