@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.checkpoint import _manifest_checksum
 from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
 STEPS = 30
@@ -148,6 +149,7 @@ def test_checkpoint_from_another_torch_version_is_refused(tmp_path: Path) -> Non
     path = tmp_path / "checkpoints" / "step_4" / "manifest.json"
     data = json.loads(path.read_text())
     data["torch_version"] = "1.13.1"
+    data["manifest_sha256"] = _manifest_checksum(data)  # as that torch's legato would have sealed it
     path.write_text(json.dumps(data))
     assert_usage_error(run_trainer(TINY_GPT, tmp_path, *FAST_GPT), "torch 1.13.1", "resume with the torch that wrote it")
 
@@ -158,3 +160,14 @@ def test_run_dir_of_another_training_config_is_refused(tmp_path: Path) -> None:
     proc = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, "train.lr=0.5")
     assert_usage_error(proc, "belongs to another training config", "train.lr")
     assert manifest(tmp_path, 4)["step"] == 4
+
+
+@pytest.mark.slow
+def test_no_verifiable_checkpoint_refuses_to_start_over(tmp_path: Path) -> None:
+    stop_once(tmp_path, 4)
+    shard = tmp_path / "checkpoints" / "step_4" / "rank0.pt"
+    shard.write_bytes(shard.read_bytes()[:-10])
+    proc = run_trainer(TINY_GPT, tmp_path, *FAST_GPT)
+    assert_usage_error(proc, "None of the 1 checkpoints", "move the run directory away")
+    assert "skipping checkpoint" in proc.stderr and "rank0.pt does not match" in proc.stderr
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_4"]

@@ -404,6 +404,13 @@ def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank."""
     found = ckpt.newest_valid(root)
     if found is None:
+        existing = ckpt.list_checkpoints(root)
+        if existing:
+            return (
+                f"None of the {len(existing)} checkpoints in {root} verifies (see the warnings above), so this run "
+                "cannot resume, and starting over would replace them. Restore the files, or move the run directory "
+                "away (or pick a new run.dir) to start from step 0."
+            )
         return None
     path, manifest = found
     try:
