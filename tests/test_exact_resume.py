@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FAST_GPT, MLP, TINY_GPT, assert_bitwise_equal, resumed_steps, run_to_completion
+from conftest import FAST_GPT, MLP, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion
 
 STEPS = 30
 
@@ -61,3 +61,15 @@ def test_mlp_with_batchnorm_and_mixup_resumes_exactly(tmp_path) -> None:
     attempts = run_to_completion(MLP, resumed, *sets, "chaos.signal_rank=0", "chaos.signal_at_steps=[9]")
     assert resumed_steps(attempts) == [10]
     assert_bitwise_equal(reference, resumed, 24)
+
+
+@pytest.mark.slow
+def test_amp_with_grad_scaler_resumes_exactly(tmp_path) -> None:
+    sets = (*FAST_GPT, "train.steps=16", "train.amp=true")
+    reference = tmp_path / "reference"
+    run_to_completion(TINY_GPT, reference, *sets)
+    assert "scaler" in manifest(reference, 16)["ranks"][0]["components"]
+    resumed = tmp_path / "resumed"
+    attempts = run_to_completion(TINY_GPT, resumed, *sets, "chaos.signal_at_steps=[6]")
+    assert resumed_steps(attempts) == [7]
+    assert_bitwise_equal(reference, resumed, 16)
