@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from pathlib import Path
 
 from orchestrator.runstate import final_manifest
 from trainer.config import load_config

@@ -1,18 +1,18 @@
-"""Read what a run directory says about its progress: checkpoints and trajectories, as plain data."""
+"""Read what a run directory says about its progress, through the checkpoint file format."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+from trainer.checkpoint import MANIFEST, list_checkpoints
+
 
 def final_manifest(run_dir: Path) -> dict | None:
-    """The manifest of the newest published checkpoint, or None."""
-    root = run_dir / "checkpoints"
-    steps = sorted((int(p.name[5:]), p) for p in root.glob("step_*") if p.name[5:].isdigit())
-    for _, path in reversed(steps):
+    """The manifest of the newest published checkpoint that has a readable one, or None."""
+    for path in list_checkpoints(run_dir / "checkpoints"):
         try:
-            return json.loads((path / "manifest.json").read_text())
+            return json.loads((path / MANIFEST).read_text())
         except (OSError, json.JSONDecodeError):
             continue
     return None

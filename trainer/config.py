@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import hashlib
-import json
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -120,22 +119,12 @@ class Config:
         return dataclasses.asdict(self)
 
 
-def training_digest(cfg: Config) -> str:
-    """Digest of every setting that shapes the numbers a run produces.
-
-    Two runs with equal digests (and equal world size) must produce the same
-    trajectory; chaos, checkpoint cadence, paths and scheduler settings do not
-    enter it.
-    """
-    return _digest({"train": dataclasses.asdict(cfg.train), "determinism": dataclasses.asdict(cfg.determinism)})
-
-
 def training_settings(cfg: Config) -> dict:
+    """Every setting that shapes the numbers a run produces (not chaos, cadence, paths or scheduler).
+
+    A checkpoint records them; resuming under different ones is refused, naming the keys.
+    """
     return {"train": dataclasses.asdict(cfg.train), "determinism": dataclasses.asdict(cfg.determinism)}
-
-
-def _digest(data: dict) -> str:
-    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
@@ -245,7 +234,7 @@ def _build(cls: type, raw: Any, prefix: str, source: str) -> Any:
 
 
 def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any:
-    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, _union_type()) else (hint,)
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     if value is None and type(None) in allowed:
         return None
     base = next(t for t in allowed if t is not type(None))
@@ -259,12 +248,6 @@ def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any
         floor = "positive" if minimum == 1 else f"at least {minimum}"
         raise UsageError(f"{source}: {key} is {value!r}, but it must be {floor}. Set a value of {minimum} or more.")
     return value
-
-
-def _union_type() -> Any:
-    import types
-
-    return types.UnionType
 
 
 _TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "a mapping"}

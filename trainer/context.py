@@ -18,7 +18,8 @@ from torch.utils.data import DataLoader
 from trainer import checkpoint as ckpt
 from trainer.config import Config, training_settings
 from trainer.determinism import Seeds
-from trainer.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader, stop_signals
+from trainer.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
+from trainer.stop import stop_signals
 
 
 @dataclass

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,7 +32,7 @@ from trainer import rng
 from trainer.determinism import derive_seed
 from trainer.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from trainer.hashing import digest, global_hash, rank_hash
-from trainer.sampler import ResumableDistributedSampler
+from trainer.sampler import ResumableDistributedSampler, worker_init
 from trainer.stop import StopAgreement, StopFlag, parse_signal
 from trainer.trajectory import TrajectoryWriter, trajectory_path
 
@@ -90,8 +89,6 @@ def resumable_loader(
     dataset: Any, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, shuffle: bool = True, **kwargs: Any
 ) -> DataLoader:
     """A DataLoader whose position the Session can save and restore exactly."""
-    from trainer.sampler import worker_init
-
     sampler = ResumableDistributedSampler(len(dataset), rank, world_size, seed, shuffle=shuffle)
     return DataLoader(
         dataset,
@@ -231,30 +228,38 @@ class Session:
             self.epoch += 1
             self.step_in_epoch = 0
             self._batches = None
-        self._record_trajectory()
         if self.rank == self.chaos.signal_rank and self.step in self.chaos.signal_at_steps:
             log.warning("chaos: rank %d sends itself %s after step %d", self.rank, self._flag.signals[0].name, self.step)
             os.kill(os.getpid(), self._flag.signals[0])
+        reason = self._checkpoint_reason()
+        hash_due = bool(self.policy.hash_every_steps) and self.step % self.policy.hash_every_steps == 0
+        # One pass over the state serves both the trajectory hash and the checkpoint.
+        parts = self._state_components() if reason or hash_due else {}
+        components = {name: digest(value) for name, value in parts.items()}
+        self._record_trajectory(rank_hash(components) if hash_due else None)
+        if reason == "signal":
+            self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
+            log.info("rank %d: ranks agreed to stop after step %d", self.rank, self.step)
+        if reason is not None:
+            self._save(reason, parts, components)
+        self.stopped = reason == "signal"
+
+    def _checkpoint_reason(self) -> str | None:
+        """Take part in this boundary's agreement; say why a checkpoint is due now, if one is."""
         clock_due = self.policy.every_minutes > 0 and time.monotonic() - self._last_save_time >= 60 * self.policy.every_minutes
         decision = self._agreement.boundary(self.step, self._flag.raised, clock_due)
         if self.step == self.total_steps:
-            self._save("final")
-        elif decision.stop:
-            self._on_stop()
-        elif decision.checkpoint_due or (self.policy.every_steps and self.step % self.policy.every_steps == 0):
-            self._save("periodic")
+            return "final"
+        if decision.stop:
+            return "signal"
+        if decision.checkpoint_due or (self.policy.every_steps and self.step % self.policy.every_steps == 0):
+            return "periodic"
+        return None
 
-    def _on_stop(self) -> None:
-        received = self._flag.received_at
-        self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": received})
-        log.info("rank %d: ranks agreed to stop after step %d", self.rank, self.step)
-        self._save("signal")
-        self.stopped = True
-
-    def _record_trajectory(self) -> None:
+    def _record_trajectory(self, state_hash: str | None) -> None:
         record = {"step": self.step, "epoch": self.epoch, "loss_hex": None if self._loss is None else self._loss.hex(), "lr": self._lr}
-        if self.policy.hash_every_steps and self.step % self.policy.hash_every_steps == 0:
-            record["state_hash"] = self.state_hash()[1]
+        if state_hash is not None:
+            record["state_hash"] = state_hash
         assert self._trajectory is not None
         self._trajectory.write(record)
 
@@ -282,11 +287,9 @@ class Session:
     def _counters(self) -> dict[str, int]:
         return {"step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
 
-    def _save(self, reason: str) -> None:
+    def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str]) -> None:
         assert self._trajectory is not None
         self._trajectory.sync()
-        parts = self._state_components()
-        components = {name: digest(value) for name, value in parts.items()}
         own = {k: v for k, v in parts.items() if k not in _REPLICATED}
         # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
         # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
@@ -400,6 +403,7 @@ class Session:
 # Replicated across ranks by DDP: rank 0 writes one copy, every rank hashes its own.
 _REPLICATED = ("model", "optimizer", "scheduler", "scaler", "counters")
 
+
 def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank."""
     found = ckpt.newest_valid(root)
@@ -427,6 +431,3 @@ def _buffer_names(model: torch.nn.Module) -> set[str]:
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model
 
-
-def stop_signals(name: str, also_sigterm: bool) -> tuple[str, ...]:
-    return (name, "TERM") if also_sigterm and parse_signal(name) != signal.SIGTERM else (name,)

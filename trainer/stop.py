@@ -125,3 +125,8 @@ class StopAgreement:
 
 def parse_signal(name: str) -> signal.Signals:
     return signal.Signals[f"SIG{name.upper().removeprefix('SIG')}"]
+
+
+def stop_signals(name: str, also_sigterm: bool) -> tuple[str, ...]:
+    """The signals that request a stop: the configured one, plus SIGTERM when asked."""
+    return (name, "TERM") if also_sigterm and parse_signal(name) != signal.SIGTERM else (name,)
