@@ -1,33 +1,242 @@
 """The `legato` command line: the only place that formats for people.
 
-    legato train CONFIG [--nproc N] [--set key=value ...]
+    legato run CONFIG [--set key=value ...] [--detach]   submit, stay attached, carry the run to its end
+    legato watch RUN_DIR                                 re-attach (and supervise if no one else does)
+    legato status [RUN_DIR] [--json]                     attempts, resumes, how each ended
+    legato cancel RUN_DIR                                stop the job and end the run
+    legato logs RUN_DIR [--rank R] [--job J]             the tasks' output
+    legato train CONFIG [--nproc N]                      no scheduler: rerun the trainer until done
 
-runs the trainer on this machine and, each time it stops at a committed
-checkpoint (exit 75), starts it again to resume, until training completes.
+Exit codes: 0 training complete with every resume verified, 1 the run failed
+or was cancelled (the reason is in `legato status`), 2 bad input (one
+paragraph on stderr, nothing started or changed), 3 a resume did not verify.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
+from orchestrator.display import LiveView, status_table
+from orchestrator.ledger import LEDGER, Ledger
+from orchestrator.rundir import SupervisorLock, capture_config, captured_config, check_compatible
 from orchestrator.runstate import final_manifest
-from trainer.config import load_config
-from trainer.errors import EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from orchestrator.status import current_job, current_session, read_progress, summarize
+from orchestrator.supervisor import Supervisor, session_exit_code, start_session
+from slurm.jobs import JobHandle
+from trainer.config import Config, load_config
+from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 
 MAX_LOCAL_ATTEMPTS = 100
+DETACH_WAIT_S = 120.0
+EXIT_INTERRUPTED = 130
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="legato", description="Exact-resume supervisor for PyTorch DDP jobs.")
     sub = parser.add_subparsers(dest="command", required=True)
-    train = sub.add_parser("train", help="run the trainer locally, resuming after every stop until done")
+
+    run = sub.add_parser("run", help="submit a config and carry it across every stop until training completes")
+    run.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML typing)")
+    run.add_argument("--detach", action="store_true", help="return once the job is submitted; `legato watch RUN_DIR` re-attaches")
+
+    watch = sub.add_parser("watch", help="follow a run (and supervise it when no supervisor is attached)")
+    watch.add_argument("run_dir")
+
+    status = sub.add_parser("status", help="attempts, resumes and the state of a run")
+    status.add_argument("run_dir", nargs="?", help="run directory (default: the newest under runs/)")
+    status.add_argument("--json", action="store_true", help="print the same as JSON")
+
+    cancel = sub.add_parser("cancel", help="cancel the run's job and end the run")
+    cancel.add_argument("run_dir")
+
+    logs = sub.add_parser("logs", help="print the output of the run's tasks")
+    logs.add_argument("run_dir")
+    logs.add_argument("--rank", type=int, default=0, help="task rank (default 0)")
+    logs.add_argument("--job", default=None, help="job id (default: every job of the run)")
+
+    train = sub.add_parser("train", help="run the trainer locally without a scheduler, resuming after every stop until done")
     train.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
     train.add_argument("--nproc", type=int, default=None, help="ranks (default: local.tasks)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     train.add_argument("--fresh", action="store_true", help="refuse to start if the run directory already has checkpoints")
     return parser
+
+
+# -- run / watch ------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, args.overrides)
+    _check_entrypoint(cfg)
+    lock = SupervisorLock(cfg.run_dir)
+    lock.acquire()
+    try:
+        check_compatible(cfg)
+        ledger = Ledger(cfg.run_dir)
+        session = current_session(ledger.read())
+        code = session_exit_code(session) if session else None
+        if code == EXIT_OK:
+            print(f"legato: {cfg.run_dir} already completed training; nothing to do.")
+            print(status_table(summarize(cfg.run_dir, ledger.read())))
+            return code
+        config_path = capture_config(cfg)
+        if code is not None or not session:
+            start_session(cfg, ledger)
+        else:
+            print(f"legato: {cfg.run_dir} has a run in progress (job {current_job(session)}); re-attaching to it.")
+        if args.detach:
+            lock.release()
+            return _detach(cfg.run_dir)
+        return _supervise(load_config(config_path), config_path)
+    finally:
+        lock.release()
+
+
+def cmd_watch(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    config_path = captured_config(run_dir)
+    cfg = load_config(config_path)
+    lock = SupervisorLock(run_dir)
+    view = LiveView()
+    if lock.held_elsewhere():
+        print(f"legato: following {run_dir} (supervised by {lock.holder()})")
+        code = Supervisor(cfg, config_path, view).follow(lock.held_elsewhere)
+        if code is not None:
+            return _report_end(cfg, code)
+        print("legato: the supervisor went away; taking over.")
+    lock.acquire()
+    try:
+        return _supervise(cfg, config_path, view)
+    finally:
+        lock.release()
+
+
+def _supervise(cfg: Config, config_path: Path, view: LiveView | None = None) -> int:
+    supervisor = Supervisor(cfg, config_path, view or LiveView())
+    try:
+        code = supervisor.run()
+    except KeyboardInterrupt:
+        if cfg.executor == "local":
+            # The local job shares this terminal, so Ctrl-C reached its tasks too: end the run cleanly.
+            supervisor.cancel()
+            print("\nlegato: interrupted; the local job was stopped. Resume later with the same `legato run`.", file=sys.stderr)
+        else:
+            print(f"\nlegato: detached; the job keeps running. `legato watch {cfg.run_dir}` re-attaches, `legato cancel {cfg.run_dir}` stops it.", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return _report_end(cfg, code)
+
+
+def _report_end(cfg: Config, code: int) -> int:
+    summary = summarize(cfg.run_dir, Ledger(cfg.run_dir).read())
+    print()
+    print(status_table(summary))
+    return code
+
+
+def _detach(run_dir: Path) -> int:
+    """Hand the run to a background `legato watch`, wait until it has submitted, and return."""
+    run_dir = run_dir.resolve()
+    log_path = run_dir / "supervisor.log"
+    with open(log_path, "ab") as log_file:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "watch", str(run_dir)],
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    ledger = Ledger(run_dir)
+    deadline = time.monotonic() + DETACH_WAIT_S
+    while time.monotonic() < deadline:
+        job_id = current_job(current_session(ledger.read()))
+        if job_id is not None:
+            print(f"legato: job {job_id} submitted; supervisor pid {child.pid} runs in the background (log: {log_path}).")
+            print(f"legato: follow it with `legato watch {run_dir}`, see it with `legato status {run_dir}`.")
+            return EXIT_OK
+        if child.poll() is not None:
+            print(f"legato: the background supervisor exited with code {child.returncode} before submitting; see {log_path}.", file=sys.stderr)
+            return child.returncode or EXIT_FAILED
+        time.sleep(0.2)
+    print(f"legato: no job submitted within {DETACH_WAIT_S:.0f}s; see {log_path}.", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _check_entrypoint(cfg: Config) -> None:
+    if cfg.train.entrypoint is None:
+        return
+    module = cfg.train.entrypoint.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if not found:
+        raise UsageError(
+            f"train.entrypoint {cfg.train.entrypoint!r}: module {module!r} cannot be found. Check the spelling, and that "
+            "its package is installed or its directory is on PYTHONPATH (the job inherits this environment)."
+        )
+
+
+# -- status / cancel / logs --------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir) if args.run_dir else _newest_run()
+    ledger = Ledger(run_dir)
+    if not ledger.exists():
+        raise UsageError(f"{run_dir} has no {LEDGER}: it is not a run started with `legato run`. Pass the run.dir of such a run.")
+    summary = summarize(run_dir, ledger.read(), read_progress(run_dir))
+    if args.json:
+        print(json.dumps(summary.to_json(), indent=2))
+    else:
+        print(status_table(summary))
+    return EXIT_OK
+
+
+def _newest_run() -> Path:
+    ledgers = sorted(Path("runs").glob(f"*/{LEDGER}"), key=lambda p: p.stat().st_mtime)
+    if not ledgers:
+        raise UsageError("No run directory given and none under ./runs has a ledger. Pass the run.dir of a run started with `legato run`.")
+    return ledgers[-1].parent
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    cfg = load_config(captured_config(run_dir))
+    ledger = Ledger(run_dir)
+    session = current_session(ledger.read())
+    if session_exit_code(session) is not None:
+        print(f"legato: {run_dir} is not running; nothing to cancel.")
+        return EXIT_OK
+    job_id = current_job(session)
+    ledger.append("cancel_requested", job_id=job_id)
+    if job_id is not None:
+        JobHandle(cfg.executor, job_id).cancel()
+    if not SupervisorLock(run_dir).held_elsewhere():
+        ledger.append("cancelled", job_id=job_id, reason="cancelled by the user")
+    print(f"legato: cancelled job {job_id}; checkpoints in {run_dir} are kept, and `legato run` with the same config continues from them.")
+    return EXIT_OK
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    events = Ledger(run_dir).read()
+    jobs = [args.job] if args.job else list(dict.fromkeys(e["job_id"] for e in events if e["event"] in ("submitted", "resubmitted")))
+    if not jobs:
+        raise UsageError(f"{run_dir} has no submitted jobs in its ledger. Pass the run.dir of a run started with `legato run`.")
+    for job_id in jobs:
+        for suffix in ("out", "err"):
+            path = run_dir / "submitit" / str(job_id) / f"{job_id}_{args.rank}_log.{suffix}"
+            if path.is_file():
+                print(f"==> {path} <==")
+                sys.stdout.write(path.read_text(errors="replace"))
+    return EXIT_OK
+
+
+# -- train (no scheduler) ------------------------------------------------------
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -54,13 +263,16 @@ def cmd_train(args: argparse.Namespace) -> int:
             print(f"legato: attempt {attempt} failed with exit code {code}; last checkpoint: {where}", file=sys.stderr)
         return code
     print(f"legato: gave up after {MAX_LOCAL_ATTEMPTS} attempts", file=sys.stderr)
-    return 1
+    return EXIT_FAILED
+
+
+COMMANDS = {"run": cmd_run, "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"train": cmd_train}[args.command](args)
+        return COMMANDS[args.command](args)
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_USAGE

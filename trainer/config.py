@@ -115,6 +115,11 @@ class Config:
     def run_dir(self) -> Path:
         return Path(self.run.dir or f"runs/{self.run.name}")
 
+    @property
+    def world_size(self) -> int:
+        """Ranks a job of this config runs: local tasks, or SLURM nodes times tasks per node."""
+        return self.local.tasks if self.executor == "local" else self.slurm.nodes * self.slurm.tasks_per_node
+
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 

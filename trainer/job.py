@@ -24,6 +24,7 @@ from trainer.config import Config
 from trainer.context import RunContext
 from trainer.determinism import seed_everything
 from trainer.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
+from trainer.stop import StopFlag, parse_signal, stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -86,24 +87,32 @@ def setup_logging(rank: int) -> None:
 def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None = None) -> int:
     """Run this rank of the job to its end and return the exit code."""
     setup_logging(env.rank)
+    # From here on the stop signal is only remembered; the session acts on it at its first step boundary.
+    early = StopFlag(tuple(parse_signal(s) for s in stop_signals(cfg.slurm.signal, cfg.slurm.handle_sigterm)))
+    early.install()
+    report = on_event or (lambda event: None)
     try:
-        return _run(cfg, env, on_event)
+        return _run(cfg, env, report)
     except UsageError as exc:
         if env.rank == 0:
             sys.stderr.write(f"error: {exc}\n")
+        report({"event": "error", "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
     except ResumeMismatchError as exc:
         log.error("%s", exc)
+        report({"event": "error", "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
-    except Exception:
+    except Exception as exc:
         log.exception("rank %d failed", env.rank)
+        report({"event": "error", "rank": env.rank, "message": f"{type(exc).__name__}: {exc}", "exit_code": EXIT_FAILED})
         return EXIT_FAILED
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        early.uninstall()
 
 
-def _run(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None) -> int:
+def _run(cfg: Config, env: RankEnv, on_event: Callable[[dict], None]) -> int:
     torch.set_num_threads(cfg.determinism.threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
     entrypoint = resolve_entrypoint(cfg)
     seeds = seed_everything(cfg.determinism.seed, env.rank, cfg.determinism.mode)
@@ -119,6 +128,6 @@ def _run(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None) -> 
             world_size=env.world_size,
             timeout=datetime.timedelta(seconds=cfg.train.collective_timeout_s),
         )
-    ctx = RunContext(cfg, env.rank, env.world_size, env.local_rank, device, seeds, on_event or (lambda event: None))
+    ctx = RunContext(cfg, env.rank, env.world_size, env.local_rank, device, seeds, on_event)
     code = entrypoint(ctx)
     return EXIT_OK if code is None else int(code)

@@ -38,6 +38,8 @@ from trainer.trajectory import TrajectoryWriter, trajectory_path
 
 log = logging.getLogger(__name__)
 
+PROGRESS_INTERVAL_S = 1.0
+
 LOADER_GENERATOR = "loader"
 
 
@@ -162,6 +164,7 @@ class Session:
         self._loss: float | None = None
         self._lr: float | None = None
         self._last_save_time = time.monotonic()
+        self._last_progress_time = 0.0
         self._trajectory: TrajectoryWriter | None = None
 
     # -- the loop -------------------------------------------------------
@@ -237,6 +240,7 @@ class Session:
         parts = self._state_components() if reason or hash_due else {}
         components = {name: digest(value) for name, value in parts.items()}
         self._record_trajectory(rank_hash(components) if hash_due else None)
+        self._report_progress()
         if reason == "signal":
             self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
             log.info("rank %d: ranks agreed to stop after step %d", self.rank, self.step)
@@ -255,6 +259,14 @@ class Session:
         if decision.checkpoint_due or (self.policy.every_steps and self.step % self.policy.every_steps == 0):
             return "periodic"
         return None
+
+    def _report_progress(self) -> None:
+        """At most once a second (and at the last step), rank 0 tells the caller how far it got."""
+        now = time.monotonic()
+        if self.rank != 0 or (now - self._last_progress_time < PROGRESS_INTERVAL_S and self.step < self.total_steps):
+            return
+        self._last_progress_time = now
+        self.on_event({"event": "progress", "rank": 0, "step": self.step, "total_steps": self.total_steps, "epoch": self.epoch, "loss": self._loss})
 
     def _record_trajectory(self, state_hash: str | None) -> None:
         record = {"step": self.step, "epoch": self.epoch, "loss_hex": None if self._loss is None else self._loss.hex(), "lr": self._lr}

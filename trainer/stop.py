@@ -43,8 +43,13 @@ class StopFlag:
         self._previous: dict[signal.Signals, Callable | int | None] = {}
 
     def install(self) -> None:
+        """Take over the signals; a signal an earlier StopFlag already caught counts as received here."""
         for sig in self.signals:
-            self._previous[sig] = signal.signal(sig, self._handle)
+            previous = signal.signal(sig, self._handle)
+            self._previous[sig] = previous
+            earlier = getattr(previous, "__self__", None)
+            if isinstance(earlier, StopFlag) and earlier.raised and not self.raised:
+                self.received_at, self.signum = earlier.received_at, earlier.signum
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():

@@ -1,0 +1,131 @@
+"""How the CLI shows a run to people: event lines, the live progress line, the attempts table.
+
+Part of the CLI (the only layer that formats for people); everything else
+hands it plain dicts and dataclasses. On a terminal the progress line is
+redrawn in place; elsewhere (logs, CI) it is printed at most every few seconds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+from orchestrator.status import RunSummary
+
+PLAIN_PROGRESS_EVERY_S = 5.0
+
+
+def short(h: str | None) -> str:
+    return (h or "-")[:12]
+
+
+def _mb(n: int | None) -> str:
+    return f"{(n or 0) / 2**20:.1f} MiB"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None or seconds != seconds or seconds < 0:
+        return "?"
+    seconds = int(seconds)
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+class LiveView:
+    """Turns supervisor notifications into lines on a stream."""
+
+    def __init__(self, stream: TextIO = sys.stdout) -> None:
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.attempts: dict[tuple[str, int], int] = {}
+        self._progress_shown = False
+        self._last_plain = 0.0
+        self._step_seen = 0
+
+    def __call__(self, kind: str, data: dict) -> None:
+        if kind == "progress":
+            self._progress(data)
+            return
+        self._step_seen = max(self._step_seen, int(data.get("step") or data.get("last_step") or 0))
+        line = self.event_line(data)
+        if line is not None:
+            self._line(line)
+
+    def attempt_of(self, data: dict) -> int | None:
+        return self.attempts.get((str(data.get("job_id")), data.get("restart")))
+
+    def event_line(self, e: dict) -> str | None:
+        kind = e["event"]
+        if kind == "attempt_started":
+            self.attempts[(str(e["job_id"]), e["restart"])] = len(self.attempts) + 1
+        n = self.attempt_of(e)
+        tag = f"attempt {n}: " if n else ""
+        lines = {
+            "run_started": lambda: f"run started: {e['executor']} executor, {e['world_size']} ranks, {e['total_steps']} steps",
+            "submitted": lambda: f"submitted job {e['job_id']}",
+            "attempt_started": lambda: f"{tag}started (job {e['job_id']}, restart {e['restart']}, {e['world_size']} ranks on {', '.join(e['hosts'])})",
+            "preempt_sent": lambda: f"{tag}chaos: sent SIG{e['signal']} to every task",
+            "stop_signal": lambda: f"{tag}stop signal reached rank {e['rank']}; the ranks agreed to stop after step {e['step']}",
+            "checkpoint_committed": lambda: f"{tag}{e['reason']} checkpoint at step {e['step']} committed in {e['seconds']:.2f}s ({_mb(e['bytes'])}), global hash {short(e['global_hash'])}",
+            "resumed": lambda: (
+                f"{tag}resumed at step {e['step']}: state hash {short(e['recomputed_hash'])} "
+                + ("verified ✓" if e["match"] else f"does NOT match the checkpoint's {short(e['expected_hash'])} ✗ ({e['mismatches']})")
+            ),
+            "requeued": lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
+            "requeue_failed": lambda: f"{tag}could not requeue: {e['reason']}",
+            "resubmitted": lambda: f"job {e['previous_job_id']} ended ({e['reason']}) without requeuing itself; resubmitted as job {e['job_id']}",
+            "finished": lambda: f"{tag}training complete at step {e['step']}, final global hash {e['final_global_hash']}",
+            "failed": lambda: f"{tag}FAILED: {e['reason']}",
+            "cancel_requested": lambda: "cancel requested",
+            "cancelled": lambda: f"cancelled: {e.get('reason')}",
+        }
+        render = lines.get(kind)
+        return render() if render else None
+
+    def _progress(self, p: dict) -> None:
+        if p["step"] < self._step_seen:
+            return  # an older reading than what the events already told
+        n = self.attempt_of(p) or "?"
+        rate = p.get("steps_per_s")
+        left = (p["total_steps"] - p["step"]) / rate if rate else None
+        loss = "-" if p.get("loss") is None else f"{p['loss']:.4f}"
+        rate_text = f"{rate:.1f}" if rate else "-"
+        text = f"attempt {n} | step {p['step']}/{p['total_steps']} | loss {loss} | {rate_text} steps/s | ETA {_duration(left)}"
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+            self._progress_shown = True
+            return
+        if time.monotonic() - self._last_plain >= PLAIN_PROGRESS_EVERY_S:
+            self._last_plain = time.monotonic()
+            self._line(text)
+
+    def _line(self, text: str) -> None:
+        if self._progress_shown:
+            self.stream.write("\r\033[K")
+            self._progress_shown = False
+        self.stream.write(f"legato: {text}\n")
+        self.stream.flush()
+
+
+def status_table(summary: RunSummary) -> str:
+    header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "ckpt s", "ended")
+    rows = [header]
+    for a in summary.attempts:
+        verified = "-" if a.verified is None else ("✓" if a.verified else "✗")
+        ckpt = f"{max(a.checkpoint_seconds):.2f}" if a.checkpoint_seconds else "-"
+        resumed = "-" if a.resumed_from_step is None else str(a.resumed_from_step)
+        rows.append((str(a.number), a.job_id, str(a.restart), ",".join(a.hosts), str(a.steps_run), resumed, verified, ckpt, a.ended))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    state = summary.state.upper()
+    total = summary.total_steps or "?"
+    head = f"run {summary.run_dir}: {state}, step {summary.step}/{total}, {len(summary.attempts)} attempt(s), {summary.requeues} requeue(s), {summary.resubmissions} resubmission(s)"
+    tail = []
+    if summary.finished:
+        tail.append(f"final global hash {summary.final_global_hash}; every resume verified: {'yes' if summary.all_resumes_verified else 'NO'}")
+    if summary.failure:
+        tail.append(f"reason: {summary.failure}")
+    return "\n".join([head, "", *lines, *([""] + tail if tail else [])])

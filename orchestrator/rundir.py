@@ -1,0 +1,131 @@
+"""The run directory as the supervisor owns it: the captured config, compatibility checks, the supervisor lock.
+
+Before anything is submitted, the config is checked against what the
+directory already holds (a captured config from an earlier `legato run`,
+checkpoints from any run) and refused with a `UsageError` when they cannot
+continue each other. Only then is the resolved config captured as
+`<run_dir>/config.yaml`, which is what every job reads. One supervisor per run
+directory: the lock is an OS file lock, released when its holder dies. This
+module never deletes or rewrites anything but the captured config.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import yaml
+from filelock import FileLock, Timeout
+
+from trainer import checkpoint as ckpt
+from trainer.config import Config, load_config, training_settings
+from trainer.errors import UsageError
+
+CAPTURED_CONFIG = "config.yaml"
+LOCK_FILE = "supervisor.lock"
+HOLDER_FILE = "supervisor.json"
+
+
+def check_compatible(cfg: Config) -> None:
+    """Refuse a config that cannot continue what the run directory holds."""
+    run_dir = cfg.run_dir
+    _check_checkpoints(cfg)
+    captured = run_dir / CAPTURED_CONFIG
+    if not captured.is_file():
+        return
+    before = load_config(captured)
+    differing = _differing(
+        {"world_size": before.world_size, **training_settings(before)},
+        {"world_size": cfg.world_size, **training_settings(cfg)},
+    )
+    if differing:
+        shown = "; ".join(f"{key} was {old!r}, now {new!r}" for key, old, new in differing[:5])
+        raise UsageError(
+            f"Run directory {run_dir} belongs to another config: {shown}. Continuing it would not be the same training. "
+            "Use the config that started it, or give this one its own run.dir (or run.name)."
+        )
+
+
+def capture_config(cfg: Config) -> Path:
+    """Write the resolved config (with an absolute run.dir) where every job of the run reads it."""
+    run_dir = cfg.run_dir.resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    data = cfg.to_dict()
+    data["run"]["dir"] = str(run_dir)
+    path = run_dir / CAPTURED_CONFIG
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("# Captured by legato run: the resolved config every job of this run reads.\n" + yaml.safe_dump(data, sort_keys=False))
+    os.replace(tmp, path)
+    return path
+
+
+def captured_config(run_dir: Path) -> Path:
+    path = Path(run_dir) / CAPTURED_CONFIG
+    if not path.is_file():
+        raise UsageError(f"{run_dir} is not a legato run directory (it has no {CAPTURED_CONFIG}). Pass the run.dir of a run started with `legato run`.")
+    return path
+
+
+class SupervisorLock:
+    """At most one supervisor per run directory."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        self._lock = FileLock(str(self.run_dir / LOCK_FILE))
+
+    def acquire(self) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            raise UsageError(
+                f"Another legato supervisor is attached to {self.run_dir} ({self.holder()}). Follow it with "
+                f"`legato watch {self.run_dir}`, or stop it first; two supervisors on one run would submit twice."
+            ) from None
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        (self.run_dir / HOLDER_FILE).write_text(json.dumps(info))
+
+    def held_elsewhere(self) -> bool:
+        try:
+            self._lock.acquire(timeout=0)
+        except Timeout:
+            return True
+        self._lock.release()
+        return False
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def holder(self) -> str:
+        try:
+            info = json.loads((self.run_dir / HOLDER_FILE).read_text())
+        except (OSError, json.JSONDecodeError):
+            return "holder unknown"
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
+        return f"pid {info['pid']} on {info['host']}, since {started}"
+
+
+def _check_checkpoints(cfg: Config) -> None:
+    root = cfg.run_dir / "checkpoints"
+    for path in ckpt.list_checkpoints(root):
+        try:
+            manifest = ckpt.read_manifest(path)
+        except (OSError, ValueError):
+            continue
+        ckpt.check_compatible(manifest, path, cfg.world_size, training_settings(cfg))
+        return
+
+
+def _differing(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differing(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append((f"{prefix}{key}", a, b))
+    return out
+

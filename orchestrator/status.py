@@ -1,0 +1,151 @@
+"""What a run's ledger says happened: attempts, resumes, how each attempt ended, the run's state.
+
+Pure functions from ledger events (and the live progress file) to plain
+dataclasses; `legato status`, `legato watch` and the supervisor's exit code
+all read the run through here. Nothing here writes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+TERMINAL = ("finished", "failed", "cancelled")
+PROGRESS_FILE = "progress.json"
+
+
+@dataclass
+class Attempt:
+    number: int
+    job_id: str
+    restart: int
+    hosts: list[str]
+    world_size: int
+    started_at: float
+    resumed_from_step: int | None = None
+    verified: bool | None = None
+    expected_hash: str | None = None
+    recomputed_hash: str | None = None
+    last_step: int = 0
+    ended: str = "running"
+    stop_signal_step: int | None = None
+    checkpoint_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.job_id, self.restart)
+
+    @property
+    def steps_run(self) -> int:
+        return max(0, self.last_step - (self.resumed_from_step or 0))
+
+
+@dataclass
+class RunSummary:
+    run_dir: str
+    state: str
+    finished: bool
+    final_global_hash: str | None
+    failure: str | None
+    total_steps: int | None
+    step: int
+    attempts: list[Attempt]
+    job_id: str | None
+    requeues: int
+    resubmissions: int
+
+    @property
+    def all_resumes_verified(self) -> bool:
+        return all(a.verified for a in self.attempts if a.resumed_from_step is not None)
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        for attempt, raw in zip(self.attempts, data["attempts"]):
+            raw["steps_run"] = attempt.steps_run
+        data["all_resumes_verified"] = self.all_resumes_verified
+        return data
+
+
+def current_session(events: list[dict]) -> list[dict]:
+    """Events since the newest `legato run` (a run directory can be run again after a failure)."""
+    starts = [i for i, e in enumerate(events) if e["event"] == "run_started"]
+    return events[starts[-1]:] if starts else events
+
+
+def current_job(events: list[dict]) -> str | None:
+    jobs = [e["job_id"] for e in events if e["event"] in ("submitted", "resubmitted")]
+    return jobs[-1] if jobs else None
+
+
+def read_progress(run_dir: Path) -> dict | None:
+    try:
+        return json.loads((Path(run_dir) / PROGRESS_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -> RunSummary:
+    attempts: dict[tuple[str, int], Attempt] = {}
+    state, failure, final_hash, total = "submitted", None, None, None
+    requeues = resubmissions = 0
+    for e in events:
+        kind, key = e["event"], (str(e.get("job_id")), e.get("restart"))
+        attempt = attempts.get(key)
+        if kind == "run_started":
+            state, failure, total = "submitted", None, e.get("total_steps")
+        elif kind == "attempt_started":
+            attempt = Attempt(len(attempts) + 1, key[0], key[1], e.get("hosts", []), e.get("world_size", 0), e["time"])
+            attempts[key] = attempt
+            state = "running"
+        elif kind == "resubmitted":
+            resubmissions += 1
+            _end_open(attempts, e.get("previous_job_id"), f"ended ({e.get('reason')}), resubmitted")
+        elif kind in TERMINAL:
+            state = kind
+            failure = e.get("reason") if kind != "finished" else None
+            final_hash = e.get("final_global_hash", final_hash)
+        if attempt is None:
+            continue
+        _apply(attempt, e)
+        requeues += kind == "requeued"
+    if progress and (str(progress.get("job_id")), progress.get("restart")) in attempts:
+        live = attempts[(str(progress["job_id"]), progress["restart"])]
+        live.last_step = max(live.last_step, int(progress.get("step") or 0))
+        total = total or progress.get("total_steps")
+    ordered = sorted(attempts.values(), key=lambda a: a.number)
+    if state in TERMINAL:
+        for attempt in ordered:
+            if attempt.ended == "running":
+                attempt.ended = "ended"
+    step = max((a.last_step for a in ordered), default=0)
+    return RunSummary(
+        str(run_dir), state, state == "finished", final_hash, failure, total, step, ordered, current_job(events), requeues, resubmissions
+    )
+
+
+def _apply(attempt: Attempt, e: dict) -> None:
+    kind = e["event"]
+    attempt.last_step = max(attempt.last_step, int(e.get("step") or e.get("last_step") or 0))
+    if kind == "resumed":
+        attempt.resumed_from_step = e["step"]
+        attempt.verified = bool(e["match"])
+        attempt.expected_hash, attempt.recomputed_hash = e["expected_hash"], e["recomputed_hash"]
+    elif kind == "checkpoint_committed":
+        attempt.checkpoint_seconds.append(e["seconds"])
+    elif kind == "stop_signal" and attempt.stop_signal_step is None:
+        attempt.stop_signal_step = e["step"]
+    elif kind == "requeued":
+        attempt.ended = "requeued"
+    elif kind == "requeue_failed":
+        attempt.ended = f"not requeued: {e.get('reason')}"
+    elif kind == "finished":
+        attempt.ended = "finished"
+    elif kind == "failed":
+        attempt.ended = "failed"
+
+
+def _end_open(attempts: dict[tuple[str, int], Attempt], job_id: str | None, how: str) -> None:
+    for attempt in attempts.values():
+        if attempt.job_id == str(job_id) and attempt.ended == "running":
+            attempt.ended = how

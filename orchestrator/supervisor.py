@@ -1,0 +1,192 @@
+"""The supervisor: submit the job, stay attached, and carry the run to its end.
+
+A job normally carries itself across stops (rank 0 requeues it after the
+agreed checkpoint). The supervisor handles what a job cannot: when a job ends
+without having requeued itself (a hard kill, a node failure, no `scontrol`,
+a local controller out of restarts), it submits a new job that resumes from
+the newest verified checkpoint, within the same requeue budget. It reads the
+run only through the ledger and the progress file the job writes, reports
+every new event and progress reading to a callback (the CLI formats them),
+and returns the run's exit code: 0 only when training finished and every
+resume verified. `chaos.preempt_every_s` has it deliver the real stop signal
+to the job's tasks, for demos and tests. It must never submit while another
+supervisor holds the run directory (the caller holds the lock).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from orchestrator.ledger import Ledger
+from orchestrator.status import TERMINAL, current_job, current_session, read_progress
+from slurm.jobs import JobHandle
+from slurm.submission import submit
+from trainer.config import Config, training_settings
+from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
+from trainer.hashing import digest
+from trainer.stop import parse_signal
+
+log = logging.getLogger(__name__)
+
+Notify = Callable[[str, dict], None]
+ENDING = ("requeued", "requeue_failed", "finished", "failed")
+
+
+def config_digest(cfg: Config) -> str:
+    return digest({"world_size": cfg.world_size, **training_settings(cfg)})
+
+
+def session_exit_code(session: list[dict]) -> int | None:
+    """The run's exit code once its current session ended, else None."""
+    ends = [e for e in session if e["event"] in TERMINAL]
+    if not ends:
+        return None
+    end = ends[-1]
+    if end["event"] == "finished":
+        verified = all(e["match"] for e in session if e["event"] == "resumed")
+        return EXIT_OK if verified else EXIT_RESUME_MISMATCH
+    if end["event"] == "failed" and end.get("exit_code") in (EXIT_USAGE, EXIT_RESUME_MISMATCH):
+        return end["exit_code"]
+    return EXIT_FAILED
+
+
+def start_session(cfg: Config, ledger: Ledger) -> None:
+    """Record the intent to run; whichever supervisor holds the lock submits the first job."""
+    ledger.append(
+        "run_started",
+        executor=cfg.executor,
+        world_size=cfg.world_size,
+        total_steps=cfg.train.steps,
+        config_digest=config_digest(cfg),
+        max_requeues=cfg.slurm.max_requeues,
+    )
+
+
+class Supervisor:
+    def __init__(self, cfg: Config, config_path: Path, notify: Notify, poll_s: float = 0.5) -> None:
+        self.cfg = cfg
+        self.config_path = config_path
+        self.notify = notify
+        self.poll_s = poll_s
+        self.ledger = Ledger(cfg.run_dir)
+        self._seen = 0
+        self._progress_time: float | None = None
+        self._preempted: set[tuple[str, int]] = set()
+
+    def run(self) -> int:
+        """Watch (and when needed submit) until the current session ends; returns the run's exit code."""
+        while True:
+            session = self._report_new()
+            code = session_exit_code(session)
+            if code is not None:
+                return code
+            job_id = current_job(session)
+            if job_id is None:
+                self._submit(session, previous=None, reason=None)
+                continue
+            handle = JobHandle(self.cfg.executor, job_id)
+            self._preempt(session, handle)
+            if not handle.state().active:
+                self._after_job_end(handle)
+                continue
+            time.sleep(self.poll_s)
+
+    def follow(self, supervised_elsewhere: Callable[[], bool]) -> int | None:
+        """Report a run another supervisor drives; its exit code at the end, or None once that supervisor is gone."""
+        while supervised_elsewhere():
+            code = session_exit_code(self._report_new())
+            if code is not None:
+                return code
+            time.sleep(self.poll_s)
+        return None
+
+    def cancel(self) -> None:
+        """Stop the current job and record the run as cancelled (Ctrl-C of an attached local run)."""
+        session = current_session(self.ledger.read())
+        job_id = current_job(session)
+        if job_id is not None:
+            JobHandle(self.cfg.executor, job_id).cancel()
+        self.ledger.append("cancelled", job_id=job_id, reason="cancelled by the user")
+        self._report_new()
+
+    # -- internals ------------------------------------------------------
+
+    def _report_new(self) -> list[dict]:
+        events = self.ledger.read()
+        for event in events[self._seen:]:
+            self.notify("event", event)
+        self._seen = len(events)
+        progress = read_progress(self.cfg.run_dir)
+        if progress and progress.get("time") != self._progress_time:
+            self._progress_time = progress.get("time")
+            self.notify("progress", progress)
+        return current_session(events)
+
+    def _after_job_end(self, handle: JobHandle) -> None:
+        state = handle.state().name
+        session = self._report_new()
+        if session_exit_code(session) is not None:
+            return
+        if any(e["event"] == "cancel_requested" for e in session):
+            self.ledger.append("cancelled", job_id=handle.job_id, reason=f"cancelled by the user (job ended {state})")
+            return
+        started = [e for e in session if e["event"] == "attempt_started" and e.get("job_id") == handle.job_id]
+        if not started:
+            self.ledger.append(
+                "failed",
+                job_id=handle.job_id,
+                exit_code=EXIT_FAILED,
+                reason=f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs {self.cfg.run_dir}`",
+            )
+            return
+        self._submit(session, previous=handle.job_id, reason=state)
+
+    def _submit(self, session: list[dict], previous: str | None, reason: str | None) -> None:
+        attempts = sum(1 for e in session if e["event"] == "attempt_started")
+        if previous is not None and attempts - 1 >= self.cfg.slurm.max_requeues:
+            self.ledger.append(
+                "failed",
+                job_id=previous,
+                exit_code=EXIT_FAILED,
+                reason=(
+                    f"requeue budget exhausted: job {previous} ended ({reason}) after {attempts - 1} interruptions and "
+                    f"slurm.max_requeues is {self.cfg.slurm.max_requeues}. Raise it, then run `legato run` again to continue."
+                ),
+            )
+            return
+        job_id = submit(self.cfg, self.config_path, attempts)
+        if previous is None:
+            self.ledger.append("submitted", job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
+        else:
+            self.ledger.append("resubmitted", job_id=job_id, previous_job_id=previous, reason=reason, attempts_before=attempts)
+
+    def _preempt(self, session: list[dict], handle: JobHandle) -> None:
+        """chaos.preempt_every_s: send the stop signal once per attempt, that many seconds after it started."""
+        every = self.cfg.chaos.preempt_every_s
+        if not every:
+            return
+        live = _live_attempt(session)
+        if live is None or time.time() - live["time"] < every:
+            return
+        key = (str(live["job_id"]), live["restart"])
+        if key in self._preempted:
+            return
+        pids = [e["pid"] for e in session if e["event"] == "rank_started" and (str(e.get("job_id")), e.get("restart")) == key]
+        if handle.executor == "local" and len(pids) < live.get("world_size", 1):
+            return
+        self._preempted.add(key)
+        handle.signal_tasks(parse_signal(self.cfg.slurm.signal), pids)
+        self.ledger.append("preempt_sent", job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
+
+
+def _live_attempt(session: list[dict]) -> dict | None:
+    started = [e for e in session if e["event"] == "attempt_started"]
+    if not started:
+        return None
+    last = started[-1]
+    key = (last.get("job_id"), last.get("restart"))
+    ended = any(e["event"] in ENDING and (e.get("job_id"), e.get("restart")) == key for e in session)
+    return None if ended else last

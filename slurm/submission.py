@@ -1,0 +1,101 @@
+"""Submitting a legato job through submitit: its LocalExecutor or its SLURM executor.
+
+Turns the validated config into executor parameters (time limit, signal and
+lead, requeue, nodes, tasks, resources, extra sbatch options, setup lines)
+and submits `TrainTask`. Values from the config reach sbatch only through
+submitit, which quotes every `#SBATCH` value; this module never builds a
+shell command from config strings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+import submitit
+from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+from slurm.task import TrainTask
+from trainer.config import Config
+from trainer.errors import UsageError
+
+SUBMITIT_DIR = "submitit"
+NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" means a year
+
+
+def submit(cfg: Config, config_path: Path, attempts_before: int) -> str:
+    """Submit one job for this run; returns its job id."""
+    folder = cfg.run_dir / SUBMITIT_DIR / "%j"
+    task = TrainTask(str(config_path), attempts_before)
+    executor = _local_executor(cfg, folder) if cfg.executor == "local" else _slurm_executor(cfg, folder)
+    with _job_environment(cfg):
+        try:
+            job = executor.submit(task)
+        except FileNotFoundError:
+            raise UsageError(
+                "executor is slurm but sbatch is not on PATH. Run legato on a SLURM login node, start a local "
+                "cluster with `legato devcluster up`, or set executor: local."
+            ) from None
+        except (FailedJobError, FailedSubmissionError) as exc:
+            raise UsageError(
+                f"sbatch refused the job: {str(exc).strip()}. Check the slurm section of the config "
+                "(partition, account, qos, time_min, extra_sbatch)."
+            ) from None
+    return str(job.job_id)
+
+
+def _local_executor(cfg: Config, folder: Path) -> submitit.LocalExecutor:
+    executor = submitit.LocalExecutor(folder=folder)
+    executor.update_parameters(
+        tasks_per_node=cfg.local.tasks,
+        timeout_min=cfg.local.timeout_min or NO_LIMIT_MIN,
+        signal_delay_s=cfg.slurm.signal_lead_s,
+    )
+    return executor
+
+
+def _slurm_executor(cfg: Config, folder: Path) -> submitit.SlurmExecutor:
+    s = cfg.slurm
+    executor = submitit.SlurmExecutor(folder=folder)
+    params: dict = {
+        "time": s.time_min,
+        "nodes": s.nodes,
+        "ntasks_per_node": s.tasks_per_node,
+        "cpus_per_task": s.cpus_per_task,
+        "job_name": cfg.run.name,
+        "setup": [f"export PYTHONHASHSEED={_hash_seed()}", *s.setup],
+        # submitit writes its own --signal from a class attribute; ours wins, with the lead we were given.
+        "additional_parameters": {"signal": f"{s.signal}@{s.signal_lead_s}", "requeue": True, **s.extra_sbatch},
+    }
+    if s.gpus_per_task:
+        params["gpus_per_task"] = s.gpus_per_task
+    if s.mem_gb:
+        params["mem"] = f"{int(s.mem_gb * 1024)}MB"
+    for key in ("partition", "account", "qos"):
+        if getattr(s, key):
+            params[key] = getattr(s, key)
+    executor.update_parameters(**params)
+    return executor
+
+
+def _hash_seed() -> str:
+    return os.environ.get("PYTHONHASHSEED", "0")
+
+
+@contextlib.contextmanager
+def _job_environment(cfg: Config) -> Iterator[None]:
+    """The environment the job inherits: strict determinism needs a fixed hash seed, and the local
+    controller sends the configured stop signal at its time limit."""
+    wanted = {"PYTHONHASHSEED": _hash_seed(), "SUBMITIT_PREEMPT_SIGNAL": cfg.slurm.signal}
+    saved = {k: os.environ.get(k) for k in wanted}
+    os.environ.update(wanted)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -1,0 +1,216 @@
+"""The function submitit runs on every task of a legato job: identity, signals, trainer rank, requeue.
+
+It takes the stop signal away from submitit (whose own handler acts on rank 0
+alone and pickles the job inside the handler), derives rank, world size,
+master address and a port from the job id and restart count, runs one trainer
+rank, and records in the run's ledger what the rank saw. After a stop at a
+committed checkpoint, rank 0 requeues the job (`scontrol requeue` on SLURM,
+submitit's requeue exit code locally) and every rank exits at once, so no rank
+waits for the scheduler's KillWait. It must never checkpoint or talk to other
+ranks from a signal handler, and never requeue past `slurm.max_requeues`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import submitit
+
+from orchestrator.ledger import Ledger
+from trainer.config import Config, load_config
+from trainer.errors import EXIT_OK, EXIT_STOPPED
+from trainer.job import RankEnv, run_rank
+
+log = logging.getLogger(__name__)
+
+LOCAL_REQUEUE_EXIT = 144  # submitit's LocalExecutor restarts every task when one exits with it
+PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral range
+DECISION_TIMEOUT_S = 60.0
+PROGRESS_FILE = "progress.json"
+DECISIONS = ("requeued", "requeue_failed", "failed")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who this task is, from the scheduler's environment."""
+
+    executor: str
+    job_id: str
+    restart: int
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    hosts: tuple[str, ...]
+
+    @property
+    def port(self) -> int:
+        """Same on every rank, different for every (job, restart): a requeued job never meets a stale store."""
+        digest = hashlib.sha256(f"{self.job_id}/{self.restart}".encode()).digest()
+        return PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
+
+    def rank_env(self) -> RankEnv:
+        master = "127.0.0.1" if self.executor == "local" else self.hosts[0]
+        return RankEnv(self.rank, self.world_size, self.local_rank, self.local_world_size, master, self.port)
+
+    def tag(self) -> dict:
+        return {"job_id": self.job_id, "restart": self.restart}
+
+
+def identify(ledger: Ledger) -> Identity:
+    env = submitit.JobEnvironment()
+    executor = env.cluster
+    job_id = str(env.job_id)
+    if executor == "slurm":
+        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
+        hosts = tuple(env.hostnames)
+    else:
+        # The local controller restarts tasks without telling them; the ledger counts its requeues.
+        restart = sum(1 for e in ledger.read() if e["event"] == "requeued" and e.get("job_id") == job_id)
+        hosts = (socket.gethostname(),)
+    per_node = max(1, env.num_tasks // max(1, env.num_nodes))
+    return Identity(executor, job_id, restart, env.global_rank, env.num_tasks, env.local_rank, per_node, hosts)
+
+
+@dataclass(frozen=True)
+class TrainTask:
+    """What submitit pickles: the captured config and the attempts already spent before this job."""
+
+    config_path: str
+    attempts_before: int
+
+    def __call__(self) -> dict:
+        cfg = load_config(self.config_path)
+        ledger = Ledger(cfg.run_dir)
+        _take_signals(cfg)
+        ident = identify(ledger)
+        if ident.rank == 0:
+            ledger.append("attempt_started", **ident.tag(), executor=ident.executor, hosts=list(ident.hosts), world_size=ident.world_size)
+        ledger.append("rank_started", **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
+        events = JobEvents(ledger, ident, cfg.run_dir / PROGRESS_FILE)
+        code = run_rank(cfg, ident.rank_env(), on_event=events)
+        if code == EXIT_OK:
+            if ident.rank == 0:
+                ledger.append("finished", **ident.tag(), step=events.last_step, final_global_hash=events.final_hash)
+            return {"final_global_hash": events.final_hash}
+        decision = _decide(cfg, ledger, ident, code, events, self.attempts_before) if ident.rank == 0 else _await_decision(ledger, ident)
+        sys.exit(_exit_code(ident, decision, code))
+
+
+class JobEvents:
+    """Turns the trainer's events into ledger records (rank 0, plus each rank's own stop signal)."""
+
+    def __init__(self, ledger: Ledger, ident: Identity, progress_path: Path) -> None:
+        self.ledger = ledger
+        self.ident = ident
+        self.progress_path = progress_path
+        self.last_step = 0
+        self.final_hash: str | None = None
+        self.error: str | None = None
+        self._first_progress: tuple[float, int] | None = None
+
+    def __call__(self, event: dict) -> None:
+        kind = event["event"]
+        self.last_step = max(self.last_step, int(event.get("step") or 0))
+        if kind == "stop_agreed" and event.get("signal_received_at") is not None:
+            self.ledger.append("stop_signal", **self.ident.tag(), rank=self.ident.rank, step=event["step"], received_at=event["signal_received_at"])
+        if self.ident.rank != 0:
+            return
+        if kind == "progress":
+            self._write_progress(event)
+        elif kind == "checkpoint_committed":
+            if event["reason"] == "final":
+                self.final_hash = event["global_hash"]
+            fields = {k: event[k] for k in ("step", "global_hash", "seconds", "bytes", "reason")}
+            self.ledger.append("checkpoint_committed", **self.ident.tag(), **fields)
+        elif kind == "resumed":
+            fields = {k: event[k] for k in ("step", "expected_hash", "recomputed_hash", "match", "mismatches")}
+            self.ledger.append("resumed", **self.ident.tag(), **fields)
+        elif kind == "error":
+            self.error = event["message"]
+
+    def _write_progress(self, event: dict) -> None:
+        now = time.time()
+        if self._first_progress is None:
+            self._first_progress = (now, event["step"])
+        since, first_step = self._first_progress
+        rate = (event["step"] - first_step) / (now - since) if now > since else None
+        record = {**self.ident.tag(), **{k: event[k] for k in ("step", "total_steps", "epoch", "loss")}, "steps_per_s": rate, "time": now}
+        tmp = self.progress_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(record))
+        os.replace(tmp, self.progress_path)
+
+
+def _take_signals(cfg: Config) -> None:
+    """Undo submitit's job-side handlers: its stop handler must not run the show, and SIGTERM should end a task."""
+    submitit_signal = submitit.JobEnvironment._usr_sig()
+    signal.signal(submitit_signal, signal.SIG_IGN)
+    signal.signal(signal.SIGCONT, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: JobEvents, attempts_before: int) -> str:
+    """Rank 0: requeue after a stop within budget; otherwise record why the job ends here."""
+    tag = {**ident.tag(), "last_step": events.last_step}
+    if code != EXIT_STOPPED:
+        reason = events.error or f"rank 0 exited with code {code}; see `legato logs {cfg.run_dir}`"
+        ledger.append("failed", **tag, exit_code=code, reason=reason)
+        return "failed"
+    spent = attempts_before + ident.restart
+    if spent >= cfg.slurm.max_requeues:
+        reason = (
+            f"requeue budget exhausted: {spent} interruptions so far and slurm.max_requeues is {cfg.slurm.max_requeues}; "
+            f"the newest checkpoint is at step {events.last_step}. Raise slurm.max_requeues or the time limit, then run again."
+        )
+        ledger.append("failed", **tag, exit_code=code, reason=reason)
+        return "failed"
+    if ident.executor == "slurm":
+        problem = _scontrol_requeue(ident.job_id)
+        if problem:
+            ledger.append("requeue_failed", **tag, reason=problem)
+            return "requeue_failed"
+    ledger.append("requeued", **tag, budget_left=cfg.slurm.max_requeues - spent - 1)
+    return "requeued"
+
+
+def _scontrol_requeue(job_id: str) -> str | None:
+    """Requeue this job; returns what went wrong, or None."""
+    try:
+        proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
+    except FileNotFoundError:
+        return "scontrol is not on PATH on the compute node"
+    except subprocess.TimeoutExpired:
+        return "scontrol requeue did not answer within 60 s"
+    if proc.returncode != 0:
+        return f"scontrol requeue {job_id} exited {proc.returncode}: {proc.stderr.strip()}"
+    return None
+
+
+def _await_decision(ledger: Ledger, ident: Identity) -> str:
+    """Other ranks: wait for rank 0's requeue decision, so the job never ends before its requeue lands."""
+    deadline = time.monotonic() + DECISION_TIMEOUT_S
+    while time.monotonic() < deadline:
+        for e in reversed(ledger.read()):
+            if e["event"] in DECISIONS and e.get("job_id") == ident.job_id and e.get("restart") == ident.restart:
+                return e["event"]
+        time.sleep(0.1)
+    log.warning("rank %d: no decision from rank 0 within %.0fs; exiting", ident.rank, DECISION_TIMEOUT_S)
+    return "requeue_failed"
+
+
+def _exit_code(ident: Identity, decision: str, code: int) -> int:
+    if decision == "requeued" and ident.executor == "local":
+        return LOCAL_REQUEUE_EXIT
+    if decision == "failed" and code == EXIT_STOPPED:
+        return 1
+    return code
