@@ -75,10 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
 def cmd_run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides)
     _check_entrypoint(cfg)
+    check_compatible(cfg)
     lock = SupervisorLock(cfg.run_dir)
     lock.acquire()
     try:
-        check_compatible(cfg)
         ledger = Ledger(cfg.run_dir)
         session = current_session(ledger.read())
         code = session_exit_code(session) if session else None

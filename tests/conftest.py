@@ -17,7 +17,15 @@ MLP = ROOT / "configs" / "mlp.yaml"
 
 # A short corpus so that epochs are a few steps long and a test sees several of them;
 # ranks agree every step so that a signal after step s stops the run after step s + 1.
-FAST_GPT = ("train.steps=30", "train.options.sentences=100", "checkpoint.every_steps=0", "checkpoint.hash_every_steps=3", "checkpoint.agree_every_steps=1")
+# The shipped config's demo preemptions are switched off; tests plant their own.
+FAST_GPT = (
+    "train.steps=30",
+    "train.options.sentences=100",
+    "checkpoint.every_steps=0",
+    "checkpoint.hash_every_steps=3",
+    "checkpoint.agree_every_steps=1",
+    "chaos.signal_at_steps=[]",
+)
 
 
 def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -120,3 +120,33 @@ def test_bad_settings_name_the_key_and_the_fix(overrides: list[str], words: list
         load_config(None, overrides)
     for word in words:
         assert word in str(info.value)
+
+
+def test_signal_caught_before_the_session_counts_for_the_session() -> None:
+    import os
+    import signal
+
+    from trainer.stop import StopFlag
+
+    early = StopFlag((signal.SIGUSR2,))
+    early.install()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert early.raised
+        session_flag = StopFlag((signal.SIGUSR2,))
+        session_flag.install()
+        assert session_flag.raised and session_flag.received_at == early.received_at
+        session_flag.uninstall()
+    finally:
+        early.uninstall()
+
+
+def test_port_depends_on_job_and_restart() -> None:
+    from slurm.task import Identity
+
+    def port(job: str, restart: int) -> int:
+        return Identity("slurm", job, restart, 0, 2, 0, 2, ("n1",)).port
+
+    assert port("100", 0) == port("100", 0)
+    assert len({port("100", 0), port("100", 1), port("101", 0)}) == 3
+    assert all(10000 <= port(str(j), r) < 30000 for j in range(50) for r in range(3))

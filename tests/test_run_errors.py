@@ -1,0 +1,101 @@
+"""Bad input to `legato run` and friends: exit 2, one paragraph naming the problem and the fix, no traceback,
+nothing submitted and nothing already saved changed."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from filelock import FileLock
+
+from conftest import FAST_GPT, TINY_GPT, run_trainer
+from test_supervisor import legato
+
+GOOD = TINY_GPT.read_text()
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def assert_usage_error(proc, *needles: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    message = proc.stderr.strip()
+    assert message.startswith("error: ") and "\n" not in message, message
+    for needle in needles:
+        assert needle in message, message
+
+
+CASES = {
+    "invalid_yaml": ("run:\n  name: x\n train: [\n", [], ("not valid YAML", "line 3")),
+    "unknown_key": (GOOD.replace("batch_size:", "batch_sise:"), [], ("train.batch_sise is not a known key", "Did you mean train.batch_size?", "Valid keys")),
+    "wrong_type": (GOOD, ["train.steps=many"], ("train.steps must be an integer", "'many'")),
+    "missing_entrypoint": (GOOD, ["train.entrypoint=nosuchpkg.train:main"], ("nosuchpkg", "cannot be found", "PYTHONPATH")),
+    "entrypoint_without_function": (GOOD, ["train.entrypoint=nosuchpkg"], ('"package.module:function"',)),
+    "zero_time_limit": (GOOD, ["slurm.time_min=0"], ("slurm.time_min is 0", "positive")),
+    "negative_time_limit": (GOOD, ["local.timeout_min=-5"], ("local.timeout_min is -5",)),
+    "bad_signal": (GOOD, ["slurm.signal=USR9"], ("slurm.signal", "not a signal name")),
+    "bad_executor": (GOOD, ["executor=kubernetes"], ("executor is 'kubernetes'", "local, slurm")),
+    "bad_override": (GOOD, ["train.steps"], ("--set 'train.steps' is not of the form key=value",)),
+    "negative_requeues": (GOOD, ["slurm.max_requeues=-1"], ("slurm.max_requeues",)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_bad_config_is_refused_before_anything_runs(tmp_path: Path, name: str) -> None:
+    text, sets, needles = CASES[name]
+    run_dir = tmp_path / "run"
+    args = ["run", str(write(tmp_path, text)), "--set", f"run.dir={run_dir}"]
+    for item in sets:
+        args += ["--set", item]
+    assert_usage_error(legato(*args), *needles)
+    assert not (run_dir / "ledger.jsonl").exists()
+
+
+def test_missing_config_file(tmp_path: Path) -> None:
+    assert_usage_error(legato("run", str(tmp_path / "nope.yaml")), "nope.yaml does not exist")
+
+
+def test_run_dir_of_another_config_is_left_alone(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    other = GOOD.replace("steps: 60", "steps: 99").replace("dir: runs/tiny_gpt", f"dir: {run_dir}")
+    (run_dir / "config.yaml").write_text(other)
+    before = tree_digest(run_dir)
+    proc = legato("run", str(TINY_GPT), "--set", f"run.dir={run_dir}")
+    assert_usage_error(proc, "belongs to another config", "train.steps was 99, now 60", "its own run.dir")
+    assert tree_digest(run_dir) == before
+
+
+def test_checkpoint_from_another_world_size_is_left_alone(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    assert run_trainer(TINY_GPT, run_dir, *FAST_GPT, "train.steps=4").returncode == 0
+    before = tree_digest(run_dir)
+    args = ["run", str(TINY_GPT), "--set", f"run.dir={run_dir}", "--set", "local.tasks=1"]
+    for item in (*FAST_GPT, "train.steps=4"):
+        args += ["--set", item]
+    assert_usage_error(legato(*args), "written by 2 ranks, but this run has 1")
+    assert tree_digest(run_dir) == before
+
+
+def test_second_supervisor_refuses(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "supervisor.json").write_text(json.dumps({"pid": 4242, "host": "login1", "since": 0}))
+    with FileLock(str(run_dir / "supervisor.lock")):
+        proc = legato("run", str(TINY_GPT), "--set", f"run.dir={run_dir}")
+    assert_usage_error(proc, "Another legato supervisor is attached", "pid 4242 on login1", "legato watch")
+
+
+@pytest.mark.parametrize("command", ["status", "watch", "cancel", "logs"])
+def test_commands_on_a_directory_that_is_not_a_run(tmp_path: Path, command: str) -> None:
+    assert_usage_error(legato(command, str(tmp_path)), str(tmp_path))

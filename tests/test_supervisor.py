@@ -1,0 +1,153 @@
+"""`legato run` end to end: real submitit LocalExecutor, 2 tasks, gloo, real signals and SIGKILLs."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import FAST_GPT, ROOT, TINY_GPT, manifest, run_trainer
+
+pytestmark = pytest.mark.slow
+
+
+def legato(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def run_args(run_dir: Path, *sets: str) -> list[str]:
+    args = ["run", str(TINY_GPT), "--set", f"run.dir={run_dir}"]
+    for item in (*FAST_GPT, *sets):
+        args += ["--set", item]
+    return args
+
+
+def status(run_dir: Path) -> dict:
+    proc = legato("status", str(run_dir), "--json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def ledger(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
+
+
+def reference_hash(tmp_path: Path, *sets: str) -> str:
+    """The final global hash of an uninterrupted `python -m trainer` run of the same settings."""
+    ref = tmp_path / "reference"
+    proc = run_trainer(TINY_GPT, ref, *FAST_GPT, *sets)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return manifest(ref)["global_hash"]
+
+
+def wait_for(predicate, timeout: float = 120.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_two_signals_three_attempts_every_resume_verified(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = legato(*run_args(run_dir, "chaos.signal_rank=1", "chaos.signal_at_steps=[7,19]"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "verified ✓" in proc.stdout
+
+    data = status(run_dir)
+    assert data["finished"] is True and data["state"] == "finished"
+    attempts = data["attempts"]
+    assert len(attempts) == 3
+    assert len({a["job_id"] for a in attempts}) == 1, "the job requeued itself; no resubmission"
+    assert [a["restart"] for a in attempts] == [0, 1, 2]
+    assert [a["resumed_from_step"] for a in attempts] == [None, 8, 20]
+    assert [a["verified"] for a in attempts] == [None, True, True]
+    assert [a["ended"] for a in attempts] == ["requeued", "requeued", "finished"]
+    assert data["final_global_hash"] == reference_hash(tmp_path)
+
+    table = legato("status", str(run_dir)).stdout
+    assert "FINISHED" in table and table.count("✓") == 2
+
+
+def test_hard_kill_resubmits_and_resumes_from_last_periodic_checkpoint(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    sets = ("train.steps=400", "checkpoint.every_steps=25")
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", *run_args(run_dir, *sets)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        wait_for(lambda: run_dir.joinpath("ledger.jsonl").exists() and any(
+            e["event"] == "checkpoint_committed" and e["step"] >= 50 for e in ledger(run_dir)), what="a periodic checkpoint")
+        pids = [e["pid"] for e in ledger(run_dir) if e["event"] == "rank_started"]
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        killed_after = max(e["step"] for e in ledger(run_dir) if e["event"] == "checkpoint_committed")
+        out, _ = supervisor.communicate(timeout=300)
+    finally:
+        supervisor.kill()
+    assert supervisor.returncode == 0, out[-3000:]
+    assert "without requeuing itself; resubmitted" in out
+
+    data = status(run_dir)
+    first, second = data["attempts"]
+    assert first["job_id"] != second["job_id"] and "resubmitted" in first["ended"]
+    assert second["resumed_from_step"] % 25 == 0 and second["resumed_from_step"] >= killed_after
+    assert second["verified"] is True
+    assert data["resubmissions"] == 1
+    assert data["final_global_hash"] == reference_hash(tmp_path, *sets)
+
+
+def test_requeue_budget_stops_a_job_that_would_requeue_forever(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = legato(*run_args(run_dir, "slurm.max_requeues=1", "chaos.signal_at_steps=[5,10,15,20]"))
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    data = status(run_dir)
+    assert data["state"] == "failed" and not data["finished"]
+    assert "requeue budget exhausted" in data["failure"] and "slurm.max_requeues is 1" in data["failure"]
+    assert len(data["attempts"]) == 2
+    assert data["attempts"][-1]["ended"] == "failed"
+    # Nothing is lost: the stop checkpoint is there and a new `legato run` would continue from it.
+    assert manifest(run_dir)["step"] == 11
+
+
+def test_detach_watch_and_preemption_by_the_supervisor(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = legato(*run_args(run_dir, "train.steps=300", "chaos.preempt_every_s=2.5", "run.name=detached"), "--detach")
+    assert proc.returncode == 0, proc.stderr
+    assert "submitted" in proc.stdout and "legato watch" in proc.stdout
+
+    again = legato(*run_args(run_dir, "train.steps=300", "chaos.preempt_every_s=2.5", "run.name=detached"))
+    assert again.returncode == 2 and "Another legato supervisor is attached" in again.stderr
+
+    watched = legato("watch", str(run_dir), timeout=400)
+    assert watched.returncode == 0, watched.stdout[-3000:] + watched.stderr[-2000:]
+    assert "following" in watched.stdout
+
+    data = status(run_dir)
+    assert data["finished"] and data["all_resumes_verified"]
+    assert len(data["attempts"]) >= 2
+    assert any(e["event"] == "preempt_sent" for e in ledger(run_dir))
+    assert data["final_global_hash"] == reference_hash(tmp_path, "train.steps=300")
+
+
+def test_cancel_ends_the_run_and_keeps_checkpoints(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = legato(*run_args(run_dir, "train.steps=5000", "checkpoint.every_steps=10"), "--detach")
+    assert proc.returncode == 0, proc.stderr
+    wait_for(lambda: any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)), what="a checkpoint")
+    cancelled = legato("cancel", str(run_dir))
+    assert cancelled.returncode == 0, cancelled.stderr
+    wait_for(lambda: status(run_dir)["state"] == "cancelled", what="the cancelled state")
+    assert legato("watch", str(run_dir)).returncode == 1
+    assert manifest(run_dir)["step"] >= 10
