@@ -5,6 +5,7 @@
     legato status [RUN_DIR] [--json]                     attempts, resumes, how each ended
     legato cancel RUN_DIR                                stop the job and end the run
     legato logs RUN_DIR [--rank R] [--job J]             the tasks' output
+    legato devcluster up|down|status                     a real one-node SLURM on this machine
     legato train CONFIG [--nproc N]                      no scheduler: rerun the trainer until done
 
 Exit codes: 0 training complete with every resume verified, 1 the run failed
@@ -28,6 +29,8 @@ from orchestrator.rundir import SupervisorLock, capture_config, captured_config,
 from orchestrator.runstate import final_manifest
 from orchestrator.status import current_job, current_session, read_progress, summarize
 from orchestrator.supervisor import Supervisor, session_exit_code, start_session
+from slurm import devcluster
+from slurm.devcluster import Settings
 from slurm.jobs import JobHandle
 from trainer.config import Config, load_config
 from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
@@ -60,6 +63,13 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("run_dir")
     logs.add_argument("--rank", type=int, default=0, help="task rank (default 0)")
     logs.add_argument("--job", default=None, help="job id (default: every job of the run)")
+
+    dev = sub.add_parser("devcluster", help="a real one-node SLURM cluster on this machine (root, Debian)")
+    dev.add_argument("action", choices=("up", "down", "status"))
+    dev.add_argument("--cred-expire", type=int, default=Settings.cred_expire_s, metavar="S", help="credential expiry; a requeued job waits S+1 s (default %(default)s)")
+    dev.add_argument("--sched-interval", type=int, default=Settings.sched_interval_s, metavar="S", help="scheduler and backfill interval (default %(default)s)")
+    dev.add_argument("--kill-wait", type=int, default=Settings.kill_wait_s, metavar="S", help="SIGTERM to SIGKILL delay (default %(default)s)")
+    dev.add_argument("--no-accounting", action="store_true", help="no slurmdbd/MariaDB: sacct will not work")
 
     train = sub.add_parser("train", help="run the trainer locally without a scheduler, resuming after every stop until done")
     train.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
@@ -236,6 +246,24 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- devcluster -------------------------------------------------------------------
+
+
+def cmd_devcluster(args: argparse.Namespace) -> int:
+    say = lambda text: print(f"devcluster: {text}", flush=True)  # noqa: E731
+    if args.action == "down":
+        devcluster.down(say)
+        return EXIT_OK
+    if args.action == "up":
+        settings = Settings(args.cred_expire, args.sched_interval, args.kill_wait, not args.no_accounting)
+        devcluster.up(settings, say)
+    daemons, info = devcluster.status()
+    for d in daemons:
+        say(f"{d.name:<10} pid {d.pid:<8} {'running' if d.alive() else 'NOT running'}  (log {d.log})")
+    say(f"node: {info}" if info else "the controller does not answer")
+    return EXIT_OK if info else EXIT_FAILED
+
+
 # -- train (no scheduler) ------------------------------------------------------
 
 
@@ -266,7 +294,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
-COMMANDS = {"run": cmd_run, "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
+COMMANDS = {"devcluster": cmd_devcluster, "run": cmd_run, "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,7 @@ class LiveView:
         lines = {
             "run_started": lambda: f"run started: {e['executor']} executor, {e['world_size']} ranks, {e['total_steps']} steps",
             "submitted": lambda: f"submitted job {e['job_id']}",
+            "job_state": lambda: f"job {e['job_id']} is {e['state']}",
             "attempt_started": lambda: f"{tag}started (job {e['job_id']}, restart {e['restart']}, {e['world_size']} ranks on {', '.join(e['hosts'])})",
             "preempt_sent": lambda: f"{tag}chaos: sent SIG{e['signal']} to every task",
             "stop_signal": lambda: f"{tag}stop signal reached rank {e['rank']}; the ranks agreed to stop after step {e['step']}",

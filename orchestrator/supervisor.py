@@ -22,7 +22,7 @@ from typing import Callable
 
 from orchestrator.ledger import Ledger
 from orchestrator.status import TERMINAL, current_job, current_session, read_progress
-from slurm.jobs import JobHandle
+from slurm.jobs import JobHandle, JobState
 from slurm.submission import submit
 from trainer.config import Config, training_settings
 from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 Notify = Callable[[str, dict], None]
 ENDING = ("requeued", "requeue_failed", "finished", "failed")
+LOCAL_STATE_EVERY_S = 0.5  # a /proc read
+SLURM_STATE_EVERY_S = 3.0  # an sacct call: be gentle with the accounting daemon
 
 
 def config_digest(cfg: Config) -> str:
@@ -75,6 +77,8 @@ class Supervisor:
         self._seen = 0
         self._progress_time: float | None = None
         self._preempted: set[tuple[str, int]] = set()
+        self._handles: dict[str, JobHandle] = {}
+        self._state: tuple[str, JobState, float] | None = None
 
     def run(self) -> int:
         """Watch (and when needed submit) until the current session ends; returns the run's exit code."""
@@ -87,10 +91,11 @@ class Supervisor:
             if job_id is None:
                 self._submit(session, previous=None, reason=None)
                 continue
-            handle = JobHandle(self.cfg.executor, job_id)
+            handle = self._handle(job_id)
             self._preempt(session, handle)
-            if not handle.state().active:
-                self._after_job_end(handle)
+            state = self._job_state(handle)
+            if not state.active:
+                self._after_job_end(handle, state.name)
                 continue
             time.sleep(self.poll_s)
 
@@ -125,8 +130,25 @@ class Supervisor:
             self.notify("progress", progress)
         return current_session(events)
 
-    def _after_job_end(self, handle: JobHandle) -> None:
-        state = handle.state().name
+    def _handle(self, job_id: str) -> JobHandle:
+        if job_id not in self._handles:
+            self._handles[job_id] = JobHandle(self.cfg.executor, job_id)
+        return self._handles[job_id]
+
+    def _job_state(self, handle: JobHandle) -> JobState:
+        """The job's state, asked of the scheduler at most every few seconds; changes go to the ledger."""
+        now = time.monotonic()
+        every = LOCAL_STATE_EVERY_S if handle.executor == "local" else SLURM_STATE_EVERY_S
+        if self._state and self._state[0] == handle.job_id and now - self._state[2] < every:
+            return self._state[1]
+        state = handle.state()
+        previous = self._state[1].name if self._state and self._state[0] == handle.job_id else None
+        self._state = (handle.job_id, state, now)
+        if handle.executor == "slurm" and state.name != previous:
+            self.ledger.append("job_state", job_id=handle.job_id, state=state.name)
+        return state
+
+    def _after_job_end(self, handle: JobHandle, state: str) -> None:
         session = self._report_new()
         if session_exit_code(session) is not None:
             return

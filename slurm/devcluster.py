@@ -1,0 +1,318 @@
+"""A real one-node SLURM cluster on this machine, for trying legato's SLURM mode and for its tests.
+
+`up` installs Debian's munge, slurmctld, slurmd, slurmdbd and MariaDB when
+they are missing, writes the configs for one node sized from `slurmd -C`,
+starts every daemon as root in the foreground of its own session (no
+systemd), waits until the node is idle and `sacct` answers, and records what
+it started in a state file. `down` stops exactly the processes it recorded,
+by PID. Settings that make requeues fast (credential expiry, scheduler
+interval, KillWait) are the defaults and can be overridden. It must never
+stop a daemon it did not start, and never pass config strings to a shell.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from trainer.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+STATE_DIR = Path(os.environ.get("LEGATO_DEVCLUSTER_DIR", "/run/legato-devcluster"))
+SLURM_ETC = Path("/etc/slurm")
+PACKAGES = ("munge", "slurm-client", "slurmctld", "slurmd", "slurmdbd", "mariadb-server")
+BINARIES = ("munged", "slurmctld", "slurmd", "slurmdbd", "mariadbd", "sbatch", "sacct")
+DB_NAME, DB_USER, DB_PASS = "slurm_acct_db", "slurm", "legato-devcluster"
+CLUSTER = "legato"
+PARTITION = "debug"
+READY_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Fast defaults: a requeued job is eligible cred_expire + 1 s after its requeue."""
+
+    cred_expire_s: int = 10
+    sched_interval_s: int = 5
+    kill_wait_s: int = 10
+    accounting: bool = True
+
+
+@dataclass(frozen=True)
+class Daemon:
+    name: str
+    pid: int
+    log: str
+
+    def alive(self) -> bool:
+        try:
+            stat = Path(f"/proc/{self.pid}/stat").read_text()
+        except OSError:
+            return False
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def up(settings: Settings, say=print) -> list[Daemon]:
+    """Bring the cluster up (idempotent); returns the daemons that run."""
+    _require_root()
+    running = [d for d in _load_state() if d.alive()]
+    if running and _cluster_ready(settings.accounting):
+        say("devcluster is already up")
+        return running
+    _stop(running, say)
+    _install(say)
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    daemons: list[Daemon] = []
+    _write_slurm_conf(settings)  # the client commands (sacctmgr too) read it
+    try:
+        daemons.append(_start_munge())
+        if settings.accounting:
+            daemons.append(_start_mariadb())
+            _create_database()
+            _write_slurmdbd_conf()
+            daemons.append(_start("slurmdbd", ["slurmdbd", "-D"]))
+            _wait(lambda: _ok(["sacctmgr", "-n", "list", "cluster"]), "slurmdbd to answer")
+        for path in (Path("/var/spool/slurmctld"), Path("/var/spool/slurmd"), Path("/var/log/slurm")):
+            path.mkdir(parents=True, exist_ok=True)
+        daemons.append(_start("slurmctld", ["slurmctld", "-D", "-i"]))
+        daemons.append(_start("slurmd", ["slurmd", "-D"]))
+        _save_state(daemons)
+        _wait(lambda: _node_state() in ("idle", "mixed", "allocated"), "the node to become idle", daemons)
+        if settings.accounting:
+            _ok(["sacctmgr", "-i", "add", "cluster", CLUSTER])
+            _wait(lambda: _ok(["sacct", "-n", "-X", "-S", "now-1minute"]), "sacct to answer", daemons)
+    except BaseException:
+        _save_state(daemons)
+        raise
+    return daemons
+
+
+def down(say=print) -> None:
+    _require_root()
+    daemons = _load_state()
+    if not daemons:
+        say("devcluster: nothing recorded as started; nothing to stop")
+        return
+    _stop(daemons, say)
+    (STATE_DIR / "state.json").unlink(missing_ok=True)
+
+
+def status() -> tuple[list[Daemon], str | None]:
+    """The recorded daemons and `sinfo`'s view of the node (None when the controller does not answer)."""
+    daemons = _load_state()
+    info = _output(["sinfo", "-N", "-h", "-o", "%N %T %c CPUs %m MB"]) if any(d.alive() for d in daemons) else None
+    return daemons, info
+
+
+# -- install ---------------------------------------------------------------
+
+
+def _require_root() -> None:
+    if os.geteuid() != 0:
+        raise UsageError("legato devcluster needs root (it installs packages and starts SLURM's daemons); run it as root or with sudo.")
+
+
+def _install(say) -> None:
+    if all(shutil.which(b) for b in BINARIES):
+        return
+    if not shutil.which("apt-get"):
+        raise UsageError("legato devcluster needs Debian's apt-get to install SLURM, munge and MariaDB, and this machine has none.")
+    say(f"installing {' '.join(PACKAGES)} (apt-get)...")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    if subprocess.run(install, env=env, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
+        proc = subprocess.run(install, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise UsageError(f"apt-get could not install SLURM: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+
+
+# -- daemons -----------------------------------------------------------------
+
+
+def _start(name: str, cmd: list[str], user: str | None = None) -> Daemon:
+    log_path = STATE_DIR / f"{name}.log"
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, user=user)
+    return Daemon(name, proc.pid, str(log_path))
+
+
+def _start_munge() -> Daemon:
+    run_dir = Path("/run/munge")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.chown(run_dir, "munge", "munge")
+    if not Path("/etc/munge/munge.key").exists():
+        subprocess.run(["mungekey", "--create"], check=True, capture_output=True)
+        shutil.chown("/etc/munge/munge.key", "munge", "munge")
+    daemon = _start("munged", ["munged", "-F", "--force"], user="munge")
+    _wait(_munge_works, "munge to answer", [daemon])
+    return daemon
+
+
+def _munge_works() -> bool:
+    cred = subprocess.run(["munge", "-n"], capture_output=True)
+    return cred.returncode == 0 and subprocess.run(["unmunge"], input=cred.stdout, capture_output=True).returncode == 0
+
+
+def _start_mariadb() -> Daemon:
+    run_dir = Path("/run/mysqld")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.chown(run_dir, "mysql", "mysql")
+    if not Path("/var/lib/mysql/mysql").is_dir():
+        subprocess.run(["mariadb-install-db", "--user=mysql"], check=True, capture_output=True)
+    daemon = _start("mariadbd", ["mariadbd", "--user=mysql", "--bind-address=127.0.0.1"])
+    _wait(lambda: _ok(["mariadb", "-e", "SELECT 1"]), "MariaDB to answer", [daemon])
+    return daemon
+
+
+def _create_database() -> None:
+    sql = (
+        f"CREATE DATABASE IF NOT EXISTS {DB_NAME}; "
+        f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{DB_PASS}'; "
+        f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost'; FLUSH PRIVILEGES;"
+    )
+    subprocess.run(["mariadb", "-e", sql], check=True, capture_output=True)
+
+
+def _write_slurmdbd_conf() -> None:
+    path = SLURM_ETC / "slurmdbd.conf"
+    SLURM_ETC.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "AuthType=auth/munge\nDbdHost=localhost\nSlurmUser=root\n"
+        "StorageType=accounting_storage/mysql\nStorageHost=localhost\n"
+        f"StorageUser={DB_USER}\nStoragePass={DB_PASS}\nStorageLoc={DB_NAME}\n"
+        "PidFile=/run/slurmdbd.pid\nLogFile=/var/log/slurm/slurmdbd.log\n"
+    )
+    path.chmod(0o600)
+
+
+def _write_slurm_conf(settings: Settings) -> None:
+    host = socket.gethostname().split(".")[0]
+    node = _node_line()
+    lines = [
+        f"ClusterName={CLUSTER}",
+        f"SlurmctldHost={host}",
+        "SlurmUser=root",
+        "AuthType=auth/munge",
+        f"AuthInfo=cred_expire={settings.cred_expire_s}",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "MpiDefault=none",
+        "MailProg=/bin/true",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_CPU",
+        "ReturnToService=2",
+        "JobRequeue=1",
+        f"SchedulerParameters=sched_interval={settings.sched_interval_s},bf_interval={settings.sched_interval_s}",
+        f"KillWait={settings.kill_wait_s}",
+        "MinJobAge=3600",
+        "StateSaveLocation=/var/spool/slurmctld",
+        "SlurmdSpoolDir=/var/spool/slurmd",
+        "SlurmctldPidFile=/run/slurmctld.pid",
+        "SlurmdPidFile=/run/slurmd.pid",
+        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile=/var/log/slurm/slurmd.log",
+        f"AccountingStorageType=accounting_storage/{'slurmdbd' if settings.accounting else 'none'}",
+        node,
+        f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+    ]
+    if settings.accounting:
+        lines.insert(-2, "AccountingStorageHost=localhost")
+    SLURM_ETC.mkdir(parents=True, exist_ok=True)
+    (SLURM_ETC / "slurm.conf").write_text("\n".join(lines) + "\n")
+
+
+def _node_line() -> str:
+    """`slurmd -C`'s node line, with RealMemory a little below what it detected (else the node drains)."""
+    detected = _output(["slurmd", "-C"]) or ""
+    line = next((ln for ln in detected.splitlines() if ln.startswith("NodeName=")), None)
+    if line is None:
+        raise UsageError(f"`slurmd -C` did not describe this node: {detected.strip() or 'no output'}")
+    fields = []
+    for token in line.split():
+        key, _, value = token.partition("=")
+        if key == "RealMemory":
+            value = str(int(int(value) * 0.9))
+        fields.append(f"{key}={value}")
+    return " ".join(fields) + " State=UNKNOWN"
+
+
+def _node_state() -> str | None:
+    out = _output(["sinfo", "-h", "-o", "%T"])
+    return out.split()[0].rstrip("*~#") if out else None
+
+
+def _cluster_ready(accounting: bool) -> bool:
+    return _node_state() in ("idle", "mixed", "allocated") and (not accounting or _ok(["sacct", "-n", "-X", "-S", "now-1minute"]))
+
+
+def _stop(daemons: list[Daemon], say) -> None:
+    # Reverse order: slurmd before slurmctld before slurmdbd before the database and munge.
+    for daemon in reversed(daemons):
+        if not daemon.alive():
+            continue
+        os.kill(daemon.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while daemon.alive() and time.monotonic() < deadline:
+            _reap(daemon.pid)
+            time.sleep(0.1)
+        if daemon.alive():
+            os.kill(daemon.pid, signal.SIGKILL)
+        _reap(daemon.pid)
+        say(f"stopped {daemon.name} (pid {daemon.pid})")
+
+
+def _reap(pid: int) -> None:
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _wait(ready, what: str, daemons: list[Daemon] = ()) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if ready():
+            return
+        dead = [d for d in daemons if not d.alive()]
+        if dead:
+            raise UsageError(f"devcluster: {dead[0].name} exited while waiting for {what}; see {dead[0].log}.")
+        time.sleep(0.5)
+    raise UsageError(f"devcluster: gave up waiting for {what} after {READY_TIMEOUT_S:.0f}s; see the logs in {STATE_DIR}.")
+
+
+def _ok(cmd: list[str]) -> bool:
+    try:
+        return subprocess.run(cmd, capture_output=True, timeout=20).returncode == 0
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+
+
+def _output(cmd: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout.strip() if proc.returncode == 0 else None
+
+
+def _load_state() -> list[Daemon]:
+    try:
+        return [Daemon(**d) for d in json.loads((STATE_DIR / "state.json").read_text())]
+    except (OSError, json.JSONDecodeError, TypeError):
+        return []
+
+
+def _save_state(daemons: list[Daemon]) -> None:
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    (STATE_DIR / "state.json").write_text(json.dumps([asdict(d) for d in daemons]))
