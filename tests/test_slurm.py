@@ -1,0 +1,144 @@
+"""The whole cycle on a real SLURM (slurm-wlm started by `legato devcluster up`): time-limit signal,
+`scontrol requeue`, restart counts, sacct states, preemption, hard kill, requeue budget.
+
+Skipped with the reason where the cluster cannot start (not root, no apt-get), except under CI=true.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, manifest, run_trainer
+from test_supervisor import ledger, legato, status, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+
+SLURM_GPT = ROOT / "configs" / "tiny_gpt_slurm.yaml"
+SHORT = ("train.steps=1500", "slurm.time_min=10")  # no time limit in sight: only the test interrupts
+
+
+@pytest.fixture(scope="module")
+def cluster() -> None:
+    problem = None
+    if os.geteuid() != 0:
+        problem = "not root"
+    elif not shutil.which("apt-get") and not shutil.which("slurmctld"):
+        problem = "no apt-get to install SLURM"
+    already_up = problem is None and legato("devcluster", "status").returncode == 0
+    if problem is None and not already_up:
+        proc = legato("devcluster", "up", timeout=900)
+        if proc.returncode != 0:
+            problem = f"`legato devcluster up` failed: {proc.stdout[-1500:]} {proc.stderr[-1500:]}"
+    if problem:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the SLURM cluster must start under CI=true: {problem}")
+        pytest.skip(f"no local SLURM cluster: {problem}")
+    yield
+    if not already_up:
+        legato("devcluster", "down")
+
+
+def reference(tmp_path_factory: pytest.TempPathFactory, *sets: str) -> str:
+    """Final global hash of an uninterrupted local run of the same training settings."""
+    ref = tmp_path_factory.mktemp("reference")
+    proc = run_trainer(SLURM_GPT, ref, *sets, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return manifest(ref)["global_hash"]
+
+
+@pytest.fixture(scope="module")
+def short_reference(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return reference(tmp_path_factory, *SHORT)
+
+
+def start(run_dir: Path, *sets: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(SLURM_GPT), "--set", f"run.dir={run_dir}"]
+    for item in sets:
+        cmd += ["--set", item]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+
+
+def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    finally:
+        proc.kill()
+    return out
+
+
+def sacct_history(job_id: str) -> list[str]:
+    out = subprocess.run(["sacct", "-j", job_id, "-X", "-D", "-n", "-P", "-o", "State"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, tmp_path_factory) -> None:
+    run_dir = tmp_path / "run"
+    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    data = status(run_dir)
+    attempts = data["attempts"]
+    assert len(attempts) >= 3
+    assert len({a["job_id"] for a in attempts}) == 1 and data["resubmissions"] == 0
+    assert [a["restart"] for a in attempts] == list(range(len(attempts)))
+    assert all(a["verified"] for a in attempts[1:]) and data["all_resumes_verified"]
+    assert all(a["ended"] == "requeued" for a in attempts[:-1])
+    events = ledger(run_dir)
+    job_id = attempts[0]["job_id"]
+    assert "REQUEUED" in sacct_history(job_id) or any(e["event"] == "job_state" and e["state"] == "REQUEUED" for e in events)
+    # The time-limit signal reaches every task of the job, not only rank 0.
+    assert {e["rank"] for e in events if e["event"] == "stop_signal"} == {0, 1}
+    assert data["final_global_hash"] == reference(tmp_path_factory)
+
+
+def test_preemption_signal_at_an_arbitrary_moment(cluster, tmp_path: Path, short_reference: str) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *SHORT)
+    at = random.Random(os.getpid()).randrange(50, 700)
+    wait_for(lambda: (json.loads((run_dir / "progress.json").read_text())["step"] >= at) if (run_dir / "progress.json").exists() else False,
+             timeout=180, what=f"step {at}")
+    job_id = [e for e in ledger(run_dir) if e["event"] == "submitted"][0]["job_id"]
+    subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+    out = finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    data = status(run_dir)
+    first, second = data["attempts"]
+    assert first["job_id"] == second["job_id"] == job_id and [first["restart"], second["restart"]] == [0, 1]
+    assert first["ended"] == "requeued" and second["verified"] is True and second["resumed_from_step"] >= at
+    assert data["final_global_hash"] == short_reference
+
+
+def test_hard_kill_is_resubmitted_from_the_last_periodic_checkpoint(cluster, tmp_path: Path, short_reference: str) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *SHORT)
+    wait_for(lambda: (run_dir / "ledger.jsonl").exists() and any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)),
+             timeout=180, what="a periodic checkpoint")
+    job_id = [e for e in ledger(run_dir) if e["event"] == "submitted"][0]["job_id"]
+    subprocess.run(["scancel", job_id], check=True)  # no warning signal
+    out = finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert "without requeuing itself; resubmitted" in out
+    data = status(run_dir)
+    first, second = data["attempts"]
+    assert second["job_id"] != job_id and data["resubmissions"] == 1 and "CANCELLED" in first["ended"]
+    assert second["resumed_from_step"] % 250 == 0 and second["resumed_from_step"] >= 250 and second["verified"] is True
+    assert data["final_global_hash"] == short_reference
+
+
+def test_requeue_budget_ends_a_job_that_keeps_hitting_its_limit(cluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", "slurm.max_requeues=1", timeout=400)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    data = status(run_dir)
+    assert data["state"] == "failed" and len(data["attempts"]) == 2
+    assert "requeue budget exhausted" in data["failure"]
+    table = legato("status", str(run_dir)).stdout
+    assert "requeue budget exhausted" in table
