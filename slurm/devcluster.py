@@ -64,9 +64,10 @@ class Daemon:
 def up(settings: Settings, say=print) -> list[Daemon]:
     """Bring the cluster up (idempotent); returns the daemons that run."""
     _require_root()
-    running = [d for d in _load_state() if d.alive()]
-    if running and _cluster_ready(settings.accounting):
-        say("devcluster is already up")
+    recorded, previous = _load_state(), _load_settings()
+    running = [d for d in recorded if d.alive()]
+    if running and previous == settings and _cluster_ready(settings.accounting):
+        say("already up (same settings); nothing to do")
         return running
     _stop(running, say)
     _install(say)
@@ -85,13 +86,13 @@ def up(settings: Settings, say=print) -> list[Daemon]:
             path.mkdir(parents=True, exist_ok=True)
         daemons.append(_start("slurmctld", ["slurmctld", "-D", "-i"]))
         daemons.append(_start("slurmd", ["slurmd", "-D"]))
-        _save_state(daemons)
+        _save_state(daemons, settings)
         _wait(lambda: _node_state() in ("idle", "mixed", "allocated"), "the node to become idle", daemons)
         if settings.accounting:
             _ok(["sacctmgr", "-i", "add", "cluster", CLUSTER])
             _wait(lambda: _ok(["sacct", "-n", "-X", "-S", "now-1minute"]), "sacct to answer", daemons)
     except BaseException:
-        _save_state(daemons)
+        _save_state(daemons, settings)
         raise
     return daemons
 
@@ -308,11 +309,19 @@ def _output(cmd: list[str]) -> str | None:
 
 def _load_state() -> list[Daemon]:
     try:
-        return [Daemon(**d) for d in json.loads((STATE_DIR / "state.json").read_text())]
-    except (OSError, json.JSONDecodeError, TypeError):
+        return [Daemon(**d) for d in json.loads((STATE_DIR / "state.json").read_text())["daemons"]]
+    except (OSError, json.JSONDecodeError, TypeError, KeyError):
         return []
 
 
-def _save_state(daemons: list[Daemon]) -> None:
+def _load_settings() -> Settings | None:
+    try:
+        return Settings(**json.loads((STATE_DIR / "state.json").read_text())["settings"])
+    except (OSError, json.JSONDecodeError, TypeError, KeyError):
+        return None
+
+
+def _save_state(daemons: list[Daemon], settings: Settings) -> None:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
-    (STATE_DIR / "state.json").write_text(json.dumps([asdict(d) for d in daemons]))
+    state = {"settings": asdict(settings), "daemons": [asdict(d) for d in daemons]}
+    (STATE_DIR / "state.json").write_text(json.dumps(state))

@@ -36,6 +36,7 @@ class JobState:
 class JobHandle:
     executor: str
     job_id: str
+    unknown_grace_s: float = UNKNOWN_GRACE_S
     _unknown_since: float | None = field(default=None, repr=False)
 
     def state(self) -> JobState:
@@ -46,7 +47,7 @@ class JobHandle:
             self._unknown_since = None
             return JobState(name, name in ACTIVE)
         self._unknown_since = self._unknown_since or time.monotonic()
-        if time.monotonic() - self._unknown_since > UNKNOWN_GRACE_S:
+        if time.monotonic() - self._unknown_since >= self.unknown_grace_s:
             return JobState("UNKNOWN", False)
         return JobState("UNKNOWN", True)
 
