@@ -5,6 +5,7 @@
     legato status [RUN_DIR] [--json]                     attempts, resumes, how each ended
     legato cancel RUN_DIR                                stop the job and end the run
     legato logs RUN_DIR [--rank R] [--job J]             the tasks' output
+    legato repro show|diff|capture                       environment captures per job and attempt
     legato devcluster up|down|status                     a real one-node SLURM on this machine
     legato train CONFIG [--nproc N]                      no scheduler: rerun the trainer until done
 
@@ -25,7 +26,10 @@ from pathlib import Path
 
 from orchestrator.display import LiveView, status_table
 from orchestrator.ledger import LEDGER, Ledger
-from orchestrator.rundir import SupervisorLock, capture_config, captured_config, check_compatible
+from orchestrator.redact import Redactor
+from orchestrator.repro import CaptureRequest, capture, read_capture
+from orchestrator.repro_diff import diff_captures, resolve_capture
+from orchestrator.rundir import SupervisorLock, capture_config, captured_config, check_compatible, redact_config
 from orchestrator.runstate import final_manifest
 from orchestrator.status import current_job, current_session, read_progress, summarize
 from orchestrator.supervisor import Supervisor, session_exit_code, start_session
@@ -64,6 +68,21 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--rank", type=int, default=0, help="task rank (default 0)")
     logs.add_argument("--job", default=None, help="job id (default: every job of the run)")
 
+    repro = sub.add_parser("repro", help="environment captures: show one, diff two, capture now")
+    rsub = repro.add_subparsers(dest="repro_command", required=True)
+    show = rsub.add_parser("show", help="print a capture")
+    show.add_argument("capture", help="a capture directory, or JOB[/ATTEMPT] with --run")
+    show.add_argument("--run", metavar="RUN_DIR", help="run directory to look JOB[/ATTEMPT] up in")
+    show.add_argument("--section", action="append", default=[], help="only these sections (env, packages, git, stack, ...)")
+    rdiff = rsub.add_parser("diff", help="what differs between two captures; exit 1 when anything does")
+    rdiff.add_argument("a", help="a capture directory, or JOB[/ATTEMPT] with --run")
+    rdiff.add_argument("b")
+    rdiff.add_argument("--run", metavar="RUN_DIR", help="run directory to look JOB[/ATTEMPT] up in")
+    rcap = rsub.add_parser("capture", help="capture the current environment into DIR (for any script)")
+    rcap.add_argument("dir")
+    rcap.add_argument("--code", action="append", default=[], metavar="PATH", help="your code's directory, for its git state (default: .)")
+    rcap.add_argument("--timeout", type=float, default=5.0, metavar="S", help="limit per external command (default %(default)s)")
+
     dev = sub.add_parser("devcluster", help="a real one-node SLURM cluster on this machine (root, Debian)")
     dev.add_argument("action", choices=("up", "down", "status"))
     dev.add_argument("--cred-expire", type=int, default=Settings.cred_expire_s, metavar="S", help="credential expiry; a requeued job waits S+1 s (default %(default)s)")
@@ -83,7 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, args.overrides)
+    cfg, hidden = redact_config(load_config(args.config, args.overrides))
+    for key in hidden:
+        print(f"legato: warning: {key} looks secret; it is redacted in everything legato writes, so the job sees a placeholder. Pass secrets through the environment.", file=sys.stderr)
     _check_entrypoint(cfg)
     check_compatible(cfg)
     lock = SupervisorLock(cfg.run_dir)
@@ -98,7 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return code
         config_path = capture_config(cfg)
         if code is not None or not session:
-            start_session(cfg, ledger)
+            start_session(cfg, ledger, Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny)).argv(["legato", *sys.argv[1:]]))
         else:
             print(f"legato: {cfg.run_dir} has a run in progress (job {current_job(session)}); re-attaching to it.")
         if args.detach:
@@ -246,6 +267,46 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- repro -------------------------------------------------------------------------
+
+
+def cmd_repro(args: argparse.Namespace) -> int:
+    if args.repro_command == "capture":
+        dest = Path(args.dir)
+        if (dest / "manifest.json").exists():
+            raise UsageError(f"{dest} already holds a capture; pick a new directory so nothing is overwritten.")
+        request = CaptureRequest(dest, Redactor(), args.timeout, argv=tuple(sys.argv), code_paths=tuple(Path(p) for p in args.code or ["."]))
+        manifest = capture(request)
+        failed = {k: v["error"] for k, v in manifest["commands"].items() if not v["ok"]}
+        print(f"legato: captured {len(manifest['sections'])} sections into {dest} in {manifest['capture_seconds']:.2f}s")
+        for name, error in failed.items():
+            print(f"legato: {name}: {error} (recorded)")
+        return EXIT_OK
+    if args.repro_command == "show":
+        path = resolve_capture(args.capture, args.run)
+        manifest, texts = read_capture(path)
+        labels = ", ".join(f"{k} {v}" for k, v in manifest["labels"].items())
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(manifest["time"]))
+        print(f"capture {path}: {labels or 'unsupervised'}; host {manifest['host']}; {when}; took {manifest['capture_seconds']:.2f}s")
+        for name, cmd in manifest["commands"].items():
+            print(f"  {name}: {'ok' if cmd['ok'] else 'FAILED: ' + cmd['error']} ({cmd['seconds']:.2f}s)")
+        for name, text in texts.items():
+            if not args.section or name in args.section:
+                print(f"\n== {name} ==\n{text.rstrip()}")
+        return EXIT_OK
+    a, b = resolve_capture(args.a, args.run), resolve_capture(args.b, args.run)
+    diffs = diff_captures(a, b)
+    if not diffs:
+        print(f"legato: no difference between {a} and {b}")
+        return EXIT_OK
+    print(f"legato: {a} -> {b}: {len(diffs)} section(s) differ")
+    for d in diffs:
+        print(f"\n== {d.section} ==")
+        for line in d.lines:
+            print(f"  {line}")
+    return EXIT_FAILED
+
+
 # -- devcluster -------------------------------------------------------------------
 
 
@@ -294,7 +355,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
-COMMANDS = {"devcluster": cmd_devcluster, "run": cmd_run, "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
+COMMANDS = {"repro": cmd_repro, "devcluster": cmd_devcluster, "run": cmd_run, "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,6 +80,8 @@ class LiveView:
             "finished": lambda: f"{tag}training complete at step {e['step']}, final global hash {e['final_global_hash']}",
             "failed": lambda: f"{tag}FAILED: {e['reason']}",
             "cancel_requested": lambda: "cancel requested",
+            "repro_captured": lambda: f"{tag}environment captured in {e['seconds']:.2f}s ({e['path']})" + (f"; failed: {', '.join(e['failures'])}" if e["failures"] else ""),
+            "repro_failed": lambda: f"{tag}environment capture failed: {e['reason']}",
             "cancelled": lambda: f"cancelled: {e.get('reason')}",
         }
         render = lines.get(kind)
@@ -112,13 +114,14 @@ class LiveView:
 
 
 def status_table(summary: RunSummary) -> str:
-    header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "ckpt s", "ended")
+    header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "ckpt s", "environment", "ended")
     rows = [header]
     for a in summary.attempts:
         verified = "-" if a.verified is None else ("✓" if a.verified else "✗")
         ckpt = f"{max(a.checkpoint_seconds):.2f}" if a.checkpoint_seconds else "-"
         resumed = "-" if a.resumed_from_step is None else str(a.resumed_from_step)
-        rows.append((str(a.number), a.job_id, str(a.restart), ",".join(a.hosts), str(a.steps_run), resumed, verified, ckpt, a.ended))
+        env = "-" if a.environment_changed is None else ("CHANGED: " + ",".join(a.environment_changed) if a.environment_changed else "same")
+        rows.append((str(a.number), a.job_id, str(a.restart), ",".join(a.hosts), str(a.steps_run), resumed, verified, ckpt, env, a.ended))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     state = summary.state.upper()

@@ -19,10 +19,13 @@ from typing import Any, Iterable
 
 from filelock import FileLock
 
+from orchestrator.redact import Redactor
+
 log = logging.getLogger(__name__)
 
 LEDGER = "ledger.jsonl"
 LOCK = ".ledger.lock"
+_REDACTOR = Redactor()
 
 
 class Ledger:
@@ -37,7 +40,8 @@ class Ledger:
     def append(self, event: str, **fields: Any) -> dict:
         """Append one event (with its wall-clock time) durably; returns the record written."""
         record = {"event": event, "time": round(time.time(), 3), **fields}
-        line = json.dumps(record, sort_keys=True, default=str) + "\n"
+        # A last line of defence: error messages can quote values, and none may land on disk as a secret.
+        line = _REDACTOR.text(json.dumps(record, sort_keys=True, default=str)) + "\n"
         self.run_dir.mkdir(parents=True, exist_ok=True)
         with self._lock:
             with open(self.path, "ab") as f:

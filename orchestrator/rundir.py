@@ -21,7 +21,8 @@ import yaml
 from filelock import FileLock, Timeout
 
 from trainer import checkpoint as ckpt
-from trainer.config import Config, load_config, training_settings
+from orchestrator.redact import Redactor, redacted_paths
+from trainer.config import Config, config_from_dict, load_config, training_settings
 from trainer.errors import UsageError
 
 CAPTURED_CONFIG = "config.yaml"
@@ -47,6 +48,27 @@ def check_compatible(cfg: Config) -> None:
             f"Run directory {run_dir} belongs to another config: {shown}. Continuing it would not be the same training. "
             "Use the config that started it, or give this one its own run.dir (or run.name)."
         )
+
+
+def redact_config(cfg: Config) -> tuple[Config, list[str]]:
+    """The config as legato may write it (secret-looking values replaced), and the keys that were hidden.
+
+    Jobs read the captured config, so a hidden value does not reach them: secrets belong in the
+    environment, which jobs inherit and legato never writes out unredacted.
+    """
+    redactor = Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny))
+    raw = cfg.to_dict()
+    clean = redactor.tree(raw)
+    hidden = redacted_paths(raw, clean)
+    setup = [key for key in hidden if key.startswith("slurm.setup.")]
+    if setup:
+        line = int(setup[0].rsplit(".", 1)[1]) + 1
+        raise UsageError(
+            f"slurm.setup line {line} holds what looks like a secret, and setup lines are written into the sbatch "
+            "script in the run directory. Export it in the shell that runs `legato run` instead: SLURM passes the "
+            "environment on to the job, and legato never writes it unredacted."
+        )
+    return config_from_dict(clean, "the config"), hidden
 
 
 def capture_config(cfg: Config) -> Path:

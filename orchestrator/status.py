@@ -31,6 +31,8 @@ class Attempt:
     ended: str = "running"
     stop_signal_step: int | None = None
     checkpoint_seconds: list[float] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict, repr=False)
+    environment_changed: list[str] | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -63,6 +65,7 @@ class RunSummary:
         data = asdict(self)
         for attempt, raw in zip(self.attempts, data["attempts"]):
             raw["steps_run"] = attempt.steps_run
+            del raw["environment"]
         data["all_resumes_verified"] = self.all_resumes_verified
         return data
 
@@ -114,6 +117,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
         live.last_step = max(live.last_step, int(progress.get("step") or 0))
         total = total or progress.get("total_steps")
     ordered = sorted(attempts.values(), key=lambda a: a.number)
+    _mark_environment_changes(ordered)
     if state in TERMINAL:
         for attempt in ordered:
             if attempt.ended == "running":
@@ -139,10 +143,20 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.ended = "requeued"
     elif kind == "requeue_failed":
         attempt.ended = f"not requeued: {e.get('reason')}"
+    elif kind == "repro_captured" and e.get("node", 0) == 0:
+        attempt.environment = e.get("sections", {})
     elif kind == "finished":
         attempt.ended = "finished"
     elif kind == "failed":
         attempt.ended = "failed"
+
+
+def _mark_environment_changes(attempts: list[Attempt]) -> None:
+    """Name the capture sections in which each attempt's environment differs from the previous attempt's."""
+    for before, after in zip(attempts, attempts[1:]):
+        if before.environment and after.environment:
+            names = sorted(set(before.environment) | set(after.environment))
+            after.environment_changed = [n for n in names if before.environment.get(n) != after.environment.get(n)]
 
 
 def _end_open(attempts: dict[tuple[str, int], Attempt], job_id: str | None, how: str) -> None:

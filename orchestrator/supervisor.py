@@ -55,10 +55,11 @@ def session_exit_code(session: list[dict]) -> int | None:
     return EXIT_FAILED
 
 
-def start_session(cfg: Config, ledger: Ledger) -> None:
-    """Record the intent to run; whichever supervisor holds the lock submits the first job."""
+def start_session(cfg: Config, ledger: Ledger, command: list[str]) -> None:
+    """Record the intent to run (with the redacted command line); whichever supervisor holds the lock submits the first job."""
     ledger.append(
         "run_started",
+        command=command,
         executor=cfg.executor,
         world_size=cfg.world_size,
         total_steps=cfg.train.steps,
@@ -179,7 +180,7 @@ class Supervisor:
                 ),
             )
             return
-        job_id = submit(self.cfg, self.config_path, attempts)
+        job_id = submit(self.cfg, self.config_path, attempts, _command(session))
         if previous is None:
             self.ledger.append("submitted", job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
         else:
@@ -202,6 +203,11 @@ class Supervisor:
         self._preempted.add(key)
         handle.signal_tasks(parse_signal(self.cfg.slurm.signal), pids)
         self.ledger.append("preempt_sent", job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
+
+
+def _command(session: list[dict]) -> tuple[str, ...]:
+    started = [e for e in session if e["event"] == "run_started"]
+    return tuple(started[-1].get("command", ())) if started else ()
 
 
 def _live_attempt(session: list[dict]) -> dict | None:

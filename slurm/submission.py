@@ -25,10 +25,10 @@ SUBMITIT_DIR = "submitit"
 NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" means a year
 
 
-def submit(cfg: Config, config_path: Path, attempts_before: int) -> str:
-    """Submit one job for this run; returns its job id."""
+def submit(cfg: Config, config_path: Path, attempts_before: int, command: tuple[str, ...] = ()) -> str:
+    """Submit one job for this run; returns its job id. `command` must already be redacted: it is pickled into the run directory."""
     folder = cfg.run_dir / SUBMITIT_DIR / "%j"
-    task = TrainTask(str(config_path), attempts_before)
+    task = TrainTask(str(config_path), attempts_before, command)
     executor = _local_executor(cfg, folder) if cfg.executor == "local" else _slurm_executor(cfg, folder)
     with _job_environment(cfg):
         try:

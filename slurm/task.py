@@ -13,6 +13,7 @@ ranks from a signal handler, and never requeue past `slurm.max_requeues`.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -27,6 +28,8 @@ from pathlib import Path
 import submitit
 
 from orchestrator.ledger import Ledger
+from orchestrator.redact import Redactor
+from orchestrator.repro import CaptureRequest, capture
 from trainer.config import Config, load_config
 from trainer.errors import EXIT_OK, EXIT_STOPPED
 from trainer.job import RankEnv, run_rank
@@ -88,6 +91,7 @@ class TrainTask:
 
     config_path: str
     attempts_before: int
+    command: tuple[str, ...] = ()  # the (redacted) command line that started the run
 
     def __call__(self) -> dict:
         cfg = load_config(self.config_path)
@@ -97,6 +101,8 @@ class TrainTask:
         if ident.rank == 0:
             ledger.append("attempt_started", **ident.tag(), executor=ident.executor, hosts=list(ident.hosts), world_size=ident.world_size)
         ledger.append("rank_started", **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
+        if ident.local_rank == 0 and cfg.repro.enabled:
+            _capture_environment(cfg, ledger, ident, self.command)
         events = JobEvents(ledger, ident, cfg.run_dir / PROGRESS_FILE)
         code = run_rank(cfg, ident.rank_env(), on_event=events)
         if code == EXIT_OK:
@@ -149,6 +155,42 @@ class JobEvents:
         tmp = self.progress_path.with_suffix(".tmp")
         tmp.write_text(json.dumps(record))
         os.replace(tmp, self.progress_path)
+
+
+def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: tuple[str, ...]) -> None:
+    """Rank 0 of each node records this node's environment for this attempt; a failure is logged, never fatal."""
+    node = int(os.environ.get("SLURM_NODEID", "0") or 0)
+    dest = cfg.run_dir / "repro" / ident.job_id / str(ident.restart)
+    if node:
+        dest = dest / f"node{node}"
+    request = CaptureRequest(
+        dest,
+        Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny)),
+        cfg.repro.command_timeout_s,
+        config=cfg.to_dict(),
+        argv=("job:", *sys.argv, "run started by:", *command),
+        code_paths=_code_paths(cfg),
+        labels={"job_id": ident.job_id, "attempt": ident.restart, "node": node, "executor": ident.executor},
+    )
+    try:
+        manifest = capture(request)
+    except Exception as exc:  # the capture must never stop training
+        log.warning("environment capture into %s failed: %s", dest, exc)
+        ledger.append("repro_failed", **ident.tag(), node=node, reason=f"{type(exc).__name__}: {exc}")
+        return
+    failures = {name: c["error"] for name, c in manifest["commands"].items() if not c["ok"]}
+    digests = {name: info["sha256"] for name, info in manifest["sections"].items()}
+    ledger.append("repro_captured", **ident.tag(), node=node, path=str(dest), seconds=manifest["capture_seconds"], failures=failures, sections=digests)
+
+
+def _code_paths(cfg: Config) -> tuple[Path, ...]:
+    if cfg.train.entrypoint is None:
+        return ()
+    try:
+        spec = importlib.util.find_spec(cfg.train.entrypoint.partition(":")[0])
+    except (ImportError, ValueError):
+        return ()
+    return (Path(spec.origin).parent,) if spec and spec.origin else ()
 
 
 def _take_signals(cfg: Config) -> None:

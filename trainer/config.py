@@ -101,6 +101,14 @@ class ChaosSection:
 
 
 @dataclass
+class ReproSection:
+    enabled: bool = _opt(True, doc="capture the environment at the start of every attempt")
+    command_timeout_s: float = _opt(5.0, minimum=0.1, doc="limit for each external command of a capture")
+    allow: list = _opt([], doc="variable or key names never redacted")
+    deny: list = _opt([], doc="name patterns (globs) always redacted")
+
+
+@dataclass
 class Config:
     run: RunSection = field(default_factory=RunSection)
     executor: str = _opt("local", choices=("local", "slurm"))
@@ -110,6 +118,7 @@ class Config:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     determinism: DeterminismSection = field(default_factory=DeterminismSection)
     chaos: ChaosSection = field(default_factory=ChaosSection)
+    repro: ReproSection = field(default_factory=ReproSection)
 
     @property
     def run_dir(self) -> Path:
@@ -157,6 +166,8 @@ def _check_cross_fields(cfg: Config, source: str) -> None:
         ("chaos.signal_at_steps", cfg.chaos.signal_at_steps, int),
         ("chaos.skip_restore", cfg.chaos.skip_restore, str),
         ("slurm.setup", cfg.slurm.setup, str),
+        ("repro.allow", cfg.repro.allow, str),
+        ("repro.deny", cfg.repro.deny, str),
     ):
         bad = [x for x in items if not isinstance(x, kind) or isinstance(x, bool)]
         if bad:
