@@ -5,6 +5,8 @@
     legato status [RUN_DIR] [--json]                     attempts, resumes, how each ended
     legato cancel RUN_DIR                                stop the job and end the run
     legato logs RUN_DIR [--rank R] [--job J]             the tasks' output
+    legato verify CONFIG [--interrupt-at 7,19 | --interruptions K --seed S]   prove bitwise resume
+    legato plot RUN_DIR                                  loss curve PNG with resume points
     legato repro show|diff|capture                       environment captures per job and attempt
     legato devcluster up|down|status                     a real one-node SLURM on this machine
     legato train CONFIG [--nproc N]                      no scheduler: rerun the trainer until done
@@ -27,12 +29,14 @@ from pathlib import Path
 from orchestrator.display import LiveView, status_table
 from orchestrator.ledger import LEDGER, Ledger
 from orchestrator.redact import Redactor
+from orchestrator.plot import plot_losses
 from orchestrator.repro import CaptureRequest, capture, read_capture
 from orchestrator.repro_diff import diff_captures, resolve_capture
 from orchestrator.rundir import SupervisorLock, capture_config, captured_config, check_compatible, redact_config
 from orchestrator.runstate import final_manifest
 from orchestrator.status import current_job, current_session, read_progress, summarize
 from orchestrator.supervisor import Supervisor, session_exit_code, start_session
+from orchestrator.verify import Verdict, compare_runs, interruption_steps, nondeterminism, plan_runs
 from slurm import devcluster
 from slurm.devcluster import Settings
 from slurm.jobs import JobHandle
@@ -67,6 +71,23 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("run_dir")
     logs.add_argument("--rank", type=int, default=0, help="task rank (default 0)")
     logs.add_argument("--job", default=None, help="job id (default: every job of the run)")
+
+    verify = sub.add_parser("verify", help="prove that a config resumes bit for bit against an uninterrupted run")
+    verify.add_argument("config", nargs="?", help="YAML config (omit with --compare)")
+    where = verify.add_mutually_exclusive_group()
+    where.add_argument("--interrupt-at", metavar="STEPS", help="comma-separated steps after which one rank gets the stop signal, e.g. 7,19")
+    where.add_argument("--interruptions", type=int, metavar="K", help="K interruptions at random steps (with --seed)")
+    where.add_argument("--compare", nargs=2, metavar=("REFERENCE", "RUN"), help="only compare two finished run directories")
+    verify.add_argument("--seed", type=int, default=0, help="seed for the random interruption steps (default 0)")
+    verify.add_argument("--executor", choices=("local", "slurm"), help="override the config's executor")
+    verify.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    verify.add_argument("--out", metavar="DIR", help="where the runs go (default runs/verify/<name>-<time>)")
+    verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
+
+    plot = sub.add_parser("plot", help="PNG of a run's loss curve with its resume points")
+    plot.add_argument("run_dir")
+    plot.add_argument("--reference", metavar="RUN_DIR", help="overlay this run (e.g. an uninterrupted one)")
+    plot.add_argument("--out", metavar="PNG", help="default RUN_DIR/loss.png")
 
     repro = sub.add_parser("repro", help="environment captures: show one, diff two, capture now")
     rsub = repro.add_subparsers(dest="repro_command", required=True)
@@ -267,6 +288,112 @@ def cmd_logs(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+# -- verify / plot ------------------------------------------------------------------
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    if args.compare:
+        reference, run = (Path(p) for p in args.compare)
+        for path in (reference, run):
+            if not (path / "trajectory").is_dir():
+                raise UsageError(f"{path} has no trajectory/: pass the run directories of two finished runs.")
+        verdict = compare_runs(reference, run)
+        return _report_verdict(verdict, args.json, plot_losses(run / "loss.png", {"reference": reference, "run": run}, _resume_steps(verdict), _div_step(verdict)))
+    if args.config is None:
+        raise UsageError("legato verify needs a CONFIG (or --compare REFERENCE RUN).")
+    cfg, _ = redact_config(load_config(args.config, args.overrides))
+    if args.executor:
+        cfg.executor = args.executor
+    _check_entrypoint(cfg)
+    at = _parse_steps(args.interrupt_at)
+    steps = interruption_steps(cfg.train.steps, at, args.interruptions, args.seed)
+    out = Path(args.out or f"runs/verify/{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} is not empty; give --out a new directory so no earlier result is overwritten.")
+    reference_cfg, run_cfg = plan_runs(cfg, out, steps)
+    print(f"legato: verify {args.config}: {cfg.world_size} ranks, {cfg.train.steps} steps, stop signal to rank {run_cfg.chaos.signal_rank} after steps {steps}")
+    print("legato: 1/2 reference run, uninterrupted")
+    code = _run_to_end(reference_cfg)
+    if code == EXIT_USAGE:
+        return code
+    print("legato: 2/2 interrupted run")
+    _run_to_end(run_cfg)
+    verdict = compare_runs(reference_cfg.run_dir, run_cfg.run_dir)
+    if verdict.divergence is not None and not any(r["step"] < verdict.divergence.step for r in verdict.resumes) and not any(not r["match"] for r in verdict.resumes):
+        print("legato: the runs differ before any resume; running the reference again to test the computation's determinism")
+        again = plan_runs(cfg, out / "again", steps)[0]
+        _run_to_end(again)
+        verdict.cause = nondeterminism(reference_cfg.run_dir, again.run_dir, verdict.world_size) or verdict.cause
+    runs = {"reference": reference_cfg.run_dir, "interrupted": run_cfg.run_dir}
+    png = plot_losses(out / "loss.png", runs, _resume_steps(verdict), _div_step(verdict))
+    (out / "verdict.json").write_text(json.dumps(verdict.to_json(), indent=2) + "\n")
+    return _report_verdict(verdict, args.json, png)
+
+
+VERIFY_EVENTS = ("attempt_started", "stop_signal", "resumed", "finished", "failed")
+
+
+def _parse_steps(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UsageError(f"--interrupt-at {text!r} must be comma-separated step numbers, for example 7,19.") from None
+
+
+def _run_to_end(cfg: Config) -> int:
+    lock = SupervisorLock(cfg.run_dir)
+    lock.acquire()
+    try:
+        config_path = capture_config(cfg)
+        start_session(cfg, Ledger(cfg.run_dir), ["legato", "verify"])
+        return Supervisor(cfg, config_path, LiveView(events=VERIFY_EVENTS)).run()
+    finally:
+        lock.release()
+
+
+def _resume_steps(verdict: Verdict) -> list[int]:
+    return [r["step"] for r in verdict.resumes]
+
+
+def _div_step(verdict: Verdict) -> int | None:
+    return verdict.divergence.step if verdict.divergence else None
+
+
+def _report_verdict(verdict: Verdict, as_json: bool, png: Path | None) -> int:
+    if as_json:
+        print(json.dumps({**verdict.to_json(), "plot": str(png) if png else None}, indent=2))
+        return EXIT_OK if verdict.identical else EXIT_FAILED
+    if verdict.identical:
+        print(f"legato: bitwise identical: {verdict.steps} steps, {len(verdict.resumes)} resumes, "
+              f"{verdict.checkpoints_compared} checkpoints compared, final hash {verdict.run_final_hash}")
+    else:
+        d = verdict.divergence
+        if d is not None:
+            loss = f"; loss {d.reference_loss} vs {d.run_loss}" if d.loss_differs else ""
+            print(f"legato: DIVERGED at step {d.step}, rank {d.rank}: {', '.join(d.components) or 'loss only'} differ{loss}")
+        else:
+            print(f"legato: NOT identical: final hash {verdict.reference_final_hash} vs {verdict.run_final_hash}")
+        print(f"legato: likely cause: {verdict.cause}")
+    print(f"legato: plot: {png}" if png else "legato: no plot: install matplotlib (pip install 'legato[plot]') for the PNG")
+    return EXIT_OK if verdict.identical else EXIT_FAILED
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "trajectory").is_dir():
+        raise UsageError(f"{run_dir} has no trajectory/: pass the run directory of a run that trained.")
+    resumes = [e["step"] for e in Ledger(run_dir).read() if e["event"] == "resumed"]
+    runs = {"reference": Path(args.reference)} if args.reference else {}
+    runs[run_dir.name] = run_dir
+    png = plot_losses(Path(args.out) if args.out else run_dir / "loss.png", runs, resumes)
+    if png is None:
+        raise UsageError("legato plot needs matplotlib: pip install 'legato[plot]'.")
+    print(f"legato: wrote {png}")
+    return EXIT_OK
+
+
 # -- repro -------------------------------------------------------------------------
 
 
@@ -355,7 +482,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     return EXIT_FAILED
 
 
-COMMANDS = {"repro": cmd_repro, "devcluster": cmd_devcluster, "run": cmd_run, "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
+COMMANDS = {"verify": cmd_verify, "plot": cmd_plot, "repro": cmd_repro, "devcluster": cmd_devcluster, "run": cmd_run, "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,8 +36,9 @@ def _duration(seconds: float | None) -> str:
 class LiveView:
     """Turns supervisor notifications into lines on a stream."""
 
-    def __init__(self, stream: TextIO = sys.stdout) -> None:
+    def __init__(self, stream: TextIO = sys.stdout, events: tuple[str, ...] | None = None) -> None:
         self.stream = stream
+        self.events = events
         self.tty = stream.isatty()
         self.attempts: dict[tuple[str, int], int] = {}
         self._progress_shown = False
@@ -50,7 +51,7 @@ class LiveView:
             return
         self._step_seen = max(self._step_seen, int(data.get("step") or data.get("last_step") or 0))
         line = self.event_line(data)
-        if line is not None:
+        if line is not None and (self.events is None or data["event"] in self.events):
             self._line(line)
 
     def attempt_of(self, data: dict) -> int | None:

@@ -95,7 +95,8 @@ class ChaosSection:
     signal_rank: int = _opt(0, minimum=0)
     signal_at_steps: list = _opt([], doc="after each listed step, signal_rank sends itself the stop signal")
     preempt_every_s: float = _opt(0.0, minimum=0)
-    skip_restore: list = _opt([], doc="state components left unrestored on resume (fault injection)")
+    skip_restore: list = _opt([], doc="state components left unrestored on resume (fault injection): numpy, loader, data, optimizer, ...")
+    consume_rng_after_restore: list = _opt([], doc="draw from these RNGs (python, numpy, torch) right after the restore (fault injection)")
     kill_in_checkpoint: int = _opt(0, minimum=0, doc="SIGKILL every rank while writing this step's checkpoint")
     kill_point: str = _opt("after_shards", choices=("after_shards", "after_manifest", "before_publish"))
 
@@ -165,6 +166,7 @@ def _check_cross_fields(cfg: Config, source: str) -> None:
     for key, items, kind in (
         ("chaos.signal_at_steps", cfg.chaos.signal_at_steps, int),
         ("chaos.skip_restore", cfg.chaos.skip_restore, str),
+        ("chaos.consume_rng_after_restore", cfg.chaos.consume_rng_after_restore, str),
         ("slurm.setup", cfg.slurm.setup, str),
         ("repro.allow", cfg.repro.allow, str),
         ("repro.deny", cfg.repro.deny, str),

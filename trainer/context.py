@@ -64,6 +64,7 @@ class RunContext:
                 signal_at_steps=tuple(chaos.signal_at_steps),
                 skip_restore=frozenset(chaos.skip_restore),
                 kill=ckpt.KillPoint(chaos.kill_in_checkpoint, chaos.kill_point) if chaos.kill_in_checkpoint else None,
+                consume_rng_after_restore=tuple(chaos.consume_rng_after_restore),
             ),
             training=training_settings(self.cfg),
             on_event=self.on_event,

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping, Protocol
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
@@ -72,6 +74,12 @@ class Chaos:
     signal_at_steps: tuple[int, ...] = ()
     skip_restore: frozenset[str] = frozenset()
     kill: ckpt.KillPoint | None = None
+    consume_rng_after_restore: tuple[str, ...] = ()
+
+    def skips(self, component: str) -> bool:
+        """Whether to leave `component` unrestored; short names (numpy, loader, cuda) name RNG components."""
+        short = component.removeprefix("rng.").removeprefix("gen.")
+        return component in self.skip_restore or short in self.skip_restore or (short.startswith("cuda") and "cuda" in self.skip_restore)
 
 
 @dataclass
@@ -239,7 +247,7 @@ class Session:
         # One pass over the state serves both the trajectory hash and the checkpoint.
         parts = self._state_components() if reason or hash_due else {}
         components = {name: digest(value) for name, value in parts.items()}
-        self._record_trajectory(rank_hash(components) if hash_due else None)
+        self._record_trajectory(components if hash_due else None)
         self._report_progress()
         if reason == "signal":
             self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
@@ -268,10 +276,11 @@ class Session:
         self._last_progress_time = now
         self.on_event({"event": "progress", "rank": 0, "step": self.step, "total_steps": self.total_steps, "epoch": self.epoch, "loss": self._loss})
 
-    def _record_trajectory(self, state_hash: str | None) -> None:
+    def _record_trajectory(self, components: dict[str, str] | None) -> None:
         record = {"step": self.step, "epoch": self.epoch, "loss_hex": None if self._loss is None else self._loss.hex(), "lr": self._lr}
-        if state_hash is not None:
-            record["state_hash"] = state_hash
+        if components is not None:
+            record["state_hash"] = rank_hash(components)
+            record["components"] = components
         assert self._trajectory is not None
         self._trajectory.write(record)
 
@@ -345,26 +354,32 @@ class Session:
         shared = ckpt.load_file(path / "train_state.pt")
         model_state = ckpt.load_file(path / "model.pt")
         model_state.update(own["model_buffers"])
-        _unwrap(self.model).load_state_dict(model_state)
-        self.optimizer.load_state_dict(shared["optimizer"])
-        if self.scheduler is not None:
+        if not self.chaos.skips("model"):
+            _unwrap(self.model).load_state_dict(model_state)
+        if not self.chaos.skips("optimizer"):
+            self.optimizer.load_state_dict(shared["optimizer"])
+        if self.scheduler is not None and not self.chaos.skips("scheduler"):
             self.scheduler.load_state_dict(shared["scheduler"])
-        if self.scaler is not None:
+        if self.scaler is not None and not self.chaos.skips("scaler"):
             self.scaler.load_state_dict(shared["scaler"])
         counters = shared["counters"]
         self.step, self.epoch, self.step_in_epoch = counters["step"], counters["epoch"], counters["step_in_epoch"]
         self.metrics = dict(own["metrics"])
         for name, obj in self.extras.items():
             obj.load_state_dict(own[f"extra.{name}"])
-        self.sampler.load_state_dict(own["data"])
+        if self.chaos.skips("data"):
+            self.step_in_epoch, self.epoch = 0, 0
+        else:
+            self.sampler.load_state_dict(own["data"])
         # Mirror the uninterrupted run: it had this epoch's iterator open only mid-epoch.
         # At a boundary the loop opens it lazily, after the RNG restore, exactly as it did there.
         if self.step_in_epoch > 0:
             self._batches = self._open_epoch()
         # RNG goes last, right before the first resumed step: nothing may draw after it.
         rng_state = {k: v for k, v in own.items() if k.startswith("rng.")}
-        rng.restore(rng_state, self.generators, skip=self.chaos.skip_restore)
+        rng.restore(rng_state, self.generators, skip=frozenset(k for k in rng_state if self.chaos.skips(k)))
         self._verify(path, manifest)
+        _consume_rng(self.chaos.consume_rng_after_restore)
 
     def _verify(self, path: Path, manifest: dict) -> None:
         components, own_hash = self.state_hash()
@@ -434,6 +449,16 @@ def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict
     except UsageError as exc:
         return str(exc)
     return str(path), manifest
+
+
+def _consume_rng(names: tuple[str, ...]) -> None:
+    """Fault injection: the classic bug of drawing random numbers between the restore and the first step."""
+    if "python" in names:
+        random.random()
+    if "numpy" in names:
+        np.random.rand()
+    if "torch" in names:
+        torch.rand(1)
 
 
 def _buffer_names(model: torch.nn.Module) -> set[str]:

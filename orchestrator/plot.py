@@ -1,0 +1,45 @@
+"""Loss curves as a PNG: reference and resumed runs overlaid, resume points and the first divergence marked.
+
+matplotlib is optional (`pip install 'legato[plot]'`); without it `plot_losses`
+returns None and the caller says how to get it. Losses are read from the
+trajectories (`float.fromhex` of the exact bits); this module only draws.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from trainer.trajectory import read_trajectory, trajectory_path
+
+
+def losses(run_dir: Path, rank: int = 0) -> tuple[list[int], list[float]]:
+    records = [r for r in read_trajectory(trajectory_path(run_dir, rank)) if r.get("loss_hex")]
+    return [r["step"] for r in records], [float.fromhex(r["loss_hex"]) for r in records]
+
+
+def plot_losses(out: Path, runs: dict[str, Path], resumes: list[int], divergence: int | None = None) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    styles = iter([{"lw": 2.5, "alpha": 0.45}, {"lw": 1.0, "ls": "--"}, {"lw": 1.0, "ls": ":"}])
+    for label, run_dir in runs.items():
+        steps, values = losses(run_dir)
+        ax.plot(steps, values, label=label, **next(styles))
+    for i, step in enumerate(resumes):
+        ax.axvline(step, color="tab:green", lw=0.8, ls="--", label="resume" if i == 0 else None)
+    if divergence is not None:
+        ax.axvline(divergence, color="tab:red", lw=1.5, label=f"first divergence (step {divergence})")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss (rank 0)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out)
+    plt.close(fig)
+    return out

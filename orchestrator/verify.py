@@ -1,0 +1,220 @@
+"""Proof that a config resumes bit for bit: compare an interrupted run against an uninterrupted one.
+
+`plan_runs` derives the two runs' configs from the user's (same world size and
+training settings; hashes of every component at every step; the interrupted
+run gets the real stop signal after the chosen steps and continues past a
+failed verification so that the divergence can be located). `compare_runs`
+reads what two finished run directories wrote (trajectories, checkpoint
+manifests, ledgers) and returns a `Verdict`: identical, or the first divergent
+step with its rank and components and the likely cause in plain words.
+Comparisons are of digests and `float.hex` strings only, never tolerances.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from orchestrator.ledger import Ledger
+from trainer import checkpoint as ckpt
+from trainer.config import Config, config_from_dict
+from trainer.errors import UsageError
+from trainer.trajectory import read_trajectory, trajectory_path
+
+RNG_WORDS = {"rng.python": "python's", "rng.numpy": "numpy's", "rng.torch": "torch's CPU", "rng.gen.loader": "the data loader's"}
+
+
+@dataclass
+class Divergence:
+    step: int
+    rank: int
+    components: list[str]
+    loss_differs: bool
+    reference_loss: str | None = None
+    run_loss: str | None = None
+
+
+@dataclass
+class Verdict:
+    identical: bool
+    steps: int
+    world_size: int
+    resumes: list[dict]
+    reference_final_hash: str | None
+    run_final_hash: str | None
+    checkpoints_compared: int
+    divergence: Divergence | None = None
+    cause: str | None = None
+    checkpoint_mismatches: list[int] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def interruption_steps(total: int, at: list[int] | None, count: int | None, seed: int) -> list[int]:
+    if at:
+        bad = [s for s in at if not 1 <= s < total]
+        if bad:
+            raise UsageError(f"--interrupt-at {bad[0]} is outside the run: pick steps from 1 to {total - 1} (train.steps is {total}).")
+        return sorted(set(at))
+    count = 1 if count is None else count
+    if not 1 <= count < total:
+        raise UsageError(f"--interruptions {count}: pick between 1 and {total - 1} for a run of {total} steps.")
+    return sorted(random.Random(seed).sample(range(1, total), count))
+
+
+def plan_runs(cfg: Config, out: Path, steps: list[int]) -> tuple[Config, Config]:
+    """(reference, interrupted) configs for one verification under `out`."""
+    base = cfg.to_dict()
+    base["checkpoint"].update(hash_every_steps=1, agree_every_steps=1, keep_last=1_000_000, verify="warn")
+    base["chaos"].update(preempt_every_s=0.0, kill_in_checkpoint=0)
+    reference = json.loads(json.dumps(base))
+    reference["run"]["dir"] = str(out / "reference")
+    reference["chaos"].update(signal_at_steps=[], skip_restore=[], consume_rng_after_restore=[])
+    interrupted = json.loads(json.dumps(base))
+    interrupted["run"]["dir"] = str(out / "interrupted")
+    interrupted["chaos"].update(signal_at_steps=steps, signal_rank=cfg.chaos.signal_rank % cfg.world_size)
+    return config_from_dict(reference, "verify"), config_from_dict(interrupted, "verify")
+
+
+def compare_runs(reference: Path, run: Path) -> Verdict:
+    ref_ranks, run_ranks = _ranks(reference), _ranks(run)
+    ref_final, run_final = _final(reference), _final(run)
+    resumes = [{k: e.get(k) for k in ("step", "match", "mismatches", "job_id", "restart")} for e in Ledger(run).read() if e["event"] == "resumed"]
+    compared, mismatched = _compare_checkpoints(reference, run)
+    steps = (ref_final or {}).get("step", 0)
+    verdict = Verdict(
+        identical=False,
+        steps=steps,
+        world_size=len(ref_ranks),
+        resumes=resumes,
+        reference_final_hash=(ref_final or {}).get("global_hash"),
+        run_final_hash=(run_final or {}).get("global_hash"),
+        checkpoints_compared=compared,
+        checkpoint_mismatches=mismatched,
+    )
+    if len(ref_ranks) != len(run_ranks):
+        verdict.cause = (
+            f"world size changed: {len(ref_ranks)} ranks against {len(run_ranks)}. The data shards and the gradient "
+            "reduction order depend on it, so no bitwise equality is possible; compare runs with the same world size."
+        )
+        return verdict
+    verdict.divergence = first_divergence(reference, run, len(ref_ranks))
+    complete = ref_final is not None and run_final is not None and ref_final.get("step") == run_final.get("step")
+    if verdict.divergence is None and complete and verdict.reference_final_hash == verdict.run_final_hash and not mismatched:
+        verdict.identical = True
+        return verdict
+    verdict.cause = diagnose(verdict, complete)
+    return verdict
+
+
+def first_divergence(a: Path, b: Path, world_size: int) -> Divergence | None:
+    """The earliest step at which any rank's loss bits or state digests differ between two runs."""
+    found: Divergence | None = None
+    for rank in range(world_size):
+        left = {r["step"]: r for r in read_trajectory(trajectory_path(a, rank))}
+        right = {r["step"]: r for r in read_trajectory(trajectory_path(b, rank))}
+        for step in sorted(set(left) & set(right)):
+            if found is not None and step >= found.step:
+                break
+            x, y = left[step], right[step]
+            loss_differs = x.get("loss_hex") != y.get("loss_hex")
+            hashes_differ = "state_hash" in x and "state_hash" in y and x["state_hash"] != y["state_hash"]
+            if loss_differs or hashes_differ:
+                cx, cy = x.get("components", {}), y.get("components", {})
+                names = sorted(n for n in set(cx) | set(cy) if cx.get(n) != cy.get(n))
+                found = Divergence(step, rank, names, loss_differs, x.get("loss_hex"), y.get("loss_hex"))
+                break
+    return found
+
+
+def nondeterminism(reference: Path, again: Path, world_size: int) -> str | None:
+    """When two uninterrupted runs of the same config differ, say where."""
+    d = first_divergence(reference, again, world_size)
+    if d is None:
+        return None
+    return (
+        f"a non-deterministic operation: two uninterrupted runs of the same config already differ at step {d.step} "
+        f"(rank {d.rank}: {', '.join(d.components) or 'loss'}). Resuming cannot be exact until the computation is; look for "
+        "unseeded randomness or non-deterministic kernels (determinism.mode: strict)."
+    )
+
+
+def diagnose(v: Verdict, complete: bool) -> str:
+    """The likely cause of the first divergence, in plain words."""
+    failed = [r for r in v.resumes if not r["match"]]
+    if failed:
+        first = failed[0]
+        names = sorted({n for names in first["mismatches"].values() for n in names})
+        return _unrestored(names, first["step"])
+    d = v.divergence
+    if d is None:
+        if not complete:
+            return "the interrupted run did not reach the end of training; see `legato status` of its run directory."
+        return f"the trajectories agree but the checkpoints at steps {v.checkpoint_mismatches} or the final hashes differ."
+    before = [r["step"] for r in v.resumes if r["step"] < d.step]
+    if not before:
+        return (
+            f"the runs differ at step {d.step}, before any resume: the computation itself is not reproducible "
+            "(a non-deterministic operation, or randomness from an unseeded source), so resuming is not the cause."
+        )
+    resumed_at = before[-1]
+    if d.step == resumed_at + 1:
+        return (
+            f"the restored state verified at step {resumed_at}, but the first resumed step {d.step} already differs "
+            f"({', '.join(d.components) or 'loss'}): random numbers were drawn between the restore and the first step "
+            "(the classic ordering bug: build the model, optimizer and loader first, restore RNG last, draw nothing after it)."
+        )
+    return (
+        f"the restored state verified at step {resumed_at}, and the runs agree until step {d.step}: some state that "
+        f"affects training is not in the checkpoint ({', '.join(d.components) or 'loss'} differ first). Pass it to the "
+        "session as an extra (anything with state_dict/load_state_dict)."
+    )
+
+
+def _unrestored(names: list[str], step: int) -> str:
+    rng = [n for n in names if n.startswith("rng.")]
+    parts = []
+    if rng:
+        words = ", ".join(RNG_WORDS.get(n, "CUDA" if n.startswith("rng.cuda") else n) for n in rng)
+        parts.append(f"an RNG component was not restored ({words} generator: {', '.join(rng)})")
+    if "data" in names:
+        parts.append("the sampler's epoch or position was not restored (the data order after the resume differs)")
+    for name in ("optimizer", "scheduler", "scaler"):
+        if name in names:
+            parts.append(f"the {name} state is missing from the restore")
+    if "model" in names:
+        parts.append("the model weights were not restored")
+    rest = [n for n in names if not n.startswith("rng.") and n not in ("data", "optimizer", "scheduler", "scaler", "model", "counters", "metrics")]
+    if rest:
+        parts.append(f"these components were not restored: {', '.join(rest)}")
+    if not parts:
+        parts.append(f"the restored {', '.join(names)} differ from what was saved")
+    return f"the resume at step {step} did not restore the saved state: " + "; ".join(parts) + f" (differing components: {', '.join(names)})."
+
+
+def _ranks(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "trajectory").glob("rank*.jsonl"))
+
+
+def _final(run_dir: Path) -> dict | None:
+    for path in ckpt.list_checkpoints(run_dir / "checkpoints"):
+        try:
+            return ckpt.read_manifest(path)
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def _compare_checkpoints(a: Path, b: Path) -> tuple[int, list[int]]:
+    """Every step both runs checkpointed: (how many compared, the steps whose global hashes differ)."""
+    left = {int(p.name.removeprefix(ckpt.STEP_PREFIX)): p for p in ckpt.list_checkpoints(a / "checkpoints")}
+    right = {int(p.name.removeprefix(ckpt.STEP_PREFIX)): p for p in ckpt.list_checkpoints(b / "checkpoints")}
+    mismatched = []
+    common = sorted(set(left) & set(right))
+    for step in common:
+        if json.loads((left[step] / ckpt.MANIFEST).read_text())["global_hash"] != json.loads((right[step] / ckpt.MANIFEST).read_text())["global_hash"]:
+            mismatched.append(step)
+    return len(common), mismatched
