@@ -15,7 +15,10 @@ supervisor holds the run directory (the caller holds the lock).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
+import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -26,8 +29,6 @@ from slurm.jobs import JobHandle, JobState
 from slurm.submission import submit
 from trainer.config import Config, training_settings
 from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
-from trainer.hashing import digest
-from trainer.stop import parse_signal
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,9 @@ SLURM_STATE_EVERY_S = 3.0  # an sacct call: be gentle with the accounting daemon
 
 
 def config_digest(cfg: Config) -> str:
-    return digest({"world_size": cfg.world_size, **training_settings(cfg)})
+    """What identifies the training a run directory belongs to (the same rule `rundir.check_compatible` applies)."""
+    text = json.dumps({"world_size": cfg.world_size, **training_settings(cfg)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def session_exit_code(session: list[dict]) -> int | None:
@@ -201,7 +204,7 @@ class Supervisor:
         if handle.executor == "local" and len(pids) < live.get("world_size", 1):
             return
         self._preempted.add(key)
-        handle.signal_tasks(parse_signal(self.cfg.slurm.signal), pids)
+        handle.signal_tasks(signal.Signals[f"SIG{self.cfg.slurm.signal}"], pids)
         self.ledger.append("preempt_sent", job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
 
 

@@ -12,7 +12,6 @@ import random
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
