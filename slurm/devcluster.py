@@ -147,10 +147,14 @@ def _start(name: str, cmd: list[str], user: str | None = None) -> Daemon:
     return Daemon(name, proc.pid, str(log_path))
 
 
+def _runtime_dir(path: str, owner: str) -> None:
+    """The daemon's socket directory under /run (a tmpfs: gone after a reboot)."""
+    Path(path).mkdir(parents=True, exist_ok=True)
+    shutil.chown(path, owner, owner)
+
+
 def _start_munge() -> Daemon:
-    run_dir = Path("/run/munge")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.chown(run_dir, "munge", "munge")
+    _runtime_dir("/run/munge", "munge")
     if not Path("/etc/munge/munge.key").exists():
         subprocess.run(["mungekey", "--create"], check=True, capture_output=True)
         shutil.chown("/etc/munge/munge.key", "munge", "munge")
@@ -165,9 +169,7 @@ def _munge_works() -> bool:
 
 
 def _start_mariadb() -> Daemon:
-    run_dir = Path("/run/mysqld")
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.chown(run_dir, "mysql", "mysql")
+    _runtime_dir("/run/mysqld", "mysql")
     if not Path("/var/lib/mysql/mysql").is_dir():
         subprocess.run(["mariadb-install-db", "--user=mysql"], check=True, capture_output=True)
     daemon = _start("mariadbd", ["mariadbd", "--user=mysql", "--bind-address=127.0.0.1"])
