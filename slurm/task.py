@@ -30,6 +30,7 @@ import submitit
 from orchestrator.ledger import Ledger
 from orchestrator.redact import Redactor
 from orchestrator.repro import CaptureRequest, capture
+from orchestrator.status import PROGRESS_FILE
 from trainer.config import Config, load_config
 from trainer.errors import EXIT_OK, EXIT_STOPPED
 from trainer.job import RankEnv, run_rank
@@ -39,7 +40,6 @@ log = logging.getLogger(__name__)
 LOCAL_REQUEUE_EXIT = 144  # submitit's LocalExecutor restarts every task when one exits with it
 PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral range
 DECISION_TIMEOUT_S = 60.0
-PROGRESS_FILE = "progress.json"
 DECISIONS = ("requeued", "requeue_failed", "failed")
 
 
@@ -96,7 +96,7 @@ class TrainTask:
     def __call__(self) -> dict:
         cfg = load_config(self.config_path)
         ledger = Ledger(cfg.run_dir)
-        _take_signals(cfg)
+        _take_signals()
         ident = identify(ledger)
         if ident.rank == 0:
             ledger.append("attempt_started", **ident.tag(), executor=ident.executor, hosts=list(ident.hosts), world_size=ident.world_size)
@@ -193,7 +193,7 @@ def _code_paths(cfg: Config) -> tuple[Path, ...]:
     return (Path(spec.origin).parent,) if spec and spec.origin else ()
 
 
-def _take_signals(cfg: Config) -> None:
+def _take_signals() -> None:
     """Undo submitit's job-side handlers: its stop handler must not run the show, and SIGTERM should end a task."""
     submitit_signal = submitit.JobEnvironment._usr_sig()
     signal.signal(submitit_signal, signal.SIG_IGN)

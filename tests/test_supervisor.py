@@ -76,6 +76,8 @@ def test_two_signals_three_attempts_every_resume_verified(tmp_path: Path) -> Non
 
     table = legato("status", str(run_dir)).stdout
     assert "FINISHED" in table and table.count("✓") == 2
+    logs = legato("logs", str(run_dir), "--rank", "1").stdout
+    assert "_1_log.err <==" in logs and "chaos: rank 1 sends itself SIGUSR2 after step 7" in logs
 
 
 def test_hard_kill_resubmits_and_resumes_from_last_periodic_checkpoint(tmp_path: Path) -> None:
