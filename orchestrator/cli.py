@@ -146,7 +146,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.detach:
             lock.release()
             return _detach(cfg.run_dir)
-        return _supervise(load_config(config_path), config_path)
+        return _supervise(Supervisor(load_config(config_path), config_path, LiveView()))
     finally:
         lock.release()
 
@@ -157,21 +157,29 @@ def cmd_watch(args: argparse.Namespace) -> int:
     cfg = load_config(config_path)
     lock = SupervisorLock(run_dir)
     view = LiveView()
+    supervisor = Supervisor(cfg, config_path, view)
+    session = supervisor.skip_history()
+    view.learn(session)
+    print(status_table(summarize(run_dir, session, read_progress(run_dir))))
+    code = session_exit_code(session)
+    if code is not None:
+        return code
+    print()
     if lock.held_elsewhere():
         print(f"legato: following {run_dir} (supervised by {lock.holder()})")
-        code = Supervisor(cfg, config_path, view).follow(lock.held_elsewhere)
+        code = supervisor.follow(lock.held_elsewhere)
         if code is not None:
             return _report_end(cfg, code)
         print("legato: the supervisor went away; taking over.")
     lock.acquire()
     try:
-        return _supervise(cfg, config_path, view)
+        return _supervise(supervisor)
     finally:
         lock.release()
 
 
-def _supervise(cfg: Config, config_path: Path, view: LiveView | None = None) -> int:
-    supervisor = Supervisor(cfg, config_path, view or LiveView())
+def _supervise(supervisor: Supervisor) -> int:
+    cfg = supervisor.cfg
     try:
         code = supervisor.run()
     except KeyboardInterrupt:

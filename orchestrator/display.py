@@ -54,6 +54,12 @@ class LiveView:
         if line is not None and (self.events is None or data["event"] in self.events):
             self._line(line)
 
+    def learn(self, events: list[dict]) -> None:
+        """Take in past events silently (attempt numbers), when attaching to a run in progress."""
+        for e in events:
+            if e["event"] == "attempt_started":
+                self.attempts[(str(e["job_id"]), e["restart"])] = len(self.attempts) + 1
+
     def attempt_of(self, data: dict) -> int | None:
         return self.attempts.get((str(data.get("job_id")), data.get("restart")))
 

@@ -78,7 +78,9 @@ class Supervisor:
         self.notify = notify
         self.poll_s = poll_s
         self.ledger = Ledger(cfg.run_dir)
-        self._seen = 0
+        # Report the current session only: earlier sessions of the run directory are history.
+        events = self.ledger.read()
+        self._seen = len(events) - len(current_session(events))
         self._progress_time: float | None = None
         self._preempted: set[tuple[str, int]] = set()
         self._handles: dict[str, JobHandle] = {}
@@ -102,6 +104,12 @@ class Supervisor:
                 self._after_job_end(handle, state.name)
                 continue
             time.sleep(self.poll_s)
+
+    def skip_history(self) -> list[dict]:
+        """Report only what happens from now on; returns the session so far (for the caller to summarise)."""
+        events = self.ledger.read()
+        self._seen = len(events)
+        return current_session(events)
 
     def follow(self, supervised_elsewhere: Callable[[], bool]) -> int | None:
         """Report a run another supervisor drives; its exit code at the end, or None once that supervisor is gone."""
