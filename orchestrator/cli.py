@@ -327,7 +327,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     print("legato: 2/2 interrupted run")
     _run_to_end(run_cfg)
     verdict = compare_runs(reference_cfg.run_dir, run_cfg.run_dir)
-    if verdict.divergence is not None and not any(r["step"] < verdict.divergence.step for r in verdict.resumes) and not any(not r["match"] for r in verdict.resumes):
+    if verdict.diverged_before_resuming:
         print("legato: the runs differ before any resume; running the reference again to test the computation's determinism")
         again = plan_runs(cfg, out / "again", steps)[0]
         _run_to_end(again)

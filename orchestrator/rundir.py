@@ -131,14 +131,9 @@ class SupervisorLock:
 
 
 def _check_checkpoints(cfg: Config) -> None:
-    root = cfg.run_dir / "checkpoints"
-    for path in ckpt.list_checkpoints(root):
-        try:
-            manifest = ckpt.read_manifest(path)
-        except (OSError, ValueError):
-            continue
-        ckpt.check_compatible(manifest, path, cfg.world_size, training_settings(cfg))
-        return
+    found = ckpt.newest_valid(cfg.run_dir / "checkpoints")
+    if found is not None:
+        ckpt.check_compatible(found[1], found[0], cfg.world_size, training_settings(cfg))
 
 
 def _differing(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:

@@ -52,6 +52,12 @@ class Verdict:
     def to_json(self) -> dict:
         return asdict(self)
 
+    @property
+    def diverged_before_resuming(self) -> bool:
+        """The runs part before any resume, with every resume verified: resuming is not the cause."""
+        d = self.divergence
+        return d is not None and all(r["match"] for r in self.resumes) and not any(r["step"] < d.step for r in self.resumes)
+
 
 def interruption_steps(total: int, at: list[int] | None, count: int | None, seed: int) -> list[int]:
     if at:
@@ -154,13 +160,12 @@ def diagnose(v: Verdict, complete: bool) -> str:
         if not complete:
             return "the interrupted run did not reach the end of training; see `legato status` of its run directory."
         return f"the trajectories agree but the checkpoints at steps {v.checkpoint_mismatches} or the final hashes differ."
-    before = [r["step"] for r in v.resumes if r["step"] < d.step]
-    if not before:
+    if v.diverged_before_resuming:
         return (
             f"the runs differ at step {d.step}, before any resume: the computation itself is not reproducible "
             "(a non-deterministic operation, or randomness from an unseeded source), so resuming is not the cause."
         )
-    resumed_at = before[-1]
+    resumed_at = max(r["step"] for r in v.resumes if r["step"] < d.step)
     if d.step == resumed_at + 1:
         return (
             f"the restored state verified at step {resumed_at}, but the first resumed step {d.step} already differs "
@@ -200,12 +205,8 @@ def _ranks(run_dir: Path) -> list[Path]:
 
 
 def _final(run_dir: Path) -> dict | None:
-    for path in ckpt.list_checkpoints(run_dir / "checkpoints"):
-        try:
-            return ckpt.read_manifest(path)
-        except (OSError, ValueError):
-            continue
-    return None
+    found = ckpt.newest_valid(run_dir / "checkpoints")
+    return None if found is None else found[1]
 
 
 def _compare_checkpoints(a: Path, b: Path) -> tuple[int, list[int]]:

@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from slurm import processes
 from trainer.errors import UsageError
 
 log = logging.getLogger(__name__)
@@ -54,11 +55,7 @@ class Daemon:
     log: str
 
     def alive(self) -> bool:
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return False
-        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+        return processes.alive(self.pid)
 
 
 def up(settings: Settings, say=print) -> list[Daemon]:
@@ -110,7 +107,7 @@ def down(say=print) -> None:
 def status() -> tuple[list[Daemon], str | None]:
     """The recorded daemons and `sinfo`'s view of the node (None when the controller does not answer)."""
     daemons = _load_state()
-    info = _output(["sinfo", "-N", "-h", "-o", "%N %T %c CPUs %m MB"]) if any(d.alive() for d in daemons) else None
+    info = processes.output(["sinfo", "-N", "-h", "-o", "%N %T %c CPUs %m MB"]) if any(d.alive() for d in daemons) else None
     return daemons, info
 
 
@@ -237,7 +234,7 @@ def _write_slurm_conf(settings: Settings) -> None:
 
 def _node_line() -> str:
     """`slurmd -C`'s node line, with RealMemory a little below what it detected (else the node drains)."""
-    detected = _output(["slurmd", "-C"]) or ""
+    detected = processes.output(["slurmd", "-C"]) or ""
     line = next((ln for ln in detected.splitlines() if ln.startswith("NodeName=")), None)
     if line is None:
         raise UsageError(f"`slurmd -C` did not describe this node: {detected.strip() or 'no output'}")
@@ -251,7 +248,7 @@ def _node_line() -> str:
 
 
 def _node_state() -> str | None:
-    out = _output(["sinfo", "-h", "-o", "%T"])
+    out = processes.output(["sinfo", "-h", "-o", "%T"])
     return out.split()[0].rstrip("*~#") if out else None
 
 
@@ -264,22 +261,15 @@ def _stop(daemons: list[Daemon], say) -> None:
     for daemon in reversed(daemons):
         if not daemon.alive():
             continue
-        os.kill(daemon.pid, signal.SIGTERM)
+        processes.kill(daemon.pid, signal.SIGTERM)
         deadline = time.monotonic() + 15
         while daemon.alive() and time.monotonic() < deadline:
-            _reap(daemon.pid)
+            processes.reap(daemon.pid)
             time.sleep(0.1)
         if daemon.alive():
-            os.kill(daemon.pid, signal.SIGKILL)
-        _reap(daemon.pid)
+            processes.kill(daemon.pid, signal.SIGKILL)
+        processes.reap(daemon.pid)
         say(f"stopped {daemon.name} (pid {daemon.pid})")
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _wait(ready, what: str, daemons: list[Daemon] = ()) -> None:
@@ -295,18 +285,7 @@ def _wait(ready, what: str, daemons: list[Daemon] = ()) -> None:
 
 
 def _ok(cmd: list[str]) -> bool:
-    try:
-        return subprocess.run(cmd, capture_output=True, timeout=20).returncode == 0
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-
-
-def _output(cmd: list[str]) -> str | None:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    return processes.output(cmd) is not None
 
 
 def _load_state() -> list[Daemon]:

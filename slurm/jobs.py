@@ -10,17 +10,13 @@ Commands are argument lists, never shell strings.
 
 from __future__ import annotations
 
-import logging
-import os
 import signal
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from slurm import processes
 
-COMMAND_TIMEOUT_S = 20
 UNKNOWN_GRACE_S = 120.0
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
 LOCAL_CONTROLLER = b"submitit.local._local"
@@ -55,67 +51,38 @@ class JobHandle:
         """Deliver `sig` to every task of the job (locally: the task pids; on SLURM: every step's tasks)."""
         if self.executor == "local":
             for pid in pids:
-                _kill(pid, sig)
+                processes.kill(pid, sig)
             return
-        _run(["scancel", f"--signal={sig.name.removeprefix('SIG')}", self.job_id])
+        processes.output(["scancel", f"--signal={sig.name.removeprefix('SIG')}", self.job_id])
 
     def cancel(self) -> None:
         if self.executor == "local":
             # submitit's controller stops its tasks on SIGINT (SIGINT, then SIGKILL after a second).
-            _kill(int(self.job_id), signal.SIGINT)
+            processes.kill(int(self.job_id), signal.SIGINT)
             return
-        _run(["scancel", self.job_id])
+        processes.output(["scancel", self.job_id])
 
 
 def slurm_state(job_id: str) -> str:
     """The job's state from sacct, or from scontrol/squeue when accounting does not know it; else UNKNOWN."""
-    out = _run(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"])
+    out = processes.output(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"])
     if out:
         return out.splitlines()[-1].split()[0].rstrip("+")
-    out = _run(["scontrol", "show", "job", job_id, "-o"])
+    out = processes.output(["scontrol", "show", "job", job_id, "-o"])
     for token in (out or "").split():
         if token.startswith("JobState="):
             return token.split("=", 1)[1]
-    out = _run(["squeue", "-h", "-j", job_id, "-o", "%T"])
+    out = processes.output(["squeue", "-h", "-j", job_id, "-o", "%T"])
     if out:
         return out.split()[0]
     return "UNKNOWN"
 
 
-def _run(cmd: list[str]) -> str | None:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S)
-    except (FileNotFoundError, subprocess.TimeoutExpired) as exc:
-        log.debug("%s: %s", cmd[0], exc)
-        return None
-    if proc.returncode != 0:
-        log.debug("%s exited %d: %s", " ".join(cmd), proc.returncode, proc.stderr.strip())
-        return None
-    return proc.stdout.strip()
-
-
 def _local_alive(pid: int) -> bool:
     """True while submitit's controller `pid` runs (a zombie or a recycled pid counts as gone)."""
-    _reap(pid)
-    proc = Path("/proc") / str(pid)
+    if not processes.alive(pid):
+        return False
     try:
-        stat = (proc / "stat").read_text()
-        cmdline = (proc / "cmdline").read_bytes()
+        return LOCAL_CONTROLLER in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X") and LOCAL_CONTROLLER in cmdline
-
-
-def _reap(pid: int) -> None:
-    try:
-        os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
-
-
-def _kill(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
