@@ -125,11 +125,14 @@ def test_requeue_budget_stops_a_job_that_would_requeue_forever(tmp_path: Path) -
 
 def test_detach_watch_and_preemption_by_the_supervisor(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = legato(*run_args(run_dir, "train.steps=300", "chaos.preempt_every_s=2.5", "run.name=detached"), "--detach")
+    # An attempt spends about 2 s starting up; on a busy machine it may train only a few steps before the
+    # next preemption, so the requeue budget is set high enough never to be what ends this run.
+    sets = ("train.steps=300", "chaos.preempt_every_s=4", "run.name=detached", "slurm.max_requeues=100")
+    proc = legato(*run_args(run_dir, *sets), "--detach")
     assert proc.returncode == 0, proc.stderr
     assert "submitted" in proc.stdout and "legato watch" in proc.stdout
 
-    again = legato(*run_args(run_dir, "train.steps=300", "chaos.preempt_every_s=2.5", "run.name=detached"))
+    again = legato(*run_args(run_dir, *sets))
     assert again.returncode == 2 and "Another legato supervisor is attached" in again.stderr
 
     watched = legato("watch", str(run_dir), timeout=400)
