@@ -149,7 +149,7 @@ def test_job_state_without_accounting_falls_back_and_never_stays_unknown(cluster
     assert legato("devcluster", "up", "--no-accounting", timeout=300).returncode == 0
     try:
         assert subprocess.run(["sacct", "-n"], capture_output=True).returncode != 0, "accounting should be off"
-        job_id = subprocess.run(["sbatch", "--parsable", "--wrap", "sleep 4"], capture_output=True, text=True, check=True).stdout.strip()
+        job_id = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 4"], capture_output=True, text=True, check=True).stdout.strip()
         handle = JobHandle("slurm", job_id)
         assert handle.state().active
         wait_for(lambda: not handle.state().active, timeout=60, what="the job to end")
