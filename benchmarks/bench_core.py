@@ -31,11 +31,11 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import checkpoint as ckpt
-from trainer.hashing import digest, rank_hash
-from trainer.launch import free_port
-from trainer.session import CheckpointPolicy, Session, resumable_loader
-from trainer.stop import StopAgreement
+from legato import checkpoint as ckpt
+from legato.hashing import digest, rank_hash
+from legato.launch import free_port
+from legato.session import CheckpointPolicy, Session, resumable_loader
+from legato.stop import StopAgreement
 
 
 def _model() -> torch.nn.Module:

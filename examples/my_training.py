@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer import RunContext
+from legato import RunContext
 
 
 def main(ctx: RunContext) -> int:

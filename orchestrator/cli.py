@@ -26,22 +26,22 @@ import sys
 import time
 from pathlib import Path
 
-from orchestrator.display import LiveView, status_table
-from orchestrator.ledger import LEDGER, Ledger
-from orchestrator.redact import Redactor
-from orchestrator.plot import plot_losses
-from orchestrator.repro import CaptureRequest, capture, read_capture
-from orchestrator.repro_diff import diff_captures, resolve_capture
-from orchestrator.rundir import SupervisorLock, capture_config, captured_config, check_compatible, redact_config
-from orchestrator.runstate import final_manifest
-from orchestrator.status import current_job, current_session, read_progress, summarize
-from orchestrator.supervisor import Supervisor, session_exit_code, start_session
-from orchestrator.verify import Verdict, compare_runs, interruption_steps, nondeterminism, plan_runs
-from slurm import devcluster
-from slurm.devcluster import Settings
-from slurm.jobs import JobHandle
-from trainer.config import Config, load_config
-from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from legato.orchestrator.display import LiveView, status_table
+from legato.orchestrator.ledger import LEDGER, Ledger
+from legato.orchestrator.redact import Redactor
+from legato.orchestrator.plot import plot_losses
+from legato.orchestrator.repro import CaptureRequest, capture, read_capture
+from legato.orchestrator.repro_diff import diff_captures, resolve_capture
+from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, check_compatible, redact_config
+from legato.orchestrator.runstate import final_manifest
+from legato.orchestrator.status import current_job, current_session, read_progress, summarize
+from legato.orchestrator.supervisor import Supervisor, session_exit_code, start_session
+from legato.orchestrator.verify import Verdict, compare_runs, interruption_steps, nondeterminism, plan_runs
+from legato.slurm import devcluster
+from legato.slurm.devcluster import Settings
+from legato.slurm.jobs import JobHandle
+from legato.config import Config, load_config
+from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 
 MAX_LOCAL_ATTEMPTS = 100
 DETACH_WAIT_S = 120.0
@@ -206,7 +206,7 @@ def _detach(run_dir: Path) -> int:
     log_path = run_dir / "supervisor.log"
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "watch", str(run_dir)],
+            [sys.executable, "-m", "legato.orchestrator.cli", "watch", str(run_dir)],
             stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
         )
     ledger = Ledger(run_dir)
@@ -468,7 +468,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     run_dir = cfg.run_dir
     if args.fresh and final_manifest(run_dir) is not None:
         raise UsageError(f"--fresh: {run_dir} already holds checkpoints. Remove it, or drop --fresh to resume it.")
-    cmd = [sys.executable, "-m", "trainer", str(args.config)]
+    cmd = [sys.executable, "-m", "legato", str(args.config)]
     if args.nproc is not None:
         cmd += ["--nproc", str(args.nproc)]
     for item in args.overrides:

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from orchestrator.status import RunSummary
+from legato.orchestrator.status import RunSummary
 
 PLAIN_PROGRESS_EVERY_S = 5.0
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable
 
 from filelock import FileLock
 
-from orchestrator.redact import Redactor
+from legato.orchestrator.redact import Redactor
 
 log = logging.getLogger(__name__)
 

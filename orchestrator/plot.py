@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trainer.trajectory import read_trajectory, trajectory_path
+from legato.trajectory import read_trajectory, trajectory_path
 
 
 def losses(run_dir: Path, rank: int = 0) -> tuple[list[int], list[float]]:

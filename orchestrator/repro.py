@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from orchestrator.redact import Redactor
+from legato.orchestrator.redact import Redactor
 
 log = logging.getLogger(__name__)
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import yaml
 from filelock import FileLock, Timeout
 
-from trainer import checkpoint as ckpt
-from orchestrator.redact import Redactor, redacted_paths
-from trainer.config import Config, config_from_dict, load_config, training_settings
-from trainer.errors import UsageError
+from legato import checkpoint as ckpt
+from legato.orchestrator.redact import Redactor, redacted_paths
+from legato.config import Config, config_from_dict, load_config, training_settings
+from legato.errors import UsageError
 
 CAPTURED_CONFIG = "config.yaml"
 LOCK_FILE = "supervisor.lock"

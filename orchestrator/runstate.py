@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.checkpoint import MANIFEST, list_checkpoints
+from legato.checkpoint import MANIFEST, list_checkpoints
 
 
 def final_manifest(run_dir: Path) -> dict | None:

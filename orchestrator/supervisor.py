@@ -23,12 +23,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.ledger import Ledger
-from orchestrator.status import TERMINAL, current_job, current_session, read_progress
-from slurm.jobs import JobHandle, JobState
-from slurm.submission import submit
-from trainer.config import Config, training_settings
-from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
+from legato.orchestrator.ledger import Ledger
+from legato.orchestrator.status import TERMINAL, current_job, current_session, read_progress
+from legato.slurm.jobs import JobHandle, JobState
+from legato.slurm.submission import submit
+from legato.config import Config, training_settings
+from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
 
 log = logging.getLogger(__name__)
 

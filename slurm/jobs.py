@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from slurm import processes
+from legato.slurm import processes
 
 UNKNOWN_GRACE_S = 120.0
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}

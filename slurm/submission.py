@@ -17,9 +17,9 @@ from typing import Iterator
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from slurm.task import TrainTask
-from trainer.config import Config
-from trainer.errors import UsageError
+from legato.slurm.task import TrainTask
+from legato.config import Config
+from legato.errors import UsageError
 
 SUBMITIT_DIR = "submitit"
 NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" means a year

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import submitit
 
-from orchestrator.ledger import Ledger
-from orchestrator.redact import Redactor
-from orchestrator.repro import CaptureRequest, capture
-from orchestrator.status import PROGRESS_FILE
-from trainer.config import Config, load_config
-from trainer.errors import EXIT_OK, EXIT_STOPPED
-from trainer.job import RankEnv, run_rank
+from legato.orchestrator.ledger import Ledger
+from legato.orchestrator.redact import Redactor
+from legato.orchestrator.repro import CaptureRequest, capture
+from legato.orchestrator.status import PROGRESS_FILE
+from legato.config import Config, load_config
+from legato.errors import EXIT_OK, EXIT_STOPPED
+from legato.job import RankEnv, run_rank
 
 log = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ FAST_GPT = (
 
 
 def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout: float = 180) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "trainer", str(config), "--nproc", str(nproc), "--set", f"run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "legato", str(config), "--nproc", str(nproc), "--set", f"run.dir={run_dir}"]
     for item in sets:
         cmd += ["--set", item]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
@@ -89,7 +89,7 @@ def resumed_steps(attempts: list[subprocess.CompletedProcess]) -> list[int]:
 
 @pytest.fixture(scope="session")
 def gpt_steps_per_epoch() -> int:
-    from trainer.tasks import build_task
+    from legato.tasks import build_task
 
     dataset = build_task("tiny_gpt", {"sentences": 100}, seed=1234).dataset
     return len(dataset) // 2 // 8

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import _manifest_checksum
+from legato.checkpoint import _manifest_checksum
 from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
 STEPS = 30
@@ -86,7 +86,7 @@ def test_sigkill_inside_a_checkpoint_write_leaves_the_previous_one(reference: Pa
 def test_external_sigkill_at_a_random_moment_of_a_write(reference: Path, tmp_path: Path) -> None:
     """SIGKILL every rank as soon as a checkpoint write is seen in progress, after a random extra delay."""
     rnd = random.Random(os.getpid())
-    cmd = [sys.executable, "-m", "trainer", str(TINY_GPT), "--set", f"run.dir={tmp_path}", "--set", "checkpoint.every_steps=1"]
+    cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--set", f"run.dir={tmp_path}", "--set", "checkpoint.every_steps=1"]
     for item in FAST_GPT[:2]:
         cmd += ["--set", item]
     launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -6,8 +6,8 @@ import json
 import multiprocessing
 from pathlib import Path
 
-from orchestrator.ledger import Ledger
-from orchestrator.status import summarize
+from legato.orchestrator.ledger import Ledger
+from legato.orchestrator.status import summarize
 
 
 def test_torn_last_line_is_ignored_and_the_next_append_starts_fresh(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import FAST_GPT, ROOT, TINY_GPT
-from orchestrator.redact import Redactor
+from legato.orchestrator.redact import Redactor
 from test_supervisor import ledger, legato, status, wait_for
 
 SECRETS = {
@@ -61,7 +61,7 @@ def test_no_secret_reaches_any_file_of_a_real_run(tmp_path: Path) -> None:
     for item in (*FAST_GPT, "chaos.signal_at_steps=[5]"):
         args += ["--set", item]
     env = dict(os.environ, PYTHONWARNINGS="ignore", **SECRETS)
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "train.options.hf_token looks secret" in proc.stderr
     files = _run_dir_files(run_dir)
@@ -91,7 +91,7 @@ def _job(run_dir: Path, env: dict, *sets: str) -> str:
     # Identical settings for every job (the run is continued); the signal after step 3 only fires in the first.
     for item in (*FAST_GPT, "train.steps=100000", "checkpoint.every_steps=0", "chaos.signal_at_steps=[3]", *sets):
         args += ["--set", item]
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     job = [e for e in ledger(run_dir) if e["event"] in ("submitted", "resubmitted")][-1]["job_id"]
     wait_for(lambda: any(e["event"] == "repro_captured" and e["job_id"] == job for e in ledger(run_dir)), what="a capture")
@@ -150,7 +150,7 @@ def test_a_hanging_nvidia_smi_cannot_hold_the_capture(tmp_path: Path) -> None:
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
     dest = tmp_path / "capture"
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "orchestrator.cli", "repro", "capture", str(dest), "--timeout", "1"],
+    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "repro", "capture", str(dest), "--timeout", "1"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     elapsed = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr

@@ -60,7 +60,7 @@ def short_reference(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def start(run_dir: Path, *sets: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "orchestrator.cli", "run", str(SLURM_GPT), "--set", f"run.dir={run_dir}"]
+    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "run", str(SLURM_GPT), "--set", f"run.dir={run_dir}"]
     for item in sets:
         cmd += ["--set", item]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
@@ -144,7 +144,7 @@ def test_requeue_budget_ends_a_job_that_keeps_hitting_its_limit(cluster, tmp_pat
 
 
 def test_job_state_without_accounting_falls_back_and_never_stays_unknown(cluster) -> None:
-    from slurm.jobs import JobHandle
+    from legato.slurm.jobs import JobHandle
 
     assert legato("devcluster", "up", "--no-accounting", timeout=300).returncode == 0
     try:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slow
 
 def legato(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def run_args(run_dir: Path, *sets: str) -> list[str]:
@@ -40,7 +40,7 @@ def ledger(run_dir: Path) -> list[dict]:
 
 
 def reference_hash(tmp_path: Path, *sets: str) -> str:
-    """The final global hash of an uninterrupted `python -m trainer` run of the same settings."""
+    """The final global hash of an uninterrupted `python -m legato` run of the same settings."""
     ref = tmp_path / "reference"
     proc = run_trainer(TINY_GPT, ref, *FAST_GPT, *sets)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -85,7 +85,7 @@ def test_hard_kill_resubmits_and_resumes_from_last_periodic_checkpoint(tmp_path:
     sets = ("train.steps=400", "checkpoint.every_steps=25")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", *run_args(run_dir, *sets)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "legato.orchestrator.cli", *run_args(run_dir, *sets)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     try:
         wait_for(lambda: run_dir.joinpath("ledger.jsonl").exists() and any(

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from trainer import rng
-from trainer.config import load_config
-from trainer.determinism import seed_everything
-from trainer.errors import UsageError
-from trainer.hashing import digest, global_hash, rank_hash
-from trainer.sampler import ResumableDistributedSampler, sample_generator
+from legato import rng
+from legato.config import load_config
+from legato.determinism import seed_everything
+from legato.errors import UsageError
+from legato.hashing import digest, global_hash, rank_hash
+from legato.sampler import ResumableDistributedSampler, sample_generator
 
 
 def test_digest_sees_every_bit_and_dtype() -> None:
@@ -126,7 +126,7 @@ def test_signal_caught_before_the_session_counts_for_the_session() -> None:
     import os
     import signal
 
-    from trainer.stop import StopFlag
+    from legato.stop import StopFlag
 
     early = StopFlag((signal.SIGUSR2,))
     early.install()
@@ -142,7 +142,7 @@ def test_signal_caught_before_the_session_counts_for_the_session() -> None:
 
 
 def test_port_depends_on_job_and_restart() -> None:
-    from slurm.task import Identity
+    from legato.slurm.task import Identity
 
     def port(job: str, restart: int) -> int:
         return Identity("slurm", job, restart, 0, 2, 0, 2, ("n1",)).port

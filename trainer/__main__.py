@@ -1,5 +1,5 @@
 import sys
 
-from trainer.launch import main
+from legato.launch import main
 
 sys.exit(main())

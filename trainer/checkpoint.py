@@ -30,8 +30,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.errors import UsageError
-from trainer.hashing import global_hash
+from legato.errors import UsageError
+from legato.hashing import global_hash
 
 log = logging.getLogger(__name__)
 

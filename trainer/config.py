@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from trainer.errors import UsageError
+from legato.errors import UsageError
 
 
 def _opt(default: Any, *, choices: tuple = (), minimum: float | None = None, doc: str = "") -> Any:

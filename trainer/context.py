@@ -15,11 +15,11 @@ from typing import Any, Callable
 import torch
 from torch.utils.data import DataLoader
 
-from trainer import checkpoint as ckpt
-from trainer.config import Config, training_settings
-from trainer.determinism import Seeds
-from trainer.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
-from trainer.stop import stop_signals
+from legato import checkpoint as ckpt
+from legato.config import Config, training_settings
+from legato.determinism import Seeds
+from legato.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
+from legato.stop import stop_signals
 
 
 @dataclass

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from trainer.errors import UsageError
+from legato.errors import UsageError
 
 log = logging.getLogger(__name__)
 

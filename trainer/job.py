@@ -1,7 +1,7 @@
 """One rank of a training job: logging, threads, seeds, process group, entrypoint, exit code.
 
 `run_rank` is what every launcher calls on every rank (the local launcher of
-`python -m trainer`, and the submitit job function). It maps outcomes to exit
+`python -m legato`, and the submitit job function). It maps outcomes to exit
 codes: 0 done, 75 stopped at a committed checkpoint, 2 a user-fixable problem
 (printed as one paragraph by rank 0), 3 a resume that failed verification,
 1 anything else (with its traceback).
@@ -20,11 +20,11 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from trainer.config import Config
-from trainer.context import RunContext
-from trainer.determinism import seed_everything
-from trainer.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
-from trainer.stop import StopFlag, parse_signal, stop_signals
+from legato.config import Config
+from legato.context import RunContext
+from legato.determinism import seed_everything
+from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
+from legato.stop import StopFlag, parse_signal, stop_signals
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class RankEnv:
 def resolve_entrypoint(cfg: Config) -> Callable[[RunContext], int | None]:
     """The function to call on each rank: the user's `pkg.mod:fn` or the bundled loop."""
     if cfg.train.entrypoint is None:
-        from trainer.loop import train
+        from legato.loop import train
 
         return train
     module_name, _, func_name = cfg.train.entrypoint.partition(":")

@@ -1,4 +1,4 @@
-"""`python -m trainer CONFIG --nproc N`: run the trainer on N local processes, no supervisor.
+"""`python -m legato CONFIG --nproc N`: run the trainer on N local processes, no supervisor.
 
 Starts N real processes (gloo on CPU), forwards the stop signal to all of
 them, and exits with the job's code: 0 training complete, 75 stopped at a
@@ -17,10 +17,10 @@ import sys
 import time
 from pathlib import Path
 
-from trainer.config import load_config
-from trainer.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
-from trainer.job import resolve_entrypoint
-from trainer.stop import parse_signal
+from legato.config import load_config
+from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from legato.job import resolve_entrypoint
+from legato.stop import parse_signal
 
 POLL_S = 0.05
 KILL_GRACE_S = 5.0
@@ -33,7 +33,7 @@ def free_port() -> int:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="Run the legato trainer locally on N processes.")
+    parser = argparse.ArgumentParser(prog="python -m legato", description="Run the legato trainer locally on N processes.")
     parser.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
     parser.add_argument("--nproc", type=int, default=None, help="number of ranks (default: local.tasks from the config)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
@@ -71,7 +71,7 @@ def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signa
 
 
 def _rank_command(config: Path, overrides: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "trainer.rank", str(config)]
+    cmd = [sys.executable, "-m", "legato.rank", str(config)]
     for item in overrides:
         cmd += ["--set", item]
     return cmd

@@ -7,8 +7,8 @@ import math
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from trainer.context import RunContext
-from trainer.tasks import build_task
+from legato.context import RunContext
+from legato.tasks import build_task
 
 
 def warmup_cosine(warmup: int, total: int):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from trainer.config import load_config
-from trainer.job import RankEnv, run_rank
-from trainer.launch import parse_args
+from legato.config import load_config
+from legato.job import RankEnv, run_rank
+from legato.launch import parse_args
 
 
 def main() -> int:

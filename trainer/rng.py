@@ -14,7 +14,7 @@ from typing import Mapping
 import numpy as np
 import torch
 
-from trainer.errors import UsageError
+from legato.errors import UsageError
 
 PYTHON = "rng.python"
 NUMPY = "rng.numpy"

@@ -16,7 +16,7 @@ from typing import Iterator
 import torch
 from torch.utils.data import Sampler
 
-from trainer.determinism import derive_seed
+from legato.determinism import derive_seed
 
 
 class ResumableDistributedSampler(Sampler[int]):

@@ -29,14 +29,14 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from trainer import checkpoint as ckpt
-from trainer import rng
-from trainer.determinism import derive_seed
-from trainer.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
-from trainer.hashing import digest, global_hash, rank_hash
-from trainer.sampler import ResumableDistributedSampler, worker_init
-from trainer.stop import StopAgreement, StopFlag, parse_signal
-from trainer.trajectory import TrajectoryWriter, trajectory_path
+from legato import checkpoint as ckpt
+from legato import rng
+from legato.determinism import derive_seed
+from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
+from legato.hashing import digest, global_hash, rank_hash
+from legato.sampler import ResumableDistributedSampler, worker_init
+from legato.stop import StopAgreement, StopFlag, parse_signal
+from legato.trajectory import TrajectoryWriter, trajectory_path
 
 log = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ class Task:
 
 def build_task(name: str, options: dict, seed: int) -> Task:
     if name == "tiny_gpt":
-        from trainer.tasks.tiny_gpt import build
+        from legato.tasks.tiny_gpt import build
     elif name == "mlp":
-        from trainer.tasks.mlp import build
+        from legato.tasks.mlp import build
     else:
         raise ValueError(f"unknown task {name!r}")
     return build(options, seed)

@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainer.sampler import sample_generator
-from trainer.tasks import Task
+from legato.sampler import sample_generator
+from legato.tasks import Task
 
 
 class Synthetic(torch.utils.data.Dataset):

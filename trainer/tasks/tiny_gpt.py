@@ -15,9 +15,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from trainer.sampler import sample_generator
-from trainer.tasks import Task
-from trainer.tasks.corpus import make_corpus
+from legato.sampler import sample_generator
+from legato.tasks import Task
+from legato.tasks.corpus import make_corpus
 
 
 class CharCrops(torch.utils.data.Dataset):
