@@ -140,7 +140,7 @@ def bench_checkpoint(megabytes: int, directory: Path, repeats: int) -> tuple[int
     for i in range(repeats):
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
-        results["legato barrier checkpoint"].append(_timed(lambda: ckpt.write_checkpoint(root, i, share, 1, None, {}, keep_last=1)))
+        results["legato barrier checkpoint"].append(_timed(lambda i=i: ckpt.write_checkpoint(root, i, share, 1, None, {}, keep_last=1)))
         results["torch.save"].append(_timed(lambda: torch.save(state, root / "plain.pt")))
 
         def save_fsync() -> None:

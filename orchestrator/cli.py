@@ -26,10 +26,12 @@ import sys
 import time
 from pathlib import Path
 
+from legato.config import Config, load_config
+from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.orchestrator.display import LiveView, status_table
 from legato.orchestrator.ledger import LEDGER, Ledger
-from legato.orchestrator.redact import Redactor
 from legato.orchestrator.plot import plot_losses
+from legato.orchestrator.redact import Redactor
 from legato.orchestrator.repro import CaptureRequest, capture, read_capture
 from legato.orchestrator.repro_diff import diff_captures, resolve_capture
 from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, check_compatible, redact_config
@@ -40,8 +42,6 @@ from legato.orchestrator.verify import Verdict, compare_runs, interruption_steps
 from legato.slurm import devcluster
 from legato.slurm.devcluster import Settings
 from legato.slurm.jobs import JobHandle
-from legato.config import Config, load_config
-from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 
 MAX_LOCAL_ATTEMPTS = 100
 DETACH_WAIT_S = 120.0

@@ -14,8 +14,9 @@ import json
 import logging
 import os
 import time
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 from filelock import FileLock
 
@@ -43,13 +44,12 @@ class Ledger:
         # A last line of defence: error messages can quote values, and none may land on disk as a secret.
         line = _REDACTOR.text(json.dumps(record, sort_keys=True, default=str)) + "\n"
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        with self._lock:
-            with open(self.path, "ab") as f:
-                if f.tell() > 0 and not _ends_with_newline(self.path):
-                    f.write(b"\n")
-                f.write(line.encode())
-                f.flush()
-                os.fsync(f.fileno())
+        with self._lock, open(self.path, "ab") as f:
+            if f.tell() > 0 and not _ends_with_newline(self.path):
+                f.write(b"\n")
+            f.write(line.encode())
+            f.flush()
+            os.fsync(f.fileno())
         return record
 
     def read(self) -> list[dict]:

@@ -15,8 +15,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from legato.orchestrator.repro import MANIFEST, comparable_env, read_capture
 from legato.errors import UsageError
+from legato.orchestrator.repro import MANIFEST, comparable_env, read_capture
 
 GPU_IDENTITY = ("Driver Version", "CUDA Version", "Product Name", "GPU UUID", "VBIOS Version", "Attached GPUs", "Serial Number")
 SECTIONS = ("env", "packages", "git", "stack", "gpu", "host", "modules", "os_packages", "config", "command")

@@ -21,9 +21,9 @@ import yaml
 from filelock import FileLock, Timeout
 
 from legato import checkpoint as ckpt
-from legato.orchestrator.redact import Redactor, redacted_paths
 from legato.config import Config, config_from_dict, load_config, training_settings
 from legato.errors import UsageError
+from legato.orchestrator.redact import Redactor, redacted_paths
 
 CAPTURED_CONFIG = "config.yaml"
 LOCK_FILE = "supervisor.lock"

@@ -20,15 +20,15 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from legato.config import Config, training_settings
+from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import TERMINAL, current_job, current_session, read_progress
 from legato.slurm.jobs import JobHandle, JobState
 from legato.slurm.submission import submit
-from legato.config import Config, training_settings
-from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
 
 log = logging.getLogger(__name__)
 

@@ -17,10 +17,10 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from legato.orchestrator.ledger import Ledger
 from legato import checkpoint as ckpt
 from legato.config import Config, config_from_dict
 from legato.errors import UsageError
+from legato.orchestrator.ledger import Ledger
 from legato.trajectory import read_trajectory, trajectory_path
 
 RNG_WORDS = {"rng.python": "python's", "rng.numpy": "numpy's", "rng.torch": "torch's CPU", "rng.gen.loader": "the data loader's"}

@@ -7,6 +7,7 @@ lists, never shell strings.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -42,14 +43,10 @@ def alive(pid: int) -> bool:
 
 
 def reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def kill(pid: int, sig: signal.Signals) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

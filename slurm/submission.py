@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-from legato.slurm.task import TrainTask
 from legato.config import Config
 from legato.errors import UsageError
+from legato.slurm.task import TrainTask
 
 SUBMITIT_DIR = "submitit"
 NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" means a year

@@ -27,13 +27,13 @@ from pathlib import Path
 
 import submitit
 
+from legato.config import Config, load_config
+from legato.errors import EXIT_OK, EXIT_STOPPED
+from legato.job import RankEnv, run_rank
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor
 from legato.orchestrator.repro import CaptureRequest, capture
 from legato.orchestrator.status import PROGRESS_FILE
-from legato.config import Config, load_config
-from legato.errors import EXIT_OK, EXIT_STOPPED
-from legato.job import RankEnv, run_rank
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import FAST_GPT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion
 
 STEPS = 600  # several seconds: auto spacing aims at one agreement a second

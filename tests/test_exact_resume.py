@@ -9,7 +9,6 @@ command then resumes, with its state hash verified.
 from __future__ import annotations
 
 import pytest
-
 from conftest import FAST_GPT, MLP, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion
 
 STEPS = 30

@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
 from legato.checkpoint import _manifest_checksum
-from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
 STEPS = 30
 

@@ -11,10 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import FAST_GPT, ROOT, TINY_GPT
-from legato.orchestrator.redact import Redactor
 from test_supervisor import ledger, legato, status, wait_for
+
+from legato.orchestrator.redact import Redactor
 
 SECRETS = {
     "GITHUB_TOKEN": "ghp_" + "A1b2C3d4E5f6G7h8I9j0" * 2,

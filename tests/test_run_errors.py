@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
-
 from conftest import FAST_GPT, TINY_GPT, run_trainer
+from filelock import FileLock
 from test_supervisor import legato
 
 GOOD = TINY_GPT.read_text()

@@ -15,7 +15,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, manifest, run_trainer
 from test_supervisor import ledger, legato, status, wait_for
 

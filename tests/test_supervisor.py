@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import FAST_GPT, ROOT, TINY_GPT, manifest, run_trainer
 
 pytestmark = pytest.mark.slow

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
 
 pytestmark = pytest.mark.slow

@@ -36,7 +36,24 @@ _LAZY = {
     "resumable_loader": "legato.session",
 }
 
-__all__ = ["EXIT_OK", "EXIT_STOPPED", "EXIT_USAGE", "ResumeMismatchError", "UsageError", *_LAZY]
+__all__ = [
+    "EXIT_OK",
+    "EXIT_STOPPED",
+    "EXIT_USAGE",
+    "Chaos",
+    "CheckpointPolicy",
+    "ResumableDistributedSampler",
+    "ResumeMismatchError",
+    "RunContext",
+    "Seeds",
+    "Session",
+    "StopPolicy",
+    "UsageError",
+    "derive_seed",
+    "resumable_loader",
+    "sample_generator",
+    "seed_everything",
+]
 
 if TYPE_CHECKING:
     from legato.context import RunContext

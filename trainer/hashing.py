@@ -11,7 +11,8 @@ insertion beyond what the state itself defines).
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -35,7 +36,7 @@ def global_hash(rank_hashes: Sequence[str]) -> str:
     return digest(list(rank_hashes))
 
 
-def _feed(h: "hashlib._Hash", value: Any) -> None:
+def _feed(h: hashlib._Hash, value: Any) -> None:
     if isinstance(value, torch.Tensor):
         _feed_tensor(h, value)
     elif isinstance(value, Mapping):
@@ -64,7 +65,7 @@ def _feed(h: "hashlib._Hash", value: Any) -> None:
         raise TypeError(f"cannot hash a {type(value).__name__} in training state; store plain data")
 
 
-def _feed_tensor(h: "hashlib._Hash", t: torch.Tensor) -> None:
+def _feed_tensor(h: hashlib._Hash, t: torch.Tensor) -> None:
     t = t.detach()
     h.update(f"t{t.dtype}{tuple(t.shape)}:".encode())
     if t.numel() == 0:

@@ -14,8 +14,8 @@ import importlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,7 @@ class RankEnv:
     master_port: int
 
     @classmethod
-    def from_environ(cls) -> "RankEnv":
+    def from_environ(cls) -> RankEnv:
         env = os.environ
         world = int(env.get("WORLD_SIZE", "1"))
         return cls(

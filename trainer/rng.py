@@ -9,7 +9,7 @@ version, another number of CUDA devices) raises, it is never skipped.
 from __future__ import annotations
 
 import random
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import torch

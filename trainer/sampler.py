@@ -11,7 +11,7 @@ here may read the global RNGs.
 from __future__ import annotations
 
 import signal
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 from torch.utils.data import Sampler

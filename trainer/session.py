@@ -20,9 +20,10 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch

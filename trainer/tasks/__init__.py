@@ -6,8 +6,9 @@ touches the network, the filesystem or the global RNGs outside model init.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
