@@ -29,7 +29,7 @@ from pathlib import Path
 from legato.config import Config, load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.orchestrator.display import LiveView, status_table
-from legato.orchestrator.ledger import LEDGER, Ledger
+from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.plot import plot_losses
 from legato.orchestrator.redact import Redactor
 from legato.orchestrator.repro import CaptureRequest, capture, read_capture
@@ -39,6 +39,7 @@ from legato.orchestrator.runstate import final_manifest
 from legato.orchestrator.status import current_job, current_session, read_progress, summarize
 from legato.orchestrator.supervisor import Supervisor, session_exit_code, start_session
 from legato.orchestrator.verify import Verdict, compare_runs, interruption_steps, nondeterminism, plan_runs
+from legato.paths import RunPaths
 from legato.slurm import devcluster
 from legato.slurm.devcluster import Settings
 from legato.slurm.jobs import JobHandle
@@ -203,7 +204,7 @@ def _report_end(cfg: Config, code: int) -> int:
 def _detach(run_dir: Path) -> int:
     """Hand the run to a background `legato watch`, wait until it has submitted, and return."""
     run_dir = run_dir.resolve()
-    log_path = run_dir / "supervisor.log"
+    log_path = RunPaths(run_dir).supervisor_log
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
             [sys.executable, "-m", "legato.orchestrator.cli", "watch", str(run_dir)],
@@ -247,7 +248,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir) if args.run_dir else _newest_run()
     ledger = Ledger(run_dir)
     if not ledger.exists():
-        raise UsageError(f"{run_dir} has no {LEDGER}: it is not a run started with `legato run`. Pass the run.dir of such a run.")
+        raise UsageError(f"{run_dir} has no {ledger.path.name}: it is not a run started with `legato run`. Pass the run.dir of such a run.")
     summary = summarize(run_dir, ledger.read(), read_progress(run_dir))
     if args.json:
         print(json.dumps(summary.to_json(), indent=2))
@@ -257,10 +258,10 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def _newest_run() -> Path:
-    ledgers = sorted(Path("runs").glob(f"*/{LEDGER}"), key=lambda p: p.stat().st_mtime)
+    ledgers = sorted((p for p in Path("runs").glob("*/") if RunPaths(p).ledger.is_file()), key=lambda p: RunPaths(p).ledger.stat().st_mtime)
     if not ledgers:
         raise UsageError("No run directory given and none under ./runs has a ledger. Pass the run.dir of a run started with `legato run`.")
-    return ledgers[-1].parent
+    return ledgers[-1]
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -289,7 +290,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
         raise UsageError(f"{run_dir} has no submitted jobs in its ledger. Pass the run.dir of a run started with `legato run`.")
     for job_id in jobs:
         for suffix in ("out", "err"):
-            path = run_dir / "submitit" / str(job_id) / f"{job_id}_{args.rank}_log.{suffix}"
+            path = RunPaths(run_dir).task_log(str(job_id), args.rank, suffix)
             if path.is_file():
                 print(f"==> {path} <==")
                 sys.stdout.write(path.read_text(errors="replace"))
@@ -303,7 +304,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
     if args.compare:
         reference, run = (Path(p) for p in args.compare)
         for path in (reference, run):
-            if not (path / "trajectory").is_dir():
+            if not RunPaths(path).trajectories.is_dir():
                 raise UsageError(f"{path} has no trajectory/: pass the run directories of two finished runs.")
         verdict = compare_runs(reference, run)
         return _report_verdict(verdict, args.json, plot_losses(run / "loss.png", {"reference": reference, "run": run}, _resume_steps(verdict), _div_step(verdict)))
@@ -390,12 +391,12 @@ def _report_verdict(verdict: Verdict, as_json: bool, png: Path | None) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
-    if not (run_dir / "trajectory").is_dir():
+    if not RunPaths(run_dir).trajectories.is_dir():
         raise UsageError(f"{run_dir} has no trajectory/: pass the run directory of a run that trained.")
     resumes = [e["step"] for e in Ledger(run_dir).read() if e["event"] == "resumed"]
     runs = {"reference": Path(args.reference)} if args.reference else {}
     runs[run_dir.name] = run_dir
-    png = plot_losses(Path(args.out) if args.out else run_dir / "loss.png", runs, resumes)
+    png = plot_losses(Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, resumes)
     if png is None:
         raise UsageError("legato plot needs matplotlib: pip install 'legato[plot]'.")
     print(f"legato: wrote {png}")

@@ -21,19 +21,19 @@ from typing import Any
 from filelock import FileLock
 
 from legato.orchestrator.redact import Redactor
+from legato.paths import RunPaths
 
 log = logging.getLogger(__name__)
 
-LEDGER = "ledger.jsonl"
-LOCK = ".ledger.lock"
 _REDACTOR = Redactor()
 
 
 class Ledger:
     def __init__(self, run_dir: str | Path) -> None:
         self.run_dir = Path(run_dir)
-        self.path = self.run_dir / LEDGER
-        self._lock = FileLock(str(self.run_dir / LOCK), timeout=60)
+        paths = RunPaths(self.run_dir)
+        self.path = paths.ledger
+        self._lock = FileLock(str(paths.ledger_lock), timeout=60)
 
     def exists(self) -> bool:
         return self.path.is_file()

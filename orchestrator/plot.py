@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from legato.trajectory import read_trajectory, trajectory_path
+from legato.paths import RunPaths
+from legato.trajectory import read_trajectory
 
 
 def losses(run_dir: Path, rank: int = 0) -> tuple[list[int], list[float]]:
-    records = [r for r in read_trajectory(trajectory_path(run_dir, rank)) if r.get("loss_hex")]
+    records = [r for r in read_trajectory(RunPaths(run_dir).trajectory(rank)) if r.get("loss_hex")]
     return [r["step"] for r in records], [float.fromhex(r["loss_hex"]) for r in records]
 
 

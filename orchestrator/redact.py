@@ -103,12 +103,3 @@ class Redactor:
         if name and self.name_is_secret(name) and data not in (None, False, True, 0):
             return marker("the name looks secret")
         return data
-
-
-def redacted_paths(before: Any, after: Any, prefix: str = "") -> list[str]:
-    """Dotted keys whose values the redaction changed (to warn the user which config keys were hidden)."""
-    if isinstance(before, dict) and isinstance(after, dict):
-        return [p for k in before for p in redacted_paths(before[k], after.get(k), f"{prefix}{k}.")]
-    if isinstance(before, list) and isinstance(after, list):
-        return [p for i, (b, a) in enumerate(zip(before, after)) for p in redacted_paths(b, a, f"{prefix}{i}.")]
-    return [prefix.rstrip(".")] if before != after else []

@@ -15,6 +15,7 @@ writes may contain a secret: every value passes through the `Redactor`.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -22,9 +23,7 @@ import logging
 import os
 import platform
 import shutil
-import signal
 import socket
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from legato.orchestrator.redact import Redactor
+from legato.processes import run_command
 
 log = logging.getLogger(__name__)
 
@@ -256,20 +256,5 @@ def _modules_command() -> list[str] | None:
 
 
 def _command(cmd: list[str], timeout: float) -> dict:
-    """Run one command with a hard time limit: on timeout its whole process group is killed, so a
-    child that keeps the output pipe open cannot hold the capture past the limit."""
-    started = time.monotonic()
-    try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
-    except (FileNotFoundError, PermissionError) as exc:
-        return {"ok": False, "error": f"{cmd[0]}: {exc.strerror}", "seconds": 0.0, "output": None}
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        return {"ok": False, "error": f"timed out after {timeout:g}s", "seconds": round(time.monotonic() - started, 3), "output": None}
-    seconds = round(time.monotonic() - started, 3)
-    if proc.returncode != 0:
-        return {"ok": False, "error": f"exit code {proc.returncode}: {err.strip()[-300:]}", "seconds": seconds, "output": None}
-    return {"ok": True, "error": None, "seconds": seconds, "output": out}
+    """One external command's outcome as plain data for the manifest (its output under "output")."""
+    return dataclasses.asdict(run_command(cmd, timeout))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from legato.errors import UsageError
 from legato.orchestrator.repro import MANIFEST, comparable_env, read_capture
+from legato.paths import RunPaths
 
 GPU_IDENTITY = ("Driver Version", "CUDA Version", "Product Name", "GPU UUID", "VBIOS Version", "Attached GPUs", "Serial Number")
 SECTIONS = ("env", "packages", "git", "stack", "gpu", "host", "modules", "os_packages", "config", "command")
@@ -36,7 +37,7 @@ def resolve_capture(spec: str, run_dir: str | None) -> Path:
     if run_dir is None:
         raise UsageError(f"{spec} is not a capture directory (no {MANIFEST}). Pass one, or a JOB[/ATTEMPT] with --run RUN_DIR.")
     job, _, attempt = spec.partition("/")
-    job_dir = Path(run_dir) / "repro" / job
+    job_dir = RunPaths(run_dir).repro / job
     if not job_dir.is_dir():
         raise UsageError(f"{run_dir} has no capture for job {job} (no {job_dir}). `legato status {run_dir}` lists the run's jobs.")
     if not attempt:

@@ -20,25 +20,23 @@ from pathlib import Path
 import yaml
 from filelock import FileLock, Timeout
 
-from legato import checkpoint as ckpt
+from legato import manifest
 from legato.config import Config, config_from_dict, load_config, training_settings
 from legato.errors import UsageError
-from legato.orchestrator.redact import Redactor, redacted_paths
-
-CAPTURED_CONFIG = "config.yaml"
-LOCK_FILE = "supervisor.lock"
-HOLDER_FILE = "supervisor.json"
+from legato.orchestrator.redact import Redactor
+from legato.paths import RunPaths
+from legato.treediff import changed_leaves
 
 
 def check_compatible(cfg: Config) -> None:
     """Refuse a config that cannot continue what the run directory holds."""
     run_dir = cfg.run_dir
     _check_checkpoints(cfg)
-    captured = run_dir / CAPTURED_CONFIG
+    captured = RunPaths(run_dir).config
     if not captured.is_file():
         return
     before = load_config(captured)
-    differing = _differing(
+    differing = changed_leaves(
         {"world_size": before.world_size, **training_settings(before)},
         {"world_size": cfg.world_size, **training_settings(cfg)},
     )
@@ -59,7 +57,7 @@ def redact_config(cfg: Config) -> tuple[Config, list[str]]:
     redactor = Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny))
     raw = cfg.to_dict()
     clean = redactor.tree(raw)
-    hidden = redacted_paths(raw, clean)
+    hidden = [key for key, _, _ in changed_leaves(raw, clean)]
     setup = [key for key in hidden if key.startswith("slurm.setup.")]
     if setup:
         line = int(setup[0].rsplit(".", 1)[1]) + 1
@@ -77,7 +75,7 @@ def capture_config(cfg: Config) -> Path:
     run_dir.mkdir(parents=True, exist_ok=True)
     data = cfg.to_dict()
     data["run"]["dir"] = str(run_dir)
-    path = run_dir / CAPTURED_CONFIG
+    path = RunPaths(run_dir).config
     tmp = path.with_suffix(".tmp")
     tmp.write_text("# Captured by legato run: the resolved config every job of this run reads.\n" + yaml.safe_dump(data, sort_keys=False))
     os.replace(tmp, path)
@@ -85,9 +83,9 @@ def capture_config(cfg: Config) -> Path:
 
 
 def captured_config(run_dir: Path) -> Path:
-    path = Path(run_dir) / CAPTURED_CONFIG
+    path = RunPaths(run_dir).config
     if not path.is_file():
-        raise UsageError(f"{run_dir} is not a legato run directory (it has no {CAPTURED_CONFIG}). Pass the run.dir of a run started with `legato run`.")
+        raise UsageError(f"{run_dir} is not a legato run directory (it has no {path.name}). Pass the run.dir of a run started with `legato run`.")
     return path
 
 
@@ -96,7 +94,7 @@ class SupervisorLock:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
-        self._lock = FileLock(str(self.run_dir / LOCK_FILE))
+        self._lock = FileLock(str(RunPaths(self.run_dir).supervisor_lock))
 
     def acquire(self) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -108,7 +106,7 @@ class SupervisorLock:
                 f"`legato watch {self.run_dir}`, or stop it first; two supervisors on one run would submit twice."
             ) from None
         info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-        (self.run_dir / HOLDER_FILE).write_text(json.dumps(info))
+        RunPaths(self.run_dir).supervisor_holder.write_text(json.dumps(info))
 
     def held_elsewhere(self) -> bool:
         try:
@@ -123,7 +121,7 @@ class SupervisorLock:
 
     def holder(self) -> str:
         try:
-            info = json.loads((self.run_dir / HOLDER_FILE).read_text())
+            info = json.loads(RunPaths(self.run_dir).supervisor_holder.read_text())
         except (OSError, json.JSONDecodeError):
             return "holder unknown"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
@@ -131,18 +129,6 @@ class SupervisorLock:
 
 
 def _check_checkpoints(cfg: Config) -> None:
-    found = ckpt.newest_valid(cfg.run_dir / "checkpoints")
+    found = manifest.newest_valid(RunPaths(cfg.run_dir).checkpoints)
     if found is not None:
-        ckpt.check_compatible(found[1], found[0], cfg.world_size, training_settings(cfg))
-
-
-def _differing(old: dict, new: dict, prefix: str = "") -> list[tuple[str, object, object]]:
-    out = []
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if isinstance(a, dict) and isinstance(b, dict):
-            out += _differing(a, b, f"{prefix}{key}.")
-        elif a != b:
-            out.append((f"{prefix}{key}", a, b))
-    return out
-
+        manifest.check_compatible(found[1], found[0], cfg.world_size, training_settings(cfg), manifest.installed_torch_version())

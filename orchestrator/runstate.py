@@ -1,18 +1,18 @@
-"""Read what a run directory says about its progress, through the checkpoint file format."""
+"""Read what a run directory says about its progress, through the checkpoint manifests (no torch)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from legato.checkpoint import MANIFEST, list_checkpoints
+from legato.manifest import list_checkpoints, read_manifest_file
+from legato.paths import RunPaths
 
 
 def final_manifest(run_dir: Path) -> dict | None:
     """The manifest of the newest published checkpoint that has a readable one, or None."""
-    for path in list_checkpoints(run_dir / "checkpoints"):
+    for path in list_checkpoints(RunPaths(run_dir).checkpoints):
         try:
-            return json.loads((path / MANIFEST).read_text())
-        except (OSError, json.JSONDecodeError):
+            return read_manifest_file(path)
+        except (OSError, ValueError):
             continue
     return None

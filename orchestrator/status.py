@@ -11,8 +11,9 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from legato.paths import RunPaths
+
 TERMINAL = ("finished", "failed", "cancelled")
-PROGRESS_FILE = "progress.json"
 
 
 @dataclass
@@ -83,7 +84,7 @@ def current_job(events: list[dict]) -> str | None:
 
 def read_progress(run_dir: Path) -> dict | None:
     try:
-        return json.loads((Path(run_dir) / PROGRESS_FILE).read_text())
+        return json.loads(RunPaths(run_dir).progress.read_text())
     except (OSError, json.JSONDecodeError):
         return None
 

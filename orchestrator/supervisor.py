@@ -25,6 +25,7 @@ from pathlib import Path
 
 from legato.config import Config, training_settings
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
+from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import TERMINAL, current_job, current_session, read_progress
 from legato.slurm.jobs import JobHandle, JobState
@@ -191,7 +192,7 @@ class Supervisor:
                 ),
             )
             return
-        job_id = submit(self.cfg, self.config_path, attempts, _command(session))
+        job_id = submit(self.cfg, TrainTask(str(self.config_path), attempts, _command(session)))
         if previous is None:
             self.ledger.append("submitted", job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
         else:

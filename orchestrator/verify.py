@@ -17,11 +17,12 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from legato import checkpoint as ckpt
 from legato.config import Config, config_from_dict
 from legato.errors import UsageError
+from legato.manifest import checkpoint_step, list_checkpoints, newest_valid, read_manifest_file
 from legato.orchestrator.ledger import Ledger
-from legato.trajectory import read_trajectory, trajectory_path
+from legato.paths import RunPaths
+from legato.trajectory import read_trajectory
 
 RNG_WORDS = {"rng.python": "python's", "rng.numpy": "numpy's", "rng.torch": "torch's CPU", "rng.gen.loader": "the data loader's"}
 
@@ -120,8 +121,8 @@ def first_divergence(a: Path, b: Path, world_size: int) -> Divergence | None:
     """The earliest step at which any rank's loss bits or state digests differ between two runs."""
     found: Divergence | None = None
     for rank in range(world_size):
-        left = {r["step"]: r for r in read_trajectory(trajectory_path(a, rank))}
-        right = {r["step"]: r for r in read_trajectory(trajectory_path(b, rank))}
+        left = {r["step"]: r for r in read_trajectory(RunPaths(a).trajectory(rank))}
+        right = {r["step"]: r for r in read_trajectory(RunPaths(b).trajectory(rank))}
         for step in sorted(set(left) & set(right)):
             if found is not None and step >= found.step:
                 break
@@ -201,21 +202,21 @@ def _unrestored(names: list[str], step: int) -> str:
 
 
 def _ranks(run_dir: Path) -> list[Path]:
-    return sorted((run_dir / "trajectory").glob("rank*.jsonl"))
+    return sorted(RunPaths(run_dir).trajectories.glob("rank*.jsonl"))
 
 
 def _final(run_dir: Path) -> dict | None:
-    found = ckpt.newest_valid(run_dir / "checkpoints")
+    found = newest_valid(RunPaths(run_dir).checkpoints)
     return None if found is None else found[1]
 
 
 def _compare_checkpoints(a: Path, b: Path) -> tuple[int, list[int]]:
     """Every step both runs checkpointed: (how many compared, the steps whose global hashes differ)."""
-    left = {int(p.name.removeprefix(ckpt.STEP_PREFIX)): p for p in ckpt.list_checkpoints(a / "checkpoints")}
-    right = {int(p.name.removeprefix(ckpt.STEP_PREFIX)): p for p in ckpt.list_checkpoints(b / "checkpoints")}
+    left = {checkpoint_step(p): p for p in list_checkpoints(RunPaths(a).checkpoints)}
+    right = {checkpoint_step(p): p for p in list_checkpoints(RunPaths(b).checkpoints)}
     mismatched = []
     common = sorted(set(left) & set(right))
     for step in common:
-        if json.loads((left[step] / ckpt.MANIFEST).read_text())["global_hash"] != json.loads((right[step] / ckpt.MANIFEST).read_text())["global_hash"]:
+        if read_manifest_file(left[step])["global_hash"] != read_manifest_file(right[step])["global_hash"]:
             mismatched.append(step)
     return len(common), mismatched

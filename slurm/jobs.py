@@ -15,9 +15,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from legato.slurm import processes
+from legato import processes
 
 UNKNOWN_GRACE_S = 120.0
+REQUEUE_TIMEOUT_S = 60.0
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
 LOCAL_CONTROLLER = b"submitit.local._local"
 
@@ -86,3 +87,9 @@ def _local_alive(pid: int) -> bool:
         return LOCAL_CONTROLLER in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+def requeue(job_id: str) -> str | None:
+    """`scontrol requeue` this job; returns what went wrong, or None."""
+    result = processes.run_command(["scontrol", "requeue", job_id], timeout=REQUEUE_TIMEOUT_S)
+    return None if result.ok else f"scontrol requeue {job_id}: {result.error}"

@@ -2,7 +2,7 @@
 
 Turns the validated config into executor parameters (time limit, signal and
 lead, requeue, nodes, tasks, resources, extra sbatch options, setup lines)
-and submits `TrainTask`. Values from the config reach sbatch only through
+and submits the task callable it is given. Values from the config reach sbatch only through
 submitit, which quotes every `#SBATCH` value; this module never builds a
 shell command from config strings.
 """
@@ -11,24 +11,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import submitit
 from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from legato.config import Config
 from legato.errors import UsageError
-from legato.slurm.task import TrainTask
+from legato.paths import RunPaths
 
-SUBMITIT_DIR = "submitit"
 NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" means a year
 
 
-def submit(cfg: Config, config_path: Path, attempts_before: int, command: tuple[str, ...] = ()) -> str:
-    """Submit one job for this run; returns its job id. `command` must already be redacted: it is pickled into the run directory."""
-    folder = cfg.run_dir / SUBMITIT_DIR / "%j"
-    task = TrainTask(str(config_path), attempts_before, command)
+def submit(cfg: Config, task: Callable[[], Any]) -> str:
+    """Submit one job that runs `task` on every task of the job; returns its job id. submitit pickles `task`
+    into the run directory, so it must hold nothing secret."""
+    folder = RunPaths(cfg.run_dir).submitit / "%j"
     executor = _local_executor(cfg, folder) if cfg.executor == "local" else _slurm_executor(cfg, folder)
     with _job_environment(cfg):
         try:

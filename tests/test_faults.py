@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
-from legato.checkpoint import _manifest_checksum
+from legato.manifest import manifest_checksum
 
 STEPS = 30
 
@@ -149,7 +149,7 @@ def test_checkpoint_from_another_torch_version_is_refused(tmp_path: Path) -> Non
     path = tmp_path / "checkpoints" / "step_4" / "manifest.json"
     data = json.loads(path.read_text())
     data["torch_version"] = "1.13.1"
-    data["manifest_sha256"] = _manifest_checksum(data)  # as that torch's legato would have sealed it
+    data["manifest_sha256"] = manifest_checksum(data)  # as that torch's legato would have sealed it
     path.write_text(json.dumps(data))
     assert_usage_error(run_trainer(TINY_GPT, tmp_path, *FAST_GPT), "torch 1.13.1", "resume with the torch that wrote it")
 

@@ -142,7 +142,7 @@ def test_signal_caught_before_the_session_counts_for_the_session() -> None:
 
 
 def test_port_depends_on_job_and_restart() -> None:
-    from legato.slurm.task import Identity
+    from legato.orchestrator.jobside import Identity
 
     def port(job: str, restart: int) -> int:
         return Identity("slurm", job, restart, 0, 2, 0, 2, ("n1",)).port

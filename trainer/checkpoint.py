@@ -30,15 +30,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from legato.errors import UsageError
+from legato.files import fsync_dir, write_fsynced
 from legato.hashing import global_hash
+from legato.manifest import FORMAT, list_checkpoints, manifest_checksum
+from legato.paths import CHECKPOINT_MANIFEST as MANIFEST
+from legato.paths import STEP_PREFIX
+from legato.paths import TMP_STEP_PREFIX as TMP_PREFIX
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
-MANIFEST = "manifest.json"
-STEP_PREFIX = "step_"
-TMP_PREFIX = ".tmp_step_"
 
 
 @dataclass(frozen=True)
@@ -115,10 +115,10 @@ def _publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[di
         "created_unix": time.time(),
         **meta,
     }
-    manifest["manifest_sha256"] = _manifest_checksum(manifest)
-    _write_fsynced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    manifest["manifest_sha256"] = manifest_checksum(manifest)
+    write_fsynced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     _maybe_kill(kill, step, "after_manifest")
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     _maybe_kill(kill, step, "before_publish")
     final = step_dir(root, step)
     if final.exists():
@@ -128,7 +128,7 @@ def _publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[di
         os.replace(final, stale)
         shutil.rmtree(stale)
     os.replace(tmp, final)
-    _fsync_dir(root)
+    fsync_dir(root)
 
 
 class _HashingWriter:
@@ -148,12 +148,6 @@ class _HashingWriter:
         self._f.flush()
 
 
-def _manifest_checksum(manifest: dict) -> str:
-    """SHA-256 of the manifest's canonical JSON without this field: a flipped digit must not pass."""
-    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
-    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-
-
 def _save_fsynced(state: Any, path: Path) -> dict:
     with open(path, "wb") as f:
         writer = _HashingWriter(f)
@@ -161,21 +155,6 @@ def _save_fsynced(state: Any, path: Path) -> dict:
         f.flush()
         os.fsync(f.fileno())
     return {"sha256": writer.sha256.hexdigest(), "bytes": writer.bytes}
-
-
-def _write_fsynced(path: Path, data: bytes | memoryview) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _gather_reports(report: dict, world_size: int, group: dist.ProcessGroup | None) -> list[dict]:
@@ -202,90 +181,6 @@ def _prune(root: Path, keep_last: int) -> None:
         shutil.rmtree(stale, ignore_errors=True)
     for old in list_checkpoints(root)[keep_last:]:
         shutil.rmtree(old, ignore_errors=True)
-
-
-def list_checkpoints(root: Path) -> list[Path]:
-    """Published checkpoint directories, newest step first."""
-    found = []
-    for path in root.glob(f"{STEP_PREFIX}*"):
-        suffix = path.name[len(STEP_PREFIX):]
-        if path.is_dir() and suffix.isdigit():
-            found.append((int(suffix), path))
-    return [p for _, p in sorted(found, reverse=True)]
-
-
-def read_manifest(path: Path) -> dict:
-    """The manifest of checkpoint directory `path`, after verifying every file it lists.
-
-    Raises ValueError naming what is wrong.
-    """
-    try:
-        manifest = json.loads((path / MANIFEST).read_text())
-    except FileNotFoundError:
-        raise ValueError("no manifest.json (incomplete checkpoint)") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"manifest.json is not valid JSON ({exc})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise ValueError(f"manifest.json is not a legato checkpoint manifest of format {FORMAT}")
-    if manifest.get("manifest_sha256") != _manifest_checksum(manifest):
-        raise ValueError("manifest.json does not match its own checksum (corrupt)")
-    for name, info in manifest["files"].items():
-        _verify_file(path / name, info)
-    return manifest
-
-
-def _verify_file(path: Path, info: dict) -> None:
-    if not path.is_file():
-        raise ValueError(f"{path.name} is missing")
-    h = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            size += len(chunk)
-    if size != info["bytes"] or h.hexdigest() != info["sha256"]:
-        raise ValueError(f"{path.name} does not match its SHA-256 in the manifest (corrupt or truncated)")
-
-
-def newest_valid(root: Path) -> tuple[Path, dict] | None:
-    """The newest checkpoint whose manifest and files verify; each skipped one is named in a warning."""
-    for path in list_checkpoints(root):
-        try:
-            return path, read_manifest(path)
-        except (ValueError, KeyError, TypeError) as exc:
-            log.warning("skipping checkpoint %s: %s", path, exc)
-    return None
-
-
-def check_compatible(manifest: dict, path: Path, world_size: int, training: dict) -> None:
-    """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit."""
-    if manifest["world_size"] != world_size:
-        raise UsageError(
-            f"Checkpoint {path} was written by {manifest['world_size']} ranks, but this run has {world_size}. "
-            "Bitwise continuation needs the same world size (it fixes the reduction order): run with "
-            f"{manifest['world_size']} ranks, or use a new run directory to start over."
-        )
-    if manifest["torch_version"] != torch.__version__:
-        raise UsageError(
-            f"Checkpoint {path} was written with torch {manifest['torch_version']}, this is torch {torch.__version__}. "
-            "RNG state layouts and kernels differ between versions; resume with the torch that wrote it, or start a new run directory."
-        )
-    saved = manifest.get("training")
-    if saved is not None and saved != training:
-        keys = sorted(_diff_keys(saved, training))
-        raise UsageError(
-            f"Run directory {path.parent.parent} belongs to another training config: {', '.join(keys)} differ from "
-            "the checkpoint. Use the config that started this run, or a new run.dir."
-        )
-
-
-def _diff_keys(a: Any, b: Any, prefix: str = "") -> list[str]:
-    if isinstance(a, dict) and isinstance(b, dict):
-        out = []
-        for key in sorted(set(a) | set(b)):
-            out += _diff_keys(a.get(key), b.get(key), f"{prefix}{key}.")
-        return out
-    return [] if a == b else [prefix.rstrip(".")]
 
 
 def load_file(path: Path) -> Any:

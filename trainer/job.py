@@ -15,7 +15,6 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -24,32 +23,10 @@ from legato.config import Config
 from legato.context import RunContext
 from legato.determinism import seed_everything
 from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
+from legato.rank_env import RankEnv
 from legato.stop import StopFlag, parse_signal, stop_signals
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RankEnv:
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    master_addr: str
-    master_port: int
-
-    @classmethod
-    def from_environ(cls) -> RankEnv:
-        env = os.environ
-        world = int(env.get("WORLD_SIZE", "1"))
-        return cls(
-            rank=int(env.get("RANK", "0")),
-            world_size=world,
-            local_rank=int(env.get("LOCAL_RANK", "0")),
-            local_world_size=int(env.get("LOCAL_WORLD_SIZE", str(world))),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(env.get("MASTER_PORT", "29500")),
-        )
 
 
 def resolve_entrypoint(cfg: Config) -> Callable[[RunContext], int | None]:

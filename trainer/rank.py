@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 
 from legato.config import load_config
-from legato.job import RankEnv, run_rank
+from legato.job import run_rank
 from legato.launch import parse_args
+from legato.rank_env import RankEnv
 
 
 def main() -> int:

@@ -35,9 +35,11 @@ from legato import rng
 from legato.determinism import derive_seed
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.hashing import digest, global_hash, rank_hash
+from legato.manifest import check_compatible, list_checkpoints, newest_valid
+from legato.paths import RunPaths
 from legato.sampler import ResumableDistributedSampler, worker_init
 from legato.stop import StopAgreement, StopFlag, parse_signal
-from legato.trajectory import TrajectoryWriter, trajectory_path
+from legato.trajectory import TrajectoryWriter
 
 log = logging.getLogger(__name__)
 
@@ -184,7 +186,7 @@ class Session:
 
     @property
     def checkpoint_root(self) -> Path:
-        return self.run_dir / "checkpoints"
+        return RunPaths(self.run_dir).checkpoints
 
     def __iter__(self) -> Iterator[Any]:
         self._flag.install()
@@ -221,7 +223,7 @@ class Session:
             log.info("rank %d: no checkpoint under %s, starting at step 0", self.rank, self.checkpoint_root)
         else:
             self._restore(*found)
-        self._trajectory = TrajectoryWriter(trajectory_path(self.run_dir, self.rank), self.step)
+        self._trajectory = TrajectoryWriter(RunPaths(self.run_dir).trajectory(self.rank), self.step)
 
     def _open_epoch(self) -> Iterator[Any]:
         # Reseeding per epoch makes the workers' base seed a function of (seed, rank, epoch),
@@ -434,9 +436,9 @@ _REPLICATED = ("model", "optimizer", "scheduler", "scaler", "counters")
 
 def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank."""
-    found = ckpt.newest_valid(root)
+    found = newest_valid(root)
     if found is None:
-        existing = ckpt.list_checkpoints(root)
+        existing = list_checkpoints(root)
         if existing:
             return (
                 f"None of the {len(existing)} checkpoints in {root} verifies (see the warnings above), so this run "
@@ -446,7 +448,7 @@ def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict
         return None
     path, manifest = found
     try:
-        ckpt.check_compatible(manifest, path, world_size, training)
+        check_compatible(manifest, path, world_size, training, torch.__version__)
     except UsageError as exc:
         return str(exc)
     return str(path), manifest

@@ -14,10 +14,6 @@ from pathlib import Path
 from typing import IO
 
 
-def trajectory_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / "trajectory" / f"rank{rank}.jsonl"
-
-
 def read_trajectory(path: Path) -> list[dict]:
     """All complete lines of a trajectory; a torn last line (after a crash) is dropped."""
     if not path.exists():

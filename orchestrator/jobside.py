@@ -1,4 +1,6 @@
-"""The function submitit runs on every task of a legato job: identity, signals, trainer rank, requeue.
+"""The job side of the supervisor: what submitit runs on every task of a legato job.
+
+Identity, signals, one trainer rank, ledger records, environment capture, requeue.
 
 It takes the stop signal away from submitit (whose own handler acts on rank 0
 alone and pickles the job inside the handler), derives rank, world size,
@@ -19,7 +21,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -29,11 +30,12 @@ import submitit
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
-from legato.job import RankEnv, run_rank
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor
 from legato.orchestrator.repro import CaptureRequest, capture
-from legato.orchestrator.status import PROGRESS_FILE
+from legato.paths import RunPaths
+from legato.rank_env import RankEnv
+from legato.slurm.jobs import requeue
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,8 @@ class TrainTask:
     command: tuple[str, ...] = ()  # the (redacted) command line that started the run
 
     def __call__(self) -> dict:
+        from legato.job import run_rank  # the job trains; the supervisor that pickles this task never imports torch
+
         cfg = load_config(self.config_path)
         ledger = Ledger(cfg.run_dir)
         _take_signals()
@@ -103,7 +107,7 @@ class TrainTask:
         ledger.append("rank_started", **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
         if ident.local_rank == 0 and cfg.repro.enabled:
             _capture_environment(cfg, ledger, ident, self.command)
-        events = JobEvents(ledger, ident, cfg.run_dir / PROGRESS_FILE)
+        events = JobEvents(ledger, ident, RunPaths(cfg.run_dir).progress)
         code = run_rank(cfg, ident.rank_env(), on_event=events)
         if code == EXIT_OK:
             if ident.rank == 0:
@@ -160,9 +164,7 @@ class JobEvents:
 def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: tuple[str, ...]) -> None:
     """Rank 0 of each node records this node's environment for this attempt; a failure is logged, never fatal."""
     node = int(os.environ.get("SLURM_NODEID", "0") or 0)
-    dest = cfg.run_dir / "repro" / ident.job_id / str(ident.restart)
-    if node:
-        dest = dest / f"node{node}"
+    dest = RunPaths(cfg.run_dir).capture(ident.job_id, ident.restart, node)
     request = CaptureRequest(
         dest,
         Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny)),
@@ -217,25 +219,12 @@ def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: Job
         ledger.append("failed", **tag, exit_code=code, reason=reason)
         return "failed"
     if ident.executor == "slurm":
-        problem = _scontrol_requeue(ident.job_id)
+        problem = requeue(ident.job_id)
         if problem:
             ledger.append("requeue_failed", **tag, reason=problem)
             return "requeue_failed"
     ledger.append("requeued", **tag, budget_left=cfg.slurm.max_requeues - spent - 1)
     return "requeued"
-
-
-def _scontrol_requeue(job_id: str) -> str | None:
-    """Requeue this job; returns what went wrong, or None."""
-    try:
-        proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
-    except FileNotFoundError:
-        return "scontrol is not on PATH on the compute node"
-    except subprocess.TimeoutExpired:
-        return "scontrol requeue did not answer within 60 s"
-    if proc.returncode != 0:
-        return f"scontrol requeue {job_id} exited {proc.returncode}: {proc.stderr.strip()}"
-    return None
 
 
 def _await_decision(ledger: Ledger, ident: Identity) -> str:

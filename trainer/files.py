@@ -1,0 +1,36 @@
+"""Durable file writes: the one definition of "write atomically" for every package.
+
+A reader sees the old content or the new, never a torn file: data goes to a
+temporary sibling, is fsynced, and replaces the target with one rename (the
+directory is fsynced too, so the rename survives a crash). Never writes
+anywhere but next to the target.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def write_fsynced(path: Path, data: bytes | memoryview) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Replace `path` with `data` (text is UTF-8) in one atomic, durable step."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    write_fsynced(tmp, data.encode() if isinstance(data, str) else data)
+    os.replace(tmp, path)
+    fsync_dir(path.parent)

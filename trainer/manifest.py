@@ -1,0 +1,118 @@
+"""Published checkpoints as files: list them, verify a manifest and its files, pick the newest valid one,
+and decide whether one can continue this run. The training identity rule lives here, once.
+
+Reads only JSON and file bytes, never imports torch and never unpickles
+anything, so `legato status` and the supervisor can use it cheaply. Writing
+checkpoints is `legato.checkpoint`'s job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import json
+import logging
+from pathlib import Path
+
+from legato.errors import UsageError
+from legato.paths import CHECKPOINT_MANIFEST, STEP_PREFIX
+from legato.treediff import changed_leaves
+
+log = logging.getLogger(__name__)
+
+FORMAT = 1
+
+
+def manifest_checksum(manifest: dict) -> str:
+    """SHA-256 of the manifest's canonical JSON without this field: a flipped digit must not pass."""
+    body = {k: v for k, v in manifest.items() if k != "manifest_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
+def checkpoint_step(path: Path) -> int:
+    return int(path.name.removeprefix(STEP_PREFIX))
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Published checkpoint directories, newest step first."""
+    found = []
+    for path in root.glob(f"{STEP_PREFIX}*"):
+        suffix = path.name[len(STEP_PREFIX):]
+        if path.is_dir() and suffix.isdigit():
+            found.append((int(suffix), path))
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def read_manifest_file(path: Path) -> dict:
+    """The manifest JSON of checkpoint directory `path`, unverified; raises ValueError naming what is wrong."""
+    try:
+        return json.loads((path / CHECKPOINT_MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"no {CHECKPOINT_MANIFEST} (incomplete checkpoint)") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{CHECKPOINT_MANIFEST} is not valid JSON ({exc})") from None
+
+
+def read_manifest(path: Path) -> dict:
+    """The manifest of checkpoint directory `path`, after verifying every file it lists.
+
+    Raises ValueError naming what is wrong.
+    """
+    manifest = read_manifest_file(path)
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise ValueError(f"{CHECKPOINT_MANIFEST} is not a legato checkpoint manifest of format {FORMAT}")
+    if manifest.get("manifest_sha256") != manifest_checksum(manifest):
+        raise ValueError(f"{CHECKPOINT_MANIFEST} does not match its own checksum (corrupt)")
+    for name, info in manifest["files"].items():
+        _verify_file(path / name, info)
+    return manifest
+
+
+def _verify_file(path: Path, info: dict) -> None:
+    if not path.is_file():
+        raise ValueError(f"{path.name} is missing")
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 22):
+            h.update(chunk)
+            size += len(chunk)
+    if size != info["bytes"] or h.hexdigest() != info["sha256"]:
+        raise ValueError(f"{path.name} does not match its SHA-256 in the manifest (corrupt or truncated)")
+
+
+def newest_valid(root: Path) -> tuple[Path, dict] | None:
+    """The newest checkpoint whose manifest and files verify; each skipped one is named in a warning."""
+    for path in list_checkpoints(root):
+        try:
+            return path, read_manifest(path)
+        except (ValueError, KeyError, TypeError) as exc:
+            log.warning("skipping checkpoint %s: %s", path, exc)
+    return None
+
+
+def installed_torch_version() -> str:
+    """torch's version as `torch.__version__` spells it, read without importing torch."""
+    return importlib.metadata.version("torch")
+
+
+def check_compatible(manifest: dict, path: Path, world_size: int, training: dict, torch_version: str) -> None:
+    """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit."""
+    if manifest["world_size"] != world_size:
+        raise UsageError(
+            f"Checkpoint {path} was written by {manifest['world_size']} ranks, but this run has {world_size}. "
+            "Bitwise continuation needs the same world size (it fixes the reduction order): run with "
+            f"{manifest['world_size']} ranks, or use a new run directory to start over."
+        )
+    if manifest["torch_version"] != torch_version:
+        raise UsageError(
+            f"Checkpoint {path} was written with torch {manifest['torch_version']}, this is torch {torch_version}. "
+            "RNG state layouts and kernels differ between versions; resume with the torch that wrote it, or start a new run directory."
+        )
+    saved = manifest.get("training")
+    if saved is not None and saved != training:
+        keys = [key for key, _, _ in changed_leaves(saved, training)]
+        raise UsageError(
+            f"Run directory {path.parent.parent} belongs to another training config: {', '.join(keys)} differ from "
+            "the checkpoint. Use the config that started this run, or a new run.dir."
+        )

@@ -1,0 +1,101 @@
+"""The run-directory contract: the one place that names every file and folder of a run.
+
+    run_dir/
+      config.yaml                  the captured, resolved config every job reads
+      ledger.jsonl, .ledger.lock   the append-only event log and its lock
+      progress.json                rank 0's latest step, loss and rate
+      supervisor.lock, supervisor.json, supervisor.log   who supervises, and a detached one's log
+      repro.key                    the key of the environment fingerprints
+      checkpoints/step_<N>/        published barrier checkpoints (manifest.json inside)
+      checkpoints/.tmp_step_<N>/   a checkpoint being written, never selectable
+      trajectory/rank<R>.jsonl     per-rank trajectory
+      repro/<job>/<attempt>[/node<N>]/   environment captures
+      submitit/<job>/              the tasks' submitit folders and logs
+
+Readers and writers in every package take their paths from `RunPaths`; no
+other module spells these names. It must stay free of I/O and heavy imports:
+the command line loads it for every command.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+CHECKPOINT_MANIFEST = "manifest.json"
+STEP_PREFIX = "step_"
+TMP_STEP_PREFIX = ".tmp_step_"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    def __init__(self, root: str | Path) -> None:
+        object.__setattr__(self, "root", Path(root))
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def ledger(self) -> Path:
+        return self.root / "ledger.jsonl"
+
+    @property
+    def ledger_lock(self) -> Path:
+        return self.root / ".ledger.lock"
+
+    @property
+    def progress(self) -> Path:
+        return self.root / "progress.json"
+
+    @property
+    def supervisor_lock(self) -> Path:
+        return self.root / "supervisor.lock"
+
+    @property
+    def supervisor_holder(self) -> Path:
+        return self.root / "supervisor.json"
+
+    @property
+    def supervisor_log(self) -> Path:
+        return self.root / "supervisor.log"
+
+    @property
+    def repro_key(self) -> Path:
+        return self.root / "repro.key"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def checkpoint(self, step: int) -> Path:
+        return self.checkpoints / f"{STEP_PREFIX}{step}"
+
+    @property
+    def trajectories(self) -> Path:
+        return self.root / "trajectory"
+
+    def trajectory(self, rank: int) -> Path:
+        return self.trajectories / f"rank{rank}.jsonl"
+
+    @property
+    def repro(self) -> Path:
+        return self.root / "repro"
+
+    def capture(self, job_id: str, attempt: int, node: int = 0) -> Path:
+        dest = self.repro / job_id / str(attempt)
+        return dest / f"node{node}" if node else dest
+
+    @property
+    def submitit(self) -> Path:
+        return self.root / "submitit"
+
+    def task_log(self, job_id: str, rank: int, stream: str) -> Path:
+        """submitit's log of one task: `stream` is "out" or "err"."""
+        return self.submitit / job_id / f"{job_id}_{rank}_log.{stream}"
+
+    @property
+    def loss_plot(self) -> Path:
+        return self.root / "loss.png"

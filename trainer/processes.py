@@ -1,0 +1,80 @@
+"""Process helpers for every package: run a command with a hard timeout, check and signal a pid.
+
+A command that is missing, fails or times out yields a result that says so,
+never an exception: callers decide what an unanswered command means. On a
+timeout the command's whole process group is killed, so a child that keeps
+the output pipe open cannot hold the caller past the limit. Commands are
+argument lists, never shell strings.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+COMMAND_TIMEOUT_S = 20
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    ok: bool
+    output: str | None  # stdout when the command exited 0
+    error: str | None  # why it did not, in a few words
+    seconds: float
+
+
+def run_command(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S) -> CommandResult:
+    """Run `cmd` with stdin closed and a hard time limit."""
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
+    except OSError as exc:
+        return CommandResult(False, None, f"{cmd[0]}: {exc.strerror or exc}", 0.0)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return CommandResult(False, None, f"timed out after {timeout:g}s", round(time.monotonic() - started, 3))
+    seconds = round(time.monotonic() - started, 3)
+    if proc.returncode != 0:
+        return CommandResult(False, None, f"exit code {proc.returncode}: {err.strip()[-300:]}", seconds)
+    return CommandResult(True, out, None, seconds)
+
+
+def output(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str | None:
+    """The command's stripped stdout when it exits 0 within the timeout, else None."""
+    result = run_command(cmd, timeout)
+    if not result.ok:
+        log.debug("%s: %s", " ".join(cmd), result.error)
+        return None
+    return (result.output or "").strip()
+
+
+def alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie counts as gone; our own dead children are reaped first)."""
+    reap(pid)
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def kill(pid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
