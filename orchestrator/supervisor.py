@@ -84,6 +84,7 @@ class Supervisor:
         self._seen = len(events) - len(current_session(events))
         self._progress_time: float | None = None
         self._preempted: set[tuple[str, int]] = set()
+        self._first_progress: dict[tuple[str, int], float] = {}
         self._handles: dict[str, JobHandle] = {}
         self._state: tuple[str, JobState, float] | None = None
 
@@ -199,15 +200,18 @@ class Supervisor:
             self.ledger.append("resubmitted", job_id=job_id, previous_job_id=previous, reason=reason, attempts_before=attempts)
 
     def _preempt(self, session: list[dict], handle: JobHandle) -> None:
-        """chaos.preempt_every_s: send the stop signal once per attempt, that many seconds after it started."""
+        """chaos.preempt_every_s: send the stop signal once per attempt, that many seconds after it began training.
+
+        Counting from the first progress of the attempt, not from its start, guarantees progress
+        between preemptions however slowly a loaded machine starts the ranks."""
         every = self.cfg.chaos.preempt_every_s
         if not every:
             return
         live = _live_attempt(session)
-        if live is None or time.time() - live["time"] < every:
+        if live is None:
             return
         key = (str(live["job_id"]), live["restart"])
-        if key in self._preempted:
+        if key in self._preempted or time.time() - self._training_since(key) < every:
             return
         pids = [e["pid"] for e in session if e["event"] == "rank_started" and (str(e.get("job_id")), e.get("restart")) == key]
         if handle.executor == "local" and len(pids) < live.get("world_size", 1):
@@ -215,6 +219,15 @@ class Supervisor:
         self._preempted.add(key)
         handle.signal_tasks(signal.Signals[f"SIG{self.cfg.slurm.signal}"], pids)
         self.ledger.append("preempt_sent", job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
+
+    def _training_since(self, key: tuple[str, int]) -> float:
+        """When the supervisor first saw progress from this attempt (infinitely late while it has none)."""
+        if key not in self._first_progress:
+            progress = read_progress(self.cfg.run_dir)
+            if not progress or (str(progress.get("job_id")), progress.get("restart")) != key:
+                return float("inf")
+            self._first_progress[key] = time.time()
+        return self._first_progress[key]
 
 
 def _command(session: list[dict]) -> tuple[str, ...]:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +87,47 @@ def resumed_steps(attempts: list[subprocess.CompletedProcess]) -> list[int]:
             if "rank0 " in line and "verified" in line and "resumed at step" in line:
                 found.append(int(line.split("resumed at step ")[1].split()[0]))
     return found
+
+
+def _run_pids(run_dir: Path) -> set[int]:
+    """Every pid a run directory names: its supervisor, its local submitit controllers and its ranks."""
+    pids: set[int] = set()
+    holder = run_dir / "supervisor.json"
+    if holder.is_file():
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            pids.add(int(json.loads(holder.read_text())["pid"]))
+    events = []
+    for line in (run_dir / "ledger.jsonl").read_text().splitlines():
+        with contextlib.suppress(ValueError):
+            events.append(json.loads(line))
+    local = any(e.get("event") == "submitted" and e.get("executor") == "local" for e in events)
+    for e in events:
+        with contextlib.suppress(ValueError, KeyError, TypeError):
+            if e["event"] == "rank_started":
+                pids.add(int(e["pid"]))
+            elif local and e["event"] in ("submitted", "resubmitted"):
+                pids.add(int(e["job_id"]))  # a local job's id is its submitit controller's pid
+    return pids - {os.getpid()}
+
+
+def _is_ours(pid: int) -> bool:
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"python" in cmdline and (b"legato" in cmdline or b"submitit" in cmdline)
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(tmp_path: Path):
+    """Whatever a test started under its tmp_path (a detached supervisor, a local job, ranks) is killed when
+    it ends, passed or failed, so one failure cannot leave a run competing with the rest of the suite."""
+    yield
+    for ledger in tmp_path.rglob("ledger.jsonl"):
+        for pid in _run_pids(ledger.parent):
+            if _is_ours(pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
 
 @pytest.fixture(scope="session")
