@@ -30,6 +30,7 @@ import submitit
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
+from legato.files import write_atomic
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor
 from legato.orchestrator.repro import CaptureRequest, capture
@@ -156,9 +157,7 @@ class JobEvents:
         since, first_step = self._first_progress
         rate = (event["step"] - first_step) / (now - since) if now > since else None
         record = {**self.ident.tag(), **{k: event[k] for k in ("step", "total_steps", "epoch", "loss")}, "steps_per_s": rate, "time": now}
-        tmp = self.progress_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(record))
-        os.replace(tmp, self.progress_path)
+        write_atomic(self.progress_path, json.dumps(record), durable=False)
 
 
 def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: tuple[str, ...]) -> None:

@@ -21,8 +21,9 @@ import yaml
 from filelock import FileLock, Timeout
 
 from legato import manifest
-from legato.config import Config, config_from_dict, load_config, training_settings
+from legato.config import Config, config_from_dict, load_config, training_identity, training_settings
 from legato.errors import UsageError
+from legato.files import write_atomic
 from legato.orchestrator.redact import Redactor
 from legato.paths import RunPaths
 from legato.treediff import changed_leaves
@@ -36,10 +37,7 @@ def check_compatible(cfg: Config) -> None:
     if not captured.is_file():
         return
     before = load_config(captured)
-    differing = changed_leaves(
-        {"world_size": before.world_size, **training_settings(before)},
-        {"world_size": cfg.world_size, **training_settings(cfg)},
-    )
+    differing = changed_leaves(training_identity(before), training_identity(cfg))
     if differing:
         shown = "; ".join(f"{key} was {old!r}, now {new!r}" for key, old, new in differing[:5])
         raise UsageError(
@@ -76,9 +74,7 @@ def capture_config(cfg: Config) -> Path:
     data = cfg.to_dict()
     data["run"]["dir"] = str(run_dir)
     path = RunPaths(run_dir).config
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("# Captured by legato run: the resolved config every job of this run reads.\n" + yaml.safe_dump(data, sort_keys=False))
-    os.replace(tmp, path)
+    write_atomic(path, "# Captured by legato run: the resolved config every job of this run reads.\n" + yaml.safe_dump(data, sort_keys=False))
     return path
 
 

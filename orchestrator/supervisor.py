@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from legato.config import Config, training_settings
+from legato.config import Config, training_identity
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
@@ -41,7 +41,7 @@ SLURM_STATE_EVERY_S = 3.0  # an sacct call: be gentle with the accounting daemon
 
 def config_digest(cfg: Config) -> str:
     """What identifies the training a run directory belongs to (the same rule `rundir.check_compatible` applies)."""
-    text = json.dumps({"world_size": cfg.world_size, **training_settings(cfg)}, sort_keys=True)
+    text = json.dumps(training_identity(cfg), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 

@@ -142,6 +142,12 @@ def training_settings(cfg: Config) -> dict:
     return {"train": dataclasses.asdict(cfg.train), "determinism": dataclasses.asdict(cfg.determinism)}
 
 
+def training_identity(cfg: Config) -> dict:
+    """What makes two configs the same training: the world size (it fixes the reduction order) and the
+    training settings. A run directory, its captured config and its jobs are compared by this alone."""
+    return {"world_size": cfg.world_size, **training_settings(cfg)}
+
+
 def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config (or the defaults when `path` is None), apply `key=value` overrides."""
     raw: dict = {}

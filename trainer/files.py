@@ -27,10 +27,16 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
-    """Replace `path` with `data` (text is UTF-8) in one atomic, durable step."""
+def write_atomic(path: Path, data: str | bytes, durable: bool = True) -> None:
+    """Replace `path` with `data` (text is UTF-8) in one atomic step; `durable` also survives a crash
+    (fsyncs), which a display-only file written every second on the training path can skip."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
-    write_fsynced(tmp, data.encode() if isinstance(data, str) else data)
+    raw = data.encode() if isinstance(data, str) else data
+    if durable:
+        write_fsynced(tmp, raw)
+    else:
+        tmp.write_bytes(raw)
     os.replace(tmp, path)
-    fsync_dir(path.parent)
+    if durable:
+        fsync_dir(path.parent)

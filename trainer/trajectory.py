@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import IO
 
+from legato.files import write_atomic
+
 
 def read_trajectory(path: Path) -> list[dict]:
     """All complete lines of a trajectory; a torn last line (after a crash) is dropped."""
@@ -31,9 +33,7 @@ class TrajectoryWriter:
     def __init__(self, path: Path, resume_step: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_trajectory(path) if r["step"] <= resume_step]
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        os.replace(tmp, path)
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file: IO[str] = path.open("a", buffering=1)
 
     def write(self, record: dict) -> None:
