@@ -18,38 +18,35 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from legato import checkpoint as ckpt
+from legato import components as table
 from legato import rng
+from legato.components import Component
 from legato.determinism import derive_seed
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
-from legato.hashing import digest, global_hash, rank_hash
+from legato.hashing import global_hash, rank_hash
 from legato.sampler import ResumableDistributedSampler, worker_init
 from legato.stop import StopAgreement, StopFlag, parse_signal
 from legato.trajectory import TrajectoryWriter, trajectory_path
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.stateful import Stateful
 
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL_S = 1.0
 
 LOADER_GENERATOR = "loader"
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -81,6 +78,10 @@ class Chaos:
         """Whether to leave `component` unrestored; short names (numpy, loader, cuda) name RNG components."""
         short = component.removeprefix("rng.").removeprefix("gen.")
         return component in self.skip_restore or short in self.skip_restore or (short.startswith("cuda") and "cuda" in self.skip_restore)
+
+    def consumes(self, component: str) -> bool:
+        """Whether to draw from RNG `component` right after the restore (python, numpy, torch)."""
+        return component.startswith("rng.") and component.removeprefix("rng.") in self.consume_rng_after_restore
 
 
 @dataclass
@@ -158,6 +159,9 @@ class Session:
         # Control traffic gets its own gloo group: CPU tensors, and no interleaving with DDP's buckets.
         self.group = dist.new_group(backend="gloo") if distributed else None
         self.generators = {LOADER_GENERATOR: loader.generator}
+        for name, obj in self.extras.items():
+            table.check_stateful(f"extra.{name}", obj)
+        self.components = self._component_table()
 
         self.step = 0
         self.epoch = 0
@@ -210,7 +214,7 @@ class Session:
 
     def state_hash(self) -> tuple[dict[str, str], str]:
         """This rank's component digests and rank hash, from the live objects (draws no RNG)."""
-        components = {name: digest(value) for name, value in self._state_components().items()}
+        components = table.digests(table.capture(self.components))
         return components, rank_hash(components)
 
     # -- internals -------------------------------------------------------
@@ -246,8 +250,8 @@ class Session:
         reason = self._checkpoint_reason()
         hash_due = bool(self.policy.hash_every_steps) and self.step % self.policy.hash_every_steps == 0
         # One pass over the state serves both the trajectory hash and the checkpoint.
-        parts = self._state_components() if reason or hash_due else {}
-        components = {name: digest(value) for name, value in parts.items()}
+        parts = table.capture(self.components) if reason or hash_due else {}
+        components = table.digests(parts)
         self._record_trajectory(components if hash_due else None)
         self._report_progress()
         if reason == "signal":
@@ -285,41 +289,32 @@ class Session:
         assert self._trajectory is not None
         self._trajectory.write(record)
 
-    def _state_components(self) -> dict[str, Any]:
-        parts: dict[str, Any] = {
-            "model": _unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "counters": self._counters(),
-            "metrics": dict(self.metrics),
-            "data": self._data_position(),
-        }
+    def _component_table(self) -> list[Component]:
+        """Every piece of state, in restore order: replicated by DDP (rank 0 writes it), or this rank's own."""
+        module = _unwrap(self.model)
+        rows = [
+            # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
+            # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
+            Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
+            Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
+        ]
         if self.scheduler is not None:
-            parts["scheduler"] = self.scheduler.state_dict()
+            rows.append(Component("scheduler", self.scheduler, table.TRAIN_STATE_FILE))
         if self.scaler is not None:
-            parts["scaler"] = self.scaler.state_dict()
-        for name, obj in self.extras.items():
-            parts[f"extra.{name}"] = obj.state_dict()
-        parts.update(rng.capture(self.generators))
-        return parts
-
-    def _data_position(self) -> dict[str, int]:
-        """Where the next batch comes from: the sampler's state as of the steps consumed, not prefetched."""
-        return {"seed": self.sampler.seed, "epoch": self.epoch, "position": self.step_in_epoch * self.loader.batch_size}
-
-    def _counters(self) -> dict[str, int]:
-        return {"step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
+            rows.append(Component("scaler", self.scaler, table.TRAIN_STATE_FILE))
+        rows += [
+            Component("counters", _Counters(self), table.TRAIN_STATE_FILE),
+            Component("metrics", _Metrics(self)),
+            *(Component(f"extra.{name}", obj) for name, obj in self.extras.items()),
+            Component("data", _DataPosition(self)),
+            *(Component(name, obj, restore_last=True) for name, obj in rng.components(self.generators).items()),
+        ]
+        return rows
 
     def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str]) -> None:
         assert self._trajectory is not None
         self._trajectory.sync()
-        own = {k: v for k, v in parts.items() if k not in _REPLICATED}
-        # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
-        # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
-        own["model_buffers"] = {k: v for k, v in parts["model"].items() if k in _buffer_names(self.model)}
-        files: dict[str, Any] = {f"rank{self.rank}.pt": own}
-        if self.rank == 0:
-            files["model.pt"] = parts["model"]
-            files["train_state.pt"] = {k: parts[k] for k in _REPLICATED if k != "model" and k in parts}
+        files = table.files(self.components, parts, self.rank)
         share = ckpt.RankShare(self.rank, files, components, rank_hash(components))
         meta = {"reason": reason, "epoch": self.epoch, "training": self.training}
         committed = ckpt.write_checkpoint(
@@ -351,36 +346,22 @@ class Session:
         return None if picked is None else (Path(picked[0]), picked[1])
 
     def _restore(self, path: Path, manifest: dict) -> None:
-        own = ckpt.load_file(path / f"rank{self.rank}.pt")
-        shared = ckpt.load_file(path / "train_state.pt")
-        model_state = ckpt.load_file(path / "model.pt")
-        model_state.update(own["model_buffers"])
-        if not self.chaos.skips("model"):
-            _unwrap(self.model).load_state_dict(model_state)
-        if not self.chaos.skips("optimizer"):
-            self.optimizer.load_state_dict(shared["optimizer"])
-        if self.scheduler is not None and not self.chaos.skips("scheduler"):
-            self.scheduler.load_state_dict(shared["scheduler"])
-        if self.scaler is not None and not self.chaos.skips("scaler"):
-            self.scaler.load_state_dict(shared["scaler"])
-        counters = shared["counters"]
-        self.step, self.epoch, self.step_in_epoch = counters["step"], counters["epoch"], counters["step_in_epoch"]
-        self.metrics = dict(own["metrics"])
-        for name, obj in self.extras.items():
-            obj.load_state_dict(own[f"extra.{name}"])
-        if self.chaos.skips("data"):
-            self.step_in_epoch, self.epoch = 0, 0
-        else:
-            self.sampler.load_state_dict(own["data"])
+        states = table.load(self.components, path, self.rank)
+        table.restore(self.components, states, self.chaos.skips, last=False)
         # Mirror the uninterrupted run: it had this epoch's iterator open only mid-epoch.
         # At a boundary the loop opens it lazily, after the RNG restore, exactly as it did there.
         if self.step_in_epoch > 0:
             self._batches = self._open_epoch()
         # RNG goes last, right before the first resumed step: nothing may draw after it.
-        rng_state = {k: v for k, v in own.items() if k.startswith("rng.")}
-        rng.restore(rng_state, self.generators, skip=frozenset(k for k in rng_state if self.chaos.skips(k)))
+        table.restore(self.components, states, self.chaos.skips, last=True)
         self._verify(path, manifest)
-        _consume_rng(self.chaos.consume_rng_after_restore)
+        self._consume_rng()
+
+    def _consume_rng(self) -> None:
+        """Fault injection: the classic bug of drawing random numbers between the restore and the first step."""
+        for c in self.components:
+            if self.chaos.consumes(c.name):
+                c.obj.draw()
 
     def _verify(self, path: Path, manifest: dict) -> None:
         components, own_hash = self.state_hash()
@@ -428,10 +409,6 @@ class Session:
             self._trajectory = None
 
 
-# Replicated across ranks by DDP: rank 0 writes one copy, every rank hashes its own.
-_REPLICATED = ("model", "optimizer", "scheduler", "scaler", "counters")
-
-
 def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank."""
     found = ckpt.newest_valid(root)
@@ -452,18 +429,50 @@ def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict
     return str(path), manifest
 
 
-def _consume_rng(names: tuple[str, ...]) -> None:
-    """Fault injection: the classic bug of drawing random numbers between the restore and the first step."""
-    if "python" in names:
-        random.random()
-    if "numpy" in names:
-        np.random.rand()
-    if "torch" in names:
-        torch.rand(1)
+class _Counters:
+    """The step counter as a Stateful; epoch and step-within-epoch belong to the data position."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def state_dict(self) -> dict[str, int]:
+        s = self.session
+        return {"step": s.step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.session.step = state["step"]
 
 
-def _buffer_names(model: torch.nn.Module) -> set[str]:
-    return {name for name, _ in _unwrap(model).named_buffers()}
+class _Metrics:
+    """The running loss accumulators (a float sum is state too)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def state_dict(self) -> dict:
+        return dict(self.session.metrics)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.session.metrics = dict(state)
+
+
+class _DataPosition:
+    """Where the next batch comes from: the sampler's state as of the steps consumed, not prefetched.
+
+    Left unrestored, the run starts over at epoch 0, position 0: a fresh process's position.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def state_dict(self) -> dict[str, int]:
+        s = self.session
+        return {"seed": s.sampler.seed, "epoch": s.epoch, "position": s.step_in_epoch * s.loader.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        s = self.session
+        s.sampler.load_state_dict(state)
+        s.epoch, s.step_in_epoch = state["epoch"], state["position"] // s.loader.batch_size
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
