@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader
 
 from legato import checkpoint as ckpt
 from legato import components as table
-from legato import rng
+from legato import replay, rng
 from legato.components import Component
 from legato.determinism import derive_seed
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
@@ -57,6 +57,7 @@ class CheckpointPolicy:
     verify: str = "error"  # "error" or "warn" on a resume whose state hash does not match
     hash_every_steps: int = 10
     agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
+    replay_steps: int = 4  # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
 
 
 @dataclass(frozen=True)
@@ -91,10 +92,11 @@ class Resumed:
     expected_hash: str
     recomputed_hash: str
     mismatches: dict[int, list[str]] = field(default_factory=dict)
+    replay: replay.Verdict | None = None
 
     @property
     def match(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and (self.replay is None or self.replay.identical)
 
 
 def resumable_loader(
@@ -179,6 +181,13 @@ class Session:
         self._last_save_time = time.monotonic()
         self._last_progress_time = 0.0
         self._trajectory: TrajectoryWriter | None = None
+        # Replay: the base snapshot, the records of the steps since it, and the check while replaying.
+        self._snapshot = replay.Snapshot() if checkpoint.replay_steps else None
+        self._window: list[dict] = []
+        self._held = replay.HeldBatches()
+        self._batch_fingerprint: str | None = None
+        self._replay: replay.ReplayCheck | None = None
+        self._resuming: tuple[Path, dict] | None = None
 
     # -- the loop -------------------------------------------------------
 
@@ -190,6 +199,11 @@ class Session:
     def checkpoint_root(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    @property
+    def replaying(self) -> bool:
+        """True while the steps of a resume's replay run (they write no trajectory and no checkpoint)."""
+        return self._replay is not None
+
     def __iter__(self) -> Iterator[Any]:
         self._flag.install()
         try:
@@ -200,6 +214,10 @@ class Session:
                 batch = next(self._batches)
                 self._loss = None
                 self._lr = float(self.optimizer.param_groups[0]["lr"])
+                if self._snapshot is not None:
+                    tensors = replay.batch_tensors(batch)
+                    self._batch_fingerprint = replay.fingerprint(tensors)
+                    self._held.yielded(tensors)
                 yield batch
                 self._end_step()
         finally:
@@ -221,11 +239,20 @@ class Session:
 
     def _begin(self) -> None:
         found = self._select_checkpoint()
+        resume_step = 0
         if found is None:
             log.info("rank %d: no checkpoint under %s, starting at step 0", self.rank, self.checkpoint_root)
+        elif self._replayable(found[1]):
+            resume_step = found[1]["step"]
+            self._start_replay(*found)
         else:
+            resume_step = found[1]["step"]
             self._restore(*found)
-        self._trajectory = TrajectoryWriter(trajectory_path(self.run_dir, self.rank), self.step)
+        self._trajectory = TrajectoryWriter(trajectory_path(self.run_dir, self.rank), resume_step)
+        self._take_snapshot()
+
+    def _replayable(self, manifest: dict) -> bool:
+        return self._snapshot is not None and "replay" in manifest and manifest["step"] < self.total_steps
 
     def _open_epoch(self) -> Iterator[Any]:
         # Reseeding per epoch makes the workers' base seed a function of (seed, rank, epoch),
@@ -244,6 +271,15 @@ class Session:
             self.epoch += 1
             self.step_in_epoch = 0
             self._batches = None
+        record = self._record_step() if self._snapshot is not None else None
+        if self._replay is not None:
+            self._replay_step(record)
+        else:
+            self._train_step_end()
+        if self._snapshot is not None and self.step % self.policy.replay_steps == 0 and self.step < self.total_steps and not self.stopped:
+            self._take_snapshot()
+
+    def _train_step_end(self) -> None:
         if self.rank == self.chaos.signal_rank and self.step in self.chaos.signal_at_steps:
             log.warning("chaos: rank %d sends itself %s after step %d", self.rank, self._flag.signals[0].name, self.step)
             os.kill(os.getpid(), self._flag.signals[0])
@@ -315,7 +351,10 @@ class Session:
         assert self._trajectory is not None
         self._trajectory.sync()
         files = table.files(self.components, parts, self.rank)
-        share = ckpt.RankShare(self.rank, files, components, rank_hash(components))
+        base = self._replay_share()
+        if base is not None:
+            files.update(table.files(self.components, self._snapshot.parts, self.rank, prefix=REPLAY_PREFIX))
+        share = ckpt.RankShare(self.rank, files, components, rank_hash(components), replay=base)
         meta = {"reason": reason, "epoch": self.epoch, "training": self.training}
         committed = ckpt.write_checkpoint(
             self.checkpoint_root, self.step, share, self.world_size, self.group, meta, self.policy.keep_last, self.chaos.kill
@@ -346,16 +385,95 @@ class Session:
         return None if picked is None else (Path(picked[0]), picked[1])
 
     def _restore(self, path: Path, manifest: dict) -> None:
-        states = table.load(self.components, path, self.rank)
+        """Load checkpoint `path` itself, check its digests, and report the resume."""
+        self._load(path)
+        mismatches, recomputed = self._check_restore(manifest["ranks"])
+        self._conclude(path, manifest, recomputed, mismatches)
+        self._consume_rng()
+
+    def _load(self, path: Path, prefix: str = "") -> None:
+        states = table.load(self.components, path, self.rank, prefix)
         table.restore(self.components, states, self.chaos.skips, last=False)
         # Mirror the uninterrupted run: it had this epoch's iterator open only mid-epoch.
         # At a boundary the loop opens it lazily, after the RNG restore, exactly as it did there.
-        if self.step_in_epoch > 0:
-            self._batches = self._open_epoch()
+        self._batches = self._open_epoch() if self.step_in_epoch > 0 else None
         # RNG goes last, right before the first resumed step: nothing may draw after it.
         table.restore(self.components, states, self.chaos.skips, last=True)
-        self._verify(path, manifest)
+
+    # -- replay ------------------------------------------------------------
+
+    def _take_snapshot(self) -> None:
+        if self._snapshot is not None:
+            self._snapshot.take(self.step, table.capture(self.components))
+            self._window = []
+
+    def _record_step(self) -> dict:
+        assert self._snapshot is not None
+        first_after_base = self.step == (self._snapshot.step or 0) + 1
+        grads = replay.fingerprint(p.grad for p in _unwrap(self.model).parameters()) if first_after_base else None
+        record = replay.step_record(self.step, self._loss, self._batch_fingerprint, grads)
+        self._held.step_ended(self.step)
+        self._window.append(record)
+        return record
+
+    def _replay_share(self) -> dict | None:
+        """This rank's replay base for a checkpoint at the current step: digests at B and the records of B+1..N."""
+        snap = self._snapshot
+        if snap is None or snap.step is None or snap.step >= self.step:
+            return None
+        base = table.digests(snap.parts)
+        return {"rank": self.rank, "from_step": snap.step, "hash": rank_hash(base), "components": base, "steps": list(self._window)}
+
+    def _start_replay(self, path: Path, manifest: dict) -> None:
+        """Restore the replay base B of checkpoint N; the loop then runs steps B+1..N again and `_finish_replay` judges them."""
+        base = manifest["replay"]
+        self._load(path, REPLAY_PREFIX)
+        unrestored, _ = self._check_restore(base["ranks"])
         self._consume_rng()
+        mine = base["ranks"][self.rank]
+        self._replay = replay.ReplayCheck(self.rank, base["from_step"], manifest["step"], mine["steps"], unrestored.get(self.rank, []))
+        self._resuming = (path, manifest)
+        log.info("rank %d: replaying steps %d..%d from the replay base in %s", self.rank, self.step + 1, manifest["step"], path)
+
+    def _replay_step(self, record: dict | None) -> None:
+        assert self._replay is not None and record is not None
+        self._replay.check(record)
+        if self.step == self._replay.to_step:
+            self._finish_replay()
+            return
+        decision = self._agreement.boundary(self.step, self._flag.raised, False)
+        if decision.stop:
+            self.stopped = True
+            self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
+            self.on_event({"event": "replay_stopped", "rank": self.rank, "step": self.step, "checkpoint_step": self._replay.to_step})
+            log.info(
+                "rank %d: ranks agreed to stop during the replay, after step %d; the checkpoint at step %d still stands",
+                self.rank, self.step, self._replay.to_step,
+            )
+
+    def _finish_replay(self) -> None:
+        assert self._replay is not None and self._resuming is not None
+        check, (path, manifest) = self._replay, self._resuming
+        self._replay, self._resuming = None, None
+        components, own_hash = self.state_hash()
+        saved = manifest["ranks"][self.rank]["components"]
+        check.report.differing = sorted(n for n in set(saved) | set(components) if saved.get(n) != components.get(n))
+        check.report.held_at = self._held.held_at
+        reports = self._gather((own_hash, check.report))
+        verdict = replay.judge(check.from_step, check.to_step, [r for _, r in reports])
+        recomputed = global_hash([h for h, _ in reports])
+        unrestored = {r.rank: r.unrestored for _, r in reports if r.unrestored}
+        if verdict.identical or self.policy.verify != "warn":
+            self._conclude(path, manifest, recomputed, unrestored, verdict)
+            return
+        log.warning("rank %d: %s. Loading checkpoint %s instead, because checkpoint.verify is 'warn'.", self.rank, replay.describe(verdict), path)
+        self._load(path)
+        mismatches, recomputed = self._check_restore(manifest["ranks"])
+        for r, names in unrestored.items():
+            mismatches[r] = sorted(set(mismatches.get(r, [])) | set(names))
+        self._conclude(path, manifest, recomputed, mismatches, verdict)
+        self._consume_rng()
+        self._take_snapshot()
 
     def _consume_rng(self) -> None:
         """Fault injection: the classic bug of drawing random numbers between the restore and the first step."""
@@ -363,17 +481,24 @@ class Session:
             if self.chaos.consumes(c.name):
                 c.obj.draw()
 
-    def _verify(self, path: Path, manifest: dict) -> None:
+    def _gather(self, item: Any) -> list[Any]:
+        if self.group is None:
+            return [item]
+        items: list[Any] = [None] * self.world_size
+        dist.all_gather_object(items, item, group=self.group)
+        return items
+
+    def _check_restore(self, saved_ranks: list[dict]) -> tuple[dict[int, list[str]], str]:
+        """Every rank's components whose live digests differ from `saved_ranks`, and the recomputed global hash."""
         components, own_hash = self.state_hash()
-        saved = manifest["ranks"][self.rank]["components"]
+        saved = saved_ranks[self.rank]["components"]
         differing = sorted(name for name in set(saved) | set(components) if saved.get(name) != components.get(name))
-        reports: list[Any] = [(own_hash, differing)]
-        if self.group is not None:
-            reports = [None] * self.world_size
-            dist.all_gather_object(reports, (own_hash, differing), group=self.group)
-        recomputed = global_hash([h for h, _ in reports])
-        mismatches = {r: names for r, (_, names) in enumerate(reports) if names}
-        self.resumed = Resumed(self.step, path, manifest["global_hash"], recomputed, mismatches)
+        reports = self._gather((own_hash, differing))
+        return {r: names for r, (_, names) in enumerate(reports) if names}, global_hash([h for h, _ in reports])
+
+    def _conclude(self, path: Path, manifest: dict, recomputed: str, mismatches: dict[int, list[str]], verdict: replay.Verdict | None = None) -> None:
+        """Report the resume; raise (or warn, under checkpoint.verify: warn) when it did not verify."""
+        self.resumed = Resumed(self.step, path, manifest["global_hash"], recomputed, mismatches, verdict)
         self.on_event(
             {
                 "event": "resumed",
@@ -382,19 +507,27 @@ class Session:
                 "path": str(path),
                 "expected_hash": manifest["global_hash"],
                 "recomputed_hash": recomputed,
-                "match": not mismatches,
+                "match": self.resumed.match,
                 "mismatches": {str(r): n for r, n in mismatches.items()},
+                "replay": None if verdict is None else verdict.to_event(),
             }
         )
-        if not mismatches:
-            log.info("rank %d: resumed at step %d from %s, global hash %s verified", self.rank, self.step, path, recomputed)
+        if self.resumed.match:
+            how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step}"
+            log.info("rank %d: resumed at step %d from %s, global hash %s verified%s", self.rank, self.step, path, recomputed, how)
             return
-        detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
-        message = (
-            f"Resume verification failed at step {self.step} ({path}): the restored state does not hash to what the "
-            f"checkpoint recorded. Differing components: {detail}. Something was not restored, or was changed after "
-            "restore (an RNG drawn between restore and the first step is the usual cause)."
-        )
+        problems = []
+        if mismatches:
+            detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
+            where = "" if verdict is None else f" (its replay base, step {verdict.from_step})"
+            problems.append(
+                f"Resume verification failed at step {self.step} ({path}){where}: the restored state does not hash to what the "
+                f"checkpoint recorded. Differing components: {detail}. Something was not restored, or was changed after "
+                "restore (an RNG drawn between restore and the first step is the usual cause)."
+            )
+        if verdict is not None and not verdict.identical:
+            problems.append(f"Resume verification failed at step {manifest['step']} ({path}): the {replay.describe(verdict)}.")
+        message = " ".join(problems)
         if self.policy.verify == "warn":
             log.warning("%s Continuing because checkpoint.verify is 'warn'.", message)
             return
@@ -407,6 +540,9 @@ class Session:
         if self._trajectory is not None:
             self._trajectory.close()
             self._trajectory = None
+
+
+REPLAY_PREFIX = "replay_"
 
 
 def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
