@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-FINGERPRINT_BYTES = 1 << 16  # per tensor: an evenly strided sample beyond this, to stay cheap on big batches
+FINGERPRINT_BYTES = 1 << 14  # per tensor: an evenly strided sample beyond this, to stay cheap on big batches
 
 
 class Snapshot:
