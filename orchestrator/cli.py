@@ -307,7 +307,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
             if not RunPaths(path).trajectories.is_dir():
                 raise UsageError(f"{path} has no trajectory/: pass the run directories of two finished runs.")
         verdict = compare_runs(reference, run)
-        return _report_verdict(verdict, args.json, plot_losses(run / "loss.png", {"reference": reference, "run": run}, _resume_steps(verdict), _div_step(verdict)))
+        png = plot_losses(run / "loss.png", {"reference": reference, "run": run}, _resume_steps(verdict), _div_step(verdict), _replays(verdict.resumes))
+        return _report_verdict(verdict, args.json, png)
     if args.config is None:
         raise UsageError("legato verify needs a CONFIG (or --compare REFERENCE RUN).")
     cfg, _ = redact_config(load_config(args.config, args.overrides))
@@ -334,7 +335,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         _run_to_end(again)
         verdict.cause = nondeterminism(reference_cfg.run_dir, again.run_dir, verdict.world_size) or verdict.cause
     runs = {"reference": reference_cfg.run_dir, "interrupted": run_cfg.run_dir}
-    png = plot_losses(out / "loss.png", runs, _resume_steps(verdict), _div_step(verdict))
+    png = plot_losses(out / "loss.png", runs, _resume_steps(verdict), _div_step(verdict), _replays(verdict.resumes))
     (out / "verdict.json").write_text(json.dumps(verdict.to_json(), indent=2) + "\n")
     return _report_verdict(verdict, args.json, png)
 
@@ -362,6 +363,11 @@ def _run_to_end(cfg: Config) -> int:
         lock.release()
 
 
+def _replays(resumes: list[dict]) -> list[tuple[int, int]]:
+    """(base step, resumed step) of every resume that replayed."""
+    return [(r["replay"]["from_step"], r["step"]) for r in resumes if r.get("replay")]
+
+
 def _resume_steps(verdict: Verdict) -> list[int]:
     return [r["step"] for r in verdict.resumes]
 
@@ -375,7 +381,8 @@ def _report_verdict(verdict: Verdict, as_json: bool, png: Path | None) -> int:
         print(json.dumps({**verdict.to_json(), "plot": str(png) if png else None}, indent=2))
         return EXIT_OK if verdict.identical else EXIT_FAILED
     if verdict.identical:
-        print(f"legato: bitwise identical: {verdict.steps} steps, {len(verdict.resumes)} resumes, "
+        replayed = sum(1 for r in verdict.resumes if (r.get("replay") or {}).get("identical"))
+        print(f"legato: bitwise identical: {verdict.steps} steps, {len(verdict.resumes)} resumes ({replayed} replay-verified), "
               f"{verdict.checkpoints_compared} checkpoints compared, final hash {verdict.run_final_hash}")
     else:
         d = verdict.divergence
@@ -393,10 +400,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not RunPaths(run_dir).trajectories.is_dir():
         raise UsageError(f"{run_dir} has no trajectory/: pass the run directory of a run that trained.")
-    resumes = [e["step"] for e in Ledger(run_dir).read() if e["event"] == "resumed"]
+    resumed = [e for e in Ledger(run_dir).read() if e["event"] == "resumed"]
     runs = {"reference": Path(args.reference)} if args.reference else {}
     runs[run_dir.name] = run_dir
-    png = plot_losses(Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, resumes)
+    png = plot_losses(Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, [e["step"] for e in resumed], replays=_replays(resumed))
     if png is None:
         raise UsageError("legato plot needs matplotlib: pip install 'legato[plot]'.")
     print(f"legato: wrote {png}")

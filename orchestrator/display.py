@@ -78,9 +78,10 @@ class LiveView:
             "stop_signal": lambda: f"{tag}stop signal reached rank {e['rank']}; the ranks agreed to stop after step {e['step']}",
             "checkpoint_committed": lambda: f"{tag}{e['reason']} checkpoint at step {e['step']} committed in {e['seconds']:.2f}s ({_mb(e['bytes'])}), global hash {short(e['global_hash'])}",
             "resumed": lambda: (
-                f"{tag}resumed at step {e['step']}: state hash {short(e['recomputed_hash'])} "
-                + ("verified ✓" if e["match"] else f"does NOT match the checkpoint's {short(e['expected_hash'])} ✗ ({e['mismatches']})")
+                f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
+                + ("verified ✓" if e["match"] else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
             ),
+            "replay_stopped": lambda: f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands",
             "requeued": lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
             "requeue_failed": lambda: f"{tag}could not requeue: {e['reason']}",
             "resubmitted": lambda: f"job {e['previous_job_id']} ended ({e['reason']}) without requeuing itself; resubmitted as job {e['job_id']}",
@@ -120,15 +121,31 @@ class LiveView:
         self.stream.flush()
 
 
+def _replay_words(replay: dict | None) -> str:
+    if not replay:
+        return ""
+    if replay["identical"]:
+        return f"replay ✓ {replay['steps']} steps from step {replay['from_step']}, "
+    return f"replay ✗ diverged at step {replay['first_divergence']['step']}, "
+
+
+def _resume_problem(e: dict) -> str:
+    replay = e.get("replay")
+    if replay and not replay["identical"]:
+        d = replay["first_divergence"]
+        return f"replay diverged first at step {d['step']} on rank {d['rank']}: {d['cause']}"
+    return str(e["mismatches"])
+
+
 def status_table(summary: RunSummary) -> str:
-    header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "ckpt s", "environment", "ended")
+    header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "replay", "ckpt s", "environment", "ended")
     rows = [header]
     for a in summary.attempts:
         verified = "-" if a.verified is None else ("✓" if a.verified else "✗")
         ckpt = f"{max(a.checkpoint_seconds):.2f}" if a.checkpoint_seconds else "-"
         resumed = "-" if a.resumed_from_step is None else str(a.resumed_from_step)
         env = "-" if a.environment_changed is None else ("CHANGED: " + ",".join(a.environment_changed) if a.environment_changed else "same")
-        rows.append((str(a.number), a.job_id, str(a.restart), ",".join(a.hosts), str(a.steps_run), resumed, verified, ckpt, env, a.ended))
+        rows.append((str(a.number), a.job_id, str(a.restart), ",".join(a.hosts), str(a.steps_run), resumed, verified, a.replay_text, ckpt, env, a.ended))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     state = summary.state.upper()

@@ -145,8 +145,10 @@ class JobEvents:
             fields = {k: event[k] for k in ("step", "global_hash", "seconds", "bytes", "reason")}
             self.ledger.append("checkpoint_committed", **self.ident.tag(), **fields)
         elif kind == "resumed":
-            fields = {k: event[k] for k in ("step", "expected_hash", "recomputed_hash", "match", "mismatches")}
+            fields = {k: event.get(k) for k in ("step", "expected_hash", "recomputed_hash", "match", "mismatches", "replay")}
             self.ledger.append("resumed", **self.ident.tag(), **fields)
+        elif kind == "replay_stopped":
+            self.ledger.append("replay_stopped", **self.ident.tag(), step=event["step"], checkpoint_step=event["checkpoint_step"])
         elif kind == "error":
             self.error = event["message"]
 

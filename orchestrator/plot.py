@@ -18,7 +18,10 @@ def losses(run_dir: Path, rank: int = 0) -> tuple[list[int], list[float]]:
     return [r["step"] for r in records], [float.fromhex(r["loss_hex"]) for r in records]
 
 
-def plot_losses(out: Path, runs: dict[str, Path], resumes: list[int], divergence: int | None = None) -> Path | None:
+def plot_losses(
+    out: Path, runs: dict[str, Path], resumes: list[int], divergence: int | None = None, replays: list[tuple[int, int]] = ()
+) -> Path | None:
+    """Draw the runs' losses; `replays` are the (base step, resumed step) spans each resume replayed."""
     try:
         import matplotlib
 
@@ -33,6 +36,8 @@ def plot_losses(out: Path, runs: dict[str, Path], resumes: list[int], divergence
         ax.plot(steps, values, label=label, **next(styles))
     for i, step in enumerate(resumes):
         ax.axvline(step, color="tab:green", lw=0.8, ls="--", label="resume" if i == 0 else None)
+    for i, (base, step) in enumerate(replays):
+        ax.axvspan(base, step, color="tab:green", alpha=0.12, label="replayed on resume" if i == 0 else None)
     if divergence is not None:
         ax.axvline(divergence, color="tab:red", lw=1.5, label=f"first divergence (step {divergence})")
     ax.set_xlabel("step")

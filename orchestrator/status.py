@@ -28,6 +28,7 @@ class Attempt:
     verified: bool | None = None
     expected_hash: str | None = None
     recomputed_hash: str | None = None
+    replay: dict | None = None  # from_step, steps, identical, first_divergence (or stopped_at: a stop during the replay)
     last_step: int = 0
     ended: str = "running"
     stop_signal_step: int | None = None
@@ -42,6 +43,18 @@ class Attempt:
     @property
     def steps_run(self) -> int:
         return max(0, self.last_step - (self.resumed_from_step or 0))
+
+    @property
+    def replay_text(self) -> str:
+        """How this attempt's replay went, for people: "replay ✓ 4 steps", "replay ✗ at step 9", or "-"."""
+        r = self.replay
+        if not r:
+            return "-"
+        if "stopped_at" in r:
+            return f"replay stopped at step {r['stopped_at']}"
+        if r.get("identical"):
+            return f"replay ✓ {r['steps']} steps"
+        return f"replay ✗ at step {(r.get('first_divergence') or {}).get('step')}"
 
 
 @dataclass
@@ -136,6 +149,9 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.resumed_from_step = e["step"]
         attempt.verified = bool(e["match"])
         attempt.expected_hash, attempt.recomputed_hash = e["expected_hash"], e["recomputed_hash"]
+        attempt.replay = e.get("replay")
+    elif kind == "replay_stopped":
+        attempt.replay = {"stopped_at": e["step"], "checkpoint_step": e["checkpoint_step"]}
     elif kind == "checkpoint_committed":
         attempt.checkpoint_seconds.append(e["seconds"])
     elif kind == "stop_signal" and attempt.stop_signal_step is None:

@@ -89,7 +89,7 @@ def plan_runs(cfg: Config, out: Path, steps: list[int]) -> tuple[Config, Config]
 def compare_runs(reference: Path, run: Path) -> Verdict:
     ref_ranks, run_ranks = _ranks(reference), _ranks(run)
     ref_final, run_final = _final(reference), _final(run)
-    resumes = [{k: e.get(k) for k in ("step", "match", "mismatches", "job_id", "restart")} for e in Ledger(run).read() if e["event"] == "resumed"]
+    resumes = [{k: e.get(k) for k in ("step", "match", "mismatches", "replay", "job_id", "restart")} for e in Ledger(run).read() if e["event"] == "resumed"]
     compared, mismatched = _compare_checkpoints(reference, run)
     steps = (ref_final or {}).get("step", 0)
     verdict = Verdict(
@@ -155,6 +155,10 @@ def diagnose(v: Verdict, complete: bool) -> str:
     if failed:
         first = failed[0]
         names = sorted({n for names in first["mismatches"].values() for n in names})
+        replay = first.get("replay") or {}
+        if not names and replay.get("first_divergence"):
+            d = replay["first_divergence"]
+            return f"the resume at step {first['step']} failed its replay, which diverged first at step {d['step']} (rank {d['rank']}): {d['cause']}."
         return _unrestored(names, first["step"])
     d = v.divergence
     if d is None:

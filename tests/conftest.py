@@ -18,7 +18,8 @@ TINY_GPT = ROOT / "configs" / "tiny_gpt.yaml"
 MLP = ROOT / "configs" / "mlp.yaml"
 
 # A short corpus so that epochs are a few steps long and a test sees several of them;
-# ranks agree every step so that a signal after step s stops the run after step s + 1.
+# ranks agree every step so that a signal after step s stops the run after step s + 1;
+# a replay base every 4 steps, so resumes replay from a base past step 0.
 # The shipped config's demo preemptions are switched off; tests plant their own.
 FAST_GPT = (
     "train.steps=30",
@@ -26,6 +27,7 @@ FAST_GPT = (
     "checkpoint.every_steps=0",
     "checkpoint.hash_every_steps=3",
     "checkpoint.agree_every_steps=1",
+    "checkpoint.replay_steps=4",
     "chaos.signal_at_steps=[]",
 )
 

@@ -57,3 +57,28 @@ def test_summary_marks_unverified_resume_and_resubmission(tmp_path: Path) -> Non
     assert first.ended == "ended (NODE_FAIL), resubmitted" and first.steps_run == 10
     assert second.verified is False and second.resumed_from_step == 10
     assert not summary.all_resumes_verified and summary.state == "running"
+
+
+def test_summary_status_table_and_json_show_each_attempts_replay(tmp_path: Path) -> None:
+    from legato.orchestrator.display import status_table
+
+    tag = {"job_id": "5", "time": 2, "hosts": ["a"], "world_size": 2}
+    identical = {"from_step": 4, "steps": 4, "identical": True, "first_divergence": None, "differing_at_end": {}}
+    diverged = {"from_step": 12, "steps": 3, "identical": False, "first_divergence": {"step": 13, "rank": 1, "cause": "a prefetched batch"}}
+    resumed = {"event": "resumed", "time": 3, "expected_hash": "h", "recomputed_hash": "h", "mismatches": {}}
+    events = [
+        {"event": "run_started", "time": 1, "total_steps": 30},
+        {"event": "attempt_started", "restart": 0, **tag},
+        {"event": "attempt_started", "restart": 1, **tag},
+        {**resumed, "job_id": "5", "restart": 1, "step": 8, "match": True, "replay": identical},
+        {"event": "attempt_started", "restart": 2, **tag},
+        {"event": "replay_stopped", "time": 4, "job_id": "5", "restart": 2, "step": 6, "checkpoint_step": 8},
+        {"event": "attempt_started", "restart": 3, **tag},
+        {**resumed, "job_id": "5", "restart": 3, "step": 15, "match": False, "replay": diverged},
+    ]
+    summary = summarize(tmp_path, events)
+    assert [a.replay_text for a in summary.attempts] == ["-", "replay ✓ 4 steps", "replay stopped at step 6", "replay ✗ at step 13"]
+    assert [a["replay"] for a in summary.to_json()["attempts"]] == [None, identical, {"stopped_at": 6, "checkpoint_step": 8}, diverged]
+    assert not summary.all_resumes_verified
+    table = status_table(summary)
+    assert "replay ✓ 4 steps" in table and "replay ✗ at step 13" in table and "replay stopped at step 6" in table

@@ -70,11 +70,16 @@ def test_two_signals_three_attempts_every_resume_verified(tmp_path: Path) -> Non
     assert [a["restart"] for a in attempts] == [0, 1, 2]
     assert [a["resumed_from_step"] for a in attempts] == [None, 8, 20]
     assert [a["verified"] for a in attempts] == [None, True, True]
+    # Each resume replayed from its base (every 4 steps) up to the checkpoint, identical.
+    assert [a["replay"] and (a["replay"]["from_step"], a["replay"]["steps"], a["replay"]["identical"]) for a in attempts] == [
+        None, (4, 4, True), (16, 4, True)
+    ]
+    assert "replay ✓ 4 steps from step 4" in proc.stdout
     assert [a["ended"] for a in attempts] == ["requeued", "requeued", "finished"]
     assert data["final_global_hash"] == reference_hash(tmp_path)
 
     table = legato("status", str(run_dir)).stdout
-    assert "FINISHED" in table and table.count("✓") == 2
+    assert "FINISHED" in table and table.count("replay ✓ 4 steps") == 2 and table.count("✓") == 4
     logs = legato("logs", str(run_dir), "--rank", "1").stdout
     assert "_1_log.err <==" in logs and "chaos: rank 1 sends itself SIGUSR2 after step 7" in logs
 

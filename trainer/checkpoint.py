@@ -49,6 +49,7 @@ class RankShare:
     files: dict[str, Any]  # file name -> plain state to torch.save
     components: dict[str, str]  # component name -> digest
     hash: str
+    replay: dict | None = None  # the replay base: its step, digests and the records of the steps since
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def write_checkpoint(
         tmp.mkdir()
     _barrier(group)
     written = {name: _save_fsynced(state, tmp / name) for name, state in share.files.items()}
-    report = {"rank": share.rank, "hash": share.hash, "components": share.components, "files": written}
+    report = {"rank": share.rank, "hash": share.hash, "components": share.components, "files": written, "replay": share.replay}
     reports = _gather_reports(report, world_size, group)
     _maybe_kill(kill, step, "after_shards")
     committed_hash = global_hash([r["hash"] for r in reports])
@@ -115,6 +116,8 @@ def _publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[di
         "created_unix": time.time(),
         **meta,
     }
+    if reports[0]["replay"] is not None:
+        manifest["replay"] = {"from_step": reports[0]["replay"]["from_step"], "ranks": [r["replay"] for r in reports]}
     manifest["manifest_sha256"] = manifest_checksum(manifest)
     write_fsynced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     _maybe_kill(kill, step, "after_manifest")

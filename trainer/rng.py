@@ -1,7 +1,9 @@
 """Capture and restore every random number generator a rank depends on.
 
-The captured state is plain data only (tensors and ints), so it round-trips
-through `torch.load(weights_only=True)`. Capturing never draws from any
+Each RNG is a torch `Stateful` (see `components`), so the Session's component
+table saves, restores and hashes them like any other state. The captured
+state is plain data only (tensors and ints), so it round-trips through
+`torch.load(weights_only=True)`. Capturing never draws from any
 generator. Restoring is loud: a state that does not fit (another torch
 version, another number of CUDA devices) raises, it is never skipped.
 """
@@ -9,7 +11,7 @@ version, another number of CUDA devices) raises, it is never skipped.
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import numpy as np
 import torch
@@ -23,33 +25,69 @@ CUDA = "rng.cuda"
 GENERATOR_PREFIX = "rng.gen."
 
 
+class _Global:
+    """One process-wide RNG as a torch `Stateful`; `draw` consumes one number (fault injection only)."""
+
+    def __init__(self, capture: Callable[[], dict], restore: Callable[[dict], None], draw: Callable[[], object]) -> None:
+        self._capture, self._restore, self._draw = capture, restore, draw
+
+    def state_dict(self) -> dict:
+        return self._capture()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._restore(state)
+
+    def draw(self) -> None:
+        self._draw()
+
+
+class GeneratorState:
+    """A `torch.Generator` as a torch `Stateful`."""
+
+    def __init__(self, name: str, generator: torch.Generator) -> None:
+        self.name, self.generator = name, generator
+
+    def state_dict(self) -> dict:
+        return {"state": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        _check_size(f"generator {self.name}", state["state"], self.generator.get_state())
+        self.generator.set_state(state["state"])
+
+    def draw(self) -> None:
+        torch.rand(1, generator=self.generator)
+
+
+def components(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, _Global | GeneratorState]:
+    """Every RNG of this process as a Stateful, keyed by component name (CUDA only where it is available)."""
+    found: dict[str, _Global | GeneratorState] = {
+        PYTHON: _Global(_capture_python, _restore_python, random.random),
+        NUMPY: _Global(_capture_numpy, _restore_numpy, np.random.rand),
+        TORCH: _Global(lambda: {"state": torch.get_rng_state()}, _restore_torch, lambda: torch.rand(1)),
+    }
+    if torch.cuda.is_available():
+        found[CUDA] = _Global(lambda: {"states": list(torch.cuda.get_rng_state_all())}, _restore_cuda, lambda: torch.rand(1, device="cuda"))
+    for name, gen in (generators or {}).items():
+        found[GENERATOR_PREFIX + name] = GeneratorState(name, gen)
+    return found
+
+
 def capture(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, dict]:
     """Return the state of every RNG of this process, keyed by component name."""
-    generators = generators or {}
-    state = {PYTHON: _capture_python(), NUMPY: _capture_numpy(), TORCH: {"state": torch.get_rng_state()}}
-    if torch.cuda.is_available():
-        state[CUDA] = {"states": list(torch.cuda.get_rng_state_all())}
-    for name, gen in generators.items():
-        state[GENERATOR_PREFIX + name] = {"state": gen.get_state()}
-    return state
+    return {name: rng.state_dict() for name, rng in components(generators).items()}
 
 
-def restore(state: Mapping[str, dict], generators: Mapping[str, torch.Generator] | None = None, skip: frozenset[str] = frozenset()) -> None:
-    """Set every RNG back to `state`; `skip` names components to leave alone (fault injection only)."""
-    generators = generators or {}
-    expected = set(capture(generators))
-    missing = expected - set(state)
+def restore(state: Mapping[str, dict], generators: Mapping[str, torch.Generator] | None = None) -> None:
+    """Set every RNG back to `state`; a component missing from `state` is refused."""
+    found = components(generators)
+    missing = set(found) - set(state)
     if missing:
         raise UsageError(
             f"The checkpoint has no state for {', '.join(sorted(missing))}. It was written by a run with other "
             "generators or devices; resume it with the same setup, or start a new run directory."
         )
-    restorers = {PYTHON: _restore_python, NUMPY: _restore_numpy, TORCH: _restore_torch, CUDA: _restore_cuda}
-    for name in sorted(expected - skip):
-        if name.startswith(GENERATOR_PREFIX):
-            _restore_generator(name, generators[name[len(GENERATOR_PREFIX):]], state[name])
-        else:
-            restorers[name](state[name])
+    for name in sorted(found):
+        found[name].load_state_dict(state[name])
 
 
 def _capture_python() -> dict:
@@ -98,11 +136,6 @@ def _restore_cuda(state: dict) -> None:
     for i, (s, c) in enumerate(zip(saved, current)):
         _check_size(f"CUDA device {i}", s, c)
     torch.cuda.set_rng_state_all(saved)
-
-
-def _restore_generator(name: str, gen: torch.Generator, state: dict) -> None:
-    _check_size(f"generator {name}", state["state"], gen.get_state())
-    gen.set_state(state["state"])
 
 
 def _check_size(what: str, saved: torch.Tensor, current: torch.Tensor) -> None:

@@ -18,40 +18,37 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 from legato import checkpoint as ckpt
-from legato import rng
+from legato import components as table
+from legato import replay, rng
+from legato.components import Component
 from legato.determinism import derive_seed
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
-from legato.hashing import digest, global_hash, rank_hash
+from legato.hashing import global_hash, rank_hash
 from legato.manifest import check_compatible, list_checkpoints, newest_valid
 from legato.paths import RunPaths
 from legato.sampler import ResumableDistributedSampler, worker_init
 from legato.stop import StopAgreement, StopFlag, parse_signal
 from legato.trajectory import TrajectoryWriter
 
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.stateful import Stateful
+
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL_S = 1.0
 
 LOADER_GENERATOR = "loader"
-
-
-class Stateful(Protocol):
-    def state_dict(self) -> dict: ...
-
-    def load_state_dict(self, state: dict) -> Any: ...
 
 
 @dataclass(frozen=True)
@@ -62,6 +59,7 @@ class CheckpointPolicy:
     verify: str = "error"  # "error" or "warn" on a resume whose state hash does not match
     hash_every_steps: int = 10
     agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
+    replay_steps: int = 4  # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
 
 
 @dataclass(frozen=True)
@@ -84,6 +82,10 @@ class Chaos:
         short = component.removeprefix("rng.").removeprefix("gen.")
         return component in self.skip_restore or short in self.skip_restore or (short.startswith("cuda") and "cuda" in self.skip_restore)
 
+    def consumes(self, component: str) -> bool:
+        """Whether to draw from RNG `component` right after the restore (python, numpy, torch)."""
+        return component.startswith("rng.") and component.removeprefix("rng.") in self.consume_rng_after_restore
+
 
 @dataclass
 class Resumed:
@@ -92,10 +94,11 @@ class Resumed:
     expected_hash: str
     recomputed_hash: str
     mismatches: dict[int, list[str]] = field(default_factory=dict)
+    replay: replay.Verdict | None = None
 
     @property
     def match(self) -> bool:
-        return not self.mismatches
+        return not self.mismatches and (self.replay is None or self.replay.identical)
 
 
 def resumable_loader(
@@ -160,6 +163,9 @@ class Session:
         # Control traffic gets its own gloo group: CPU tensors, and no interleaving with DDP's buckets.
         self.group = dist.new_group(backend="gloo") if distributed else None
         self.generators = {LOADER_GENERATOR: loader.generator}
+        for name, obj in self.extras.items():
+            table.check_stateful(f"extra.{name}", obj)
+        self.components = self._component_table()
 
         self.step = 0
         self.epoch = 0
@@ -177,6 +183,13 @@ class Session:
         self._last_save_time = time.monotonic()
         self._last_progress_time = 0.0
         self._trajectory: TrajectoryWriter | None = None
+        # Replay: the base snapshot, the records of the steps since it, and the check while replaying.
+        self._snapshot = replay.Snapshot() if checkpoint.replay_steps else None
+        self._window: list[dict] = []
+        self._held = replay.HeldBatches()
+        self._batch_fingerprint: str | None = None
+        self._replay: replay.ReplayCheck | None = None
+        self._resuming: tuple[Path, dict] | None = None
 
     # -- the loop -------------------------------------------------------
 
@@ -188,6 +201,11 @@ class Session:
     def checkpoint_root(self) -> Path:
         return RunPaths(self.run_dir).checkpoints
 
+    @property
+    def replaying(self) -> bool:
+        """True while the steps of a resume's replay run (they write no trajectory and no checkpoint)."""
+        return self._replay is not None
+
     def __iter__(self) -> Iterator[Any]:
         self._flag.install()
         try:
@@ -198,6 +216,10 @@ class Session:
                 batch = next(self._batches)
                 self._loss = None
                 self._lr = float(self.optimizer.param_groups[0]["lr"])
+                if self._snapshot is not None:
+                    tensors = replay.batch_tensors(batch)
+                    self._batch_fingerprint = replay.fingerprint(tensors)
+                    self._held.yielded(tensors)
                 yield batch
                 self._end_step()
         finally:
@@ -212,18 +234,27 @@ class Session:
 
     def state_hash(self) -> tuple[dict[str, str], str]:
         """This rank's component digests and rank hash, from the live objects (draws no RNG)."""
-        components = {name: digest(value) for name, value in self._state_components().items()}
+        components = table.digests(table.capture(self.components))
         return components, rank_hash(components)
 
     # -- internals -------------------------------------------------------
 
     def _begin(self) -> None:
         found = self._select_checkpoint()
+        resume_step = 0
         if found is None:
             log.info("rank %d: no checkpoint under %s, starting at step 0", self.rank, self.checkpoint_root)
+        elif self._replayable(found[1]):
+            resume_step = found[1]["step"]
+            self._start_replay(*found)
         else:
+            resume_step = found[1]["step"]
             self._restore(*found)
-        self._trajectory = TrajectoryWriter(RunPaths(self.run_dir).trajectory(self.rank), self.step)
+        self._trajectory = TrajectoryWriter(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
+        self._take_snapshot()
+
+    def _replayable(self, manifest: dict) -> bool:
+        return self._snapshot is not None and "replay" in manifest and manifest["step"] < self.total_steps
 
     def _open_epoch(self) -> Iterator[Any]:
         # Reseeding per epoch makes the workers' base seed a function of (seed, rank, epoch),
@@ -242,14 +273,23 @@ class Session:
             self.epoch += 1
             self.step_in_epoch = 0
             self._batches = None
+        record = self._record_step() if self._snapshot is not None else None
+        if self._replay is not None:
+            self._replay_step(record)
+        else:
+            self._train_step_end()
+        if self._snapshot is not None and self.step % self.policy.replay_steps == 0 and self.step < self.total_steps and not self.stopped:
+            self._take_snapshot()
+
+    def _train_step_end(self) -> None:
         if self.rank == self.chaos.signal_rank and self.step in self.chaos.signal_at_steps:
             log.warning("chaos: rank %d sends itself %s after step %d", self.rank, self._flag.signals[0].name, self.step)
             os.kill(os.getpid(), self._flag.signals[0])
         reason = self._checkpoint_reason()
         hash_due = bool(self.policy.hash_every_steps) and self.step % self.policy.hash_every_steps == 0
         # One pass over the state serves both the trajectory hash and the checkpoint.
-        parts = self._state_components() if reason or hash_due else {}
-        components = {name: digest(value) for name, value in parts.items()}
+        parts = table.capture(self.components) if reason or hash_due else {}
+        components = table.digests(parts)
         self._record_trajectory(components if hash_due else None)
         self._report_progress()
         if reason == "signal":
@@ -287,42 +327,36 @@ class Session:
         assert self._trajectory is not None
         self._trajectory.write(record)
 
-    def _state_components(self) -> dict[str, Any]:
-        parts: dict[str, Any] = {
-            "model": _unwrap(self.model).state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "counters": self._counters(),
-            "metrics": dict(self.metrics),
-            "data": self._data_position(),
-        }
+    def _component_table(self) -> list[Component]:
+        """Every piece of state, in restore order: replicated by DDP (rank 0 writes it), or this rank's own."""
+        module = _unwrap(self.model)
+        rows = [
+            # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
+            # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
+            Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
+            Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
+        ]
         if self.scheduler is not None:
-            parts["scheduler"] = self.scheduler.state_dict()
+            rows.append(Component("scheduler", self.scheduler, table.TRAIN_STATE_FILE))
         if self.scaler is not None:
-            parts["scaler"] = self.scaler.state_dict()
-        for name, obj in self.extras.items():
-            parts[f"extra.{name}"] = obj.state_dict()
-        parts.update(rng.capture(self.generators))
-        return parts
-
-    def _data_position(self) -> dict[str, int]:
-        """Where the next batch comes from: the sampler's state as of the steps consumed, not prefetched."""
-        return {"seed": self.sampler.seed, "epoch": self.epoch, "position": self.step_in_epoch * self.loader.batch_size}
-
-    def _counters(self) -> dict[str, int]:
-        return {"step": self.step, "epoch": self.epoch, "step_in_epoch": self.step_in_epoch}
+            rows.append(Component("scaler", self.scaler, table.TRAIN_STATE_FILE))
+        rows += [
+            Component("counters", _Counters(self), table.TRAIN_STATE_FILE),
+            Component("metrics", _Metrics(self)),
+            *(Component(f"extra.{name}", obj) for name, obj in self.extras.items()),
+            Component("data", _DataPosition(self)),
+            *(Component(name, obj, restore_last=True) for name, obj in rng.components(self.generators).items()),
+        ]
+        return rows
 
     def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str]) -> None:
         assert self._trajectory is not None
         self._trajectory.sync()
-        own = {k: v for k, v in parts.items() if k not in _REPLICATED}
-        # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
-        # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
-        own["model_buffers"] = {k: v for k, v in parts["model"].items() if k in _buffer_names(self.model)}
-        files: dict[str, Any] = {f"rank{self.rank}.pt": own}
-        if self.rank == 0:
-            files["model.pt"] = parts["model"]
-            files["train_state.pt"] = {k: parts[k] for k in _REPLICATED if k != "model" and k in parts}
-        share = ckpt.RankShare(self.rank, files, components, rank_hash(components))
+        files = table.files(self.components, parts, self.rank)
+        base = self._replay_share()
+        if base is not None:
+            files.update(table.files(self.components, self._snapshot.parts, self.rank, prefix=REPLAY_PREFIX))
+        share = ckpt.RankShare(self.rank, files, components, rank_hash(components), replay=base)
         meta = {"reason": reason, "epoch": self.epoch, "training": self.training}
         committed = ckpt.write_checkpoint(
             self.checkpoint_root, self.step, share, self.world_size, self.group, meta, self.policy.keep_last, self.chaos.kill
@@ -353,48 +387,120 @@ class Session:
         return None if picked is None else (Path(picked[0]), picked[1])
 
     def _restore(self, path: Path, manifest: dict) -> None:
-        own = ckpt.load_file(path / f"rank{self.rank}.pt")
-        shared = ckpt.load_file(path / "train_state.pt")
-        model_state = ckpt.load_file(path / "model.pt")
-        model_state.update(own["model_buffers"])
-        if not self.chaos.skips("model"):
-            _unwrap(self.model).load_state_dict(model_state)
-        if not self.chaos.skips("optimizer"):
-            self.optimizer.load_state_dict(shared["optimizer"])
-        if self.scheduler is not None and not self.chaos.skips("scheduler"):
-            self.scheduler.load_state_dict(shared["scheduler"])
-        if self.scaler is not None and not self.chaos.skips("scaler"):
-            self.scaler.load_state_dict(shared["scaler"])
-        counters = shared["counters"]
-        self.step, self.epoch, self.step_in_epoch = counters["step"], counters["epoch"], counters["step_in_epoch"]
-        self.metrics = dict(own["metrics"])
-        for name, obj in self.extras.items():
-            obj.load_state_dict(own[f"extra.{name}"])
-        if self.chaos.skips("data"):
-            self.step_in_epoch, self.epoch = 0, 0
-        else:
-            self.sampler.load_state_dict(own["data"])
+        """Load checkpoint `path` itself, check its digests, and report the resume."""
+        self._load(path)
+        mismatches, recomputed = self._check_restore(manifest["ranks"])
+        self._conclude(path, manifest, recomputed, mismatches)
+        self._consume_rng()
+
+    def _load(self, path: Path, prefix: str = "") -> None:
+        states = table.load(self.components, path, self.rank, prefix)
+        table.restore(self.components, states, self.chaos.skips, last=False)
         # Mirror the uninterrupted run: it had this epoch's iterator open only mid-epoch.
         # At a boundary the loop opens it lazily, after the RNG restore, exactly as it did there.
-        if self.step_in_epoch > 0:
-            self._batches = self._open_epoch()
+        self._batches = self._open_epoch() if self.step_in_epoch > 0 else None
         # RNG goes last, right before the first resumed step: nothing may draw after it.
-        rng_state = {k: v for k, v in own.items() if k.startswith("rng.")}
-        rng.restore(rng_state, self.generators, skip=frozenset(k for k in rng_state if self.chaos.skips(k)))
-        self._verify(path, manifest)
-        _consume_rng(self.chaos.consume_rng_after_restore)
+        table.restore(self.components, states, self.chaos.skips, last=True)
 
-    def _verify(self, path: Path, manifest: dict) -> None:
+    # -- replay ------------------------------------------------------------
+
+    def _take_snapshot(self) -> None:
+        if self._snapshot is not None:
+            self._snapshot.take(self.step, table.capture(self.components))
+            self._window = []
+
+    def _record_step(self) -> dict:
+        assert self._snapshot is not None
+        first_after_base = self.step == (self._snapshot.step or 0) + 1
+        grads = replay.fingerprint(p.grad for p in _unwrap(self.model).parameters()) if first_after_base else None
+        record = replay.step_record(self.step, self._loss, self._batch_fingerprint, grads)
+        self._held.step_ended(self.step)
+        self._window.append(record)
+        return record
+
+    def _replay_share(self) -> dict | None:
+        """This rank's replay base for a checkpoint at the current step: digests at B and the records of B+1..N."""
+        snap = self._snapshot
+        if snap is None or snap.step is None or snap.step >= self.step:
+            return None
+        base = table.digests(snap.parts)
+        return {"rank": self.rank, "from_step": snap.step, "hash": rank_hash(base), "components": base, "steps": list(self._window)}
+
+    def _start_replay(self, path: Path, manifest: dict) -> None:
+        """Restore the replay base B of checkpoint N; the loop then runs steps B+1..N again and `_finish_replay` judges them."""
+        base = manifest["replay"]
+        self._load(path, REPLAY_PREFIX)
+        unrestored, _ = self._check_restore(base["ranks"])
+        self._consume_rng()
+        mine = base["ranks"][self.rank]
+        self._replay = replay.ReplayCheck(self.rank, base["from_step"], manifest["step"], mine["steps"], unrestored.get(self.rank, []))
+        self._resuming = (path, manifest)
+        log.info("rank %d: replaying steps %d..%d from the replay base in %s", self.rank, self.step + 1, manifest["step"], path)
+
+    def _replay_step(self, record: dict | None) -> None:
+        assert self._replay is not None and record is not None
+        self._replay.check(record)
+        if self.step == self._replay.to_step:
+            self._finish_replay()
+            return
+        decision = self._agreement.boundary(self.step, self._flag.raised, False)
+        if decision.stop:
+            self.stopped = True
+            self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
+            self.on_event({"event": "replay_stopped", "rank": self.rank, "step": self.step, "checkpoint_step": self._replay.to_step})
+            log.info(
+                "rank %d: ranks agreed to stop during the replay, after step %d; the checkpoint at step %d still stands",
+                self.rank, self.step, self._replay.to_step,
+            )
+
+    def _finish_replay(self) -> None:
+        assert self._replay is not None and self._resuming is not None
+        check, (path, manifest) = self._replay, self._resuming
+        self._replay, self._resuming = None, None
         components, own_hash = self.state_hash()
         saved = manifest["ranks"][self.rank]["components"]
-        differing = sorted(name for name in set(saved) | set(components) if saved.get(name) != components.get(name))
-        reports: list[Any] = [(own_hash, differing)]
-        if self.group is not None:
-            reports = [None] * self.world_size
-            dist.all_gather_object(reports, (own_hash, differing), group=self.group)
+        check.report.differing = sorted(n for n in set(saved) | set(components) if saved.get(n) != components.get(n))
+        check.report.held_at = self._held.held_at
+        reports = self._gather((own_hash, check.report))
+        verdict = replay.judge(check.from_step, check.to_step, [r for _, r in reports])
         recomputed = global_hash([h for h, _ in reports])
-        mismatches = {r: names for r, (_, names) in enumerate(reports) if names}
-        self.resumed = Resumed(self.step, path, manifest["global_hash"], recomputed, mismatches)
+        unrestored = {r.rank: r.unrestored for _, r in reports if r.unrestored}
+        if verdict.identical or self.policy.verify != "warn":
+            self._conclude(path, manifest, recomputed, unrestored, verdict)
+            return
+        log.warning("rank %d: %s. Loading checkpoint %s instead, because checkpoint.verify is 'warn'.", self.rank, replay.describe(verdict), path)
+        self._load(path)
+        mismatches, recomputed = self._check_restore(manifest["ranks"])
+        for r, names in unrestored.items():
+            mismatches[r] = sorted(set(mismatches.get(r, [])) | set(names))
+        self._conclude(path, manifest, recomputed, mismatches, verdict)
+        self._consume_rng()
+        self._take_snapshot()
+
+    def _consume_rng(self) -> None:
+        """Fault injection: the classic bug of drawing random numbers between the restore and the first step."""
+        for c in self.components:
+            if self.chaos.consumes(c.name):
+                c.obj.draw()
+
+    def _gather(self, item: Any) -> list[Any]:
+        if self.group is None:
+            return [item]
+        items: list[Any] = [None] * self.world_size
+        dist.all_gather_object(items, item, group=self.group)
+        return items
+
+    def _check_restore(self, saved_ranks: list[dict]) -> tuple[dict[int, list[str]], str]:
+        """Every rank's components whose live digests differ from `saved_ranks`, and the recomputed global hash."""
+        components, own_hash = self.state_hash()
+        saved = saved_ranks[self.rank]["components"]
+        differing = sorted(name for name in set(saved) | set(components) if saved.get(name) != components.get(name))
+        reports = self._gather((own_hash, differing))
+        return {r: names for r, (_, names) in enumerate(reports) if names}, global_hash([h for h, _ in reports])
+
+    def _conclude(self, path: Path, manifest: dict, recomputed: str, mismatches: dict[int, list[str]], verdict: replay.Verdict | None = None) -> None:
+        """Report the resume; raise (or warn, under checkpoint.verify: warn) when it did not verify."""
+        self.resumed = Resumed(self.step, path, manifest["global_hash"], recomputed, mismatches, verdict)
         self.on_event(
             {
                 "event": "resumed",
@@ -403,19 +509,27 @@ class Session:
                 "path": str(path),
                 "expected_hash": manifest["global_hash"],
                 "recomputed_hash": recomputed,
-                "match": not mismatches,
+                "match": self.resumed.match,
                 "mismatches": {str(r): n for r, n in mismatches.items()},
+                "replay": None if verdict is None else verdict.to_event(),
             }
         )
-        if not mismatches:
-            log.info("rank %d: resumed at step %d from %s, global hash %s verified", self.rank, self.step, path, recomputed)
+        if self.resumed.match:
+            how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step}"
+            log.info("rank %d: resumed at step %d from %s, global hash %s verified%s", self.rank, self.step, path, recomputed, how)
             return
-        detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
-        message = (
-            f"Resume verification failed at step {self.step} ({path}): the restored state does not hash to what the "
-            f"checkpoint recorded. Differing components: {detail}. Something was not restored, or was changed after "
-            "restore (an RNG drawn between restore and the first step is the usual cause)."
-        )
+        problems = []
+        if mismatches:
+            detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
+            where = "" if verdict is None else f" (its replay base, step {verdict.from_step})"
+            problems.append(
+                f"Resume verification failed at step {self.step} ({path}){where}: the restored state does not hash to what the "
+                f"checkpoint recorded. Differing components: {detail}. Something was not restored, or was changed after "
+                "restore (an RNG drawn between restore and the first step is the usual cause)."
+            )
+        if verdict is not None and not verdict.identical:
+            problems.append(f"Resume verification failed at step {manifest['step']} ({path}): the {replay.describe(verdict)}.")
+        message = " ".join(problems)
         if self.policy.verify == "warn":
             log.warning("%s Continuing because checkpoint.verify is 'warn'.", message)
             return
@@ -430,8 +544,7 @@ class Session:
             self._trajectory = None
 
 
-# Replicated across ranks by DDP: rank 0 writes one copy, every rank hashes its own.
-_REPLICATED = ("model", "optimizer", "scheduler", "scaler", "counters")
+REPLAY_PREFIX = "replay_"
 
 
 def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
@@ -454,18 +567,50 @@ def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict
     return str(path), manifest
 
 
-def _consume_rng(names: tuple[str, ...]) -> None:
-    """Fault injection: the classic bug of drawing random numbers between the restore and the first step."""
-    if "python" in names:
-        random.random()
-    if "numpy" in names:
-        np.random.rand()
-    if "torch" in names:
-        torch.rand(1)
+class _Counters:
+    """The step counter as a Stateful; epoch and step-within-epoch belong to the data position."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def state_dict(self) -> dict[str, int]:
+        s = self.session
+        return {"step": s.step, "epoch": s.epoch, "step_in_epoch": s.step_in_epoch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.session.step = state["step"]
 
 
-def _buffer_names(model: torch.nn.Module) -> set[str]:
-    return {name for name, _ in _unwrap(model).named_buffers()}
+class _Metrics:
+    """The running loss accumulators (a float sum is state too)."""
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def state_dict(self) -> dict:
+        return dict(self.session.metrics)
+
+    def load_state_dict(self, state: dict) -> None:
+        self.session.metrics = dict(state)
+
+
+class _DataPosition:
+    """Where the next batch comes from: the sampler's state as of the steps consumed, not prefetched.
+
+    Left unrestored, the run starts over at epoch 0, position 0: a fresh process's position.
+    """
+
+    def __init__(self, session: Session) -> None:
+        self.session = session
+
+    def state_dict(self) -> dict[str, int]:
+        s = self.session
+        return {"seed": s.sampler.seed, "epoch": s.epoch, "position": s.step_in_epoch * s.loader.batch_size}
+
+    def load_state_dict(self, state: dict) -> None:
+        s = self.session
+        s.sampler.load_state_dict(state)
+        s.epoch, s.step_in_epoch = state["epoch"], state["position"] // s.loader.batch_size
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

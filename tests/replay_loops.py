@@ -1,0 +1,177 @@
+"""User DDP loops on legato's public API that keep state outside the checkpoint, and the same loops with it registered.
+
+Planted faults for the replay-verified resume (each one resumed a diverged run
+with "verified ✓" before the replay existed):
+
+- `prefetch`: the loop keeps the batch the session yielded and trains on the
+  one it kept from the step before (a one-deep prefetch pipeline);
+- `accumulate`: gradient accumulation over 3 micro-steps with DDP's
+  `no_sync()`, one session step per micro-step, stopped between them;
+- `generator`: noise from a `torch.Generator` the loop owns;
+- `worker_rng`: augmentation drawn from the global torch RNG inside 2
+  DataLoader workers.
+
+`--register` makes each loop hand that state to the session (an extra with
+state_dict/load_state_dict), or, for `worker_rng`, draw each sample's noise
+from `legato.sample_generator`. `plain` keeps nothing outside.
+
+Launch one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
+
+    python tests/replay_loops.py RUN_DIR --loop prefetch [--register] [--signal-at S] [--steps N]
+
+or call `train()` in one process (world size 1, no process group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import legato
+
+LOOPS = ("plain", "prefetch", "accumulate", "generator", "worker_rng")
+SEED = 11
+ACCUMULATE = 3
+
+
+class Noisy(torch.utils.data.Dataset):
+    """Regression samples with augmentation noise: from the global RNG (the fault) or from the sample's own generator."""
+
+    def __init__(self, n: int, per_sample: bool) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(n, 6, generator=gen)
+        self.y = self.x.sum(1, keepdim=True)
+        self.per_sample = per_sample
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        gen = legato.sample_generator(SEED, self.epoch, i) if self.per_sample else None
+        return self.x[i] + 0.1 * torch.rand(6, generator=gen), self.y[i]
+
+
+class Staged:
+    """The batch a prefetching loop keeps between steps."""
+
+    def __init__(self) -> None:
+        self.batch: list[torch.Tensor] | None = None
+
+    def state_dict(self) -> dict:
+        return {"batch": self.batch}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.batch = state["batch"]
+
+
+class Gradients:
+    """The .grad sums of an unfinished accumulation."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params = list(model.parameters())
+
+    def state_dict(self) -> dict:
+        return {"grads": [p.grad for p in self.params]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for p, g in zip(self.params, state["grads"]):
+            p.grad = None if g is None else g.clone()
+
+
+class GeneratorState:
+    def __init__(self, gen: torch.Generator) -> None:
+        self.gen = gen
+
+    def state_dict(self) -> dict:
+        return {"state": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.gen.set_state(state["state"])
+
+
+def train(
+    run_dir: Path,
+    loop: str = "plain",
+    *,
+    register: bool = False,
+    signal_at: tuple[int, ...] = (),
+    steps: int = 12,
+    replay_steps: int = 4,
+    verify: str = "error",
+    chaos: legato.Chaos | None = None,
+    on_step: Callable[[legato.Session], None] | None = None,
+) -> legato.Session:
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    legato.seed_everything(SEED, rank=rank, mode="fast")
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1))
+    net = DDP(model) if distributed else model
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    dataset = Noisy(96, per_sample=register or loop != "worker_rng")
+    workers = 2 if loop == "worker_rng" else 0
+    loader = legato.resumable_loader(dataset, batch_size=4, seed=SEED, rank=rank, world_size=world, num_workers=workers)
+    staged, gradients, noise = Staged(), Gradients(model), torch.Generator().manual_seed(5)
+    extras = {"prefetch": {"staged": staged}, "accumulate": {"grads": gradients}, "generator": {"noise": GeneratorState(noise)}}
+    session = legato.Session(
+        run_dir, model=net, optimizer=optimizer, loader=loader, total_steps=steps,
+        extras=extras.get(loop, {}) if register else {},
+        checkpoint=legato.CheckpointPolicy(hash_every_steps=1, agree_every_steps=1, replay_steps=replay_steps, verify=verify),
+        chaos=chaos or legato.Chaos(signal_rank=world - 1, signal_at_steps=signal_at),
+    )
+    for batch in session:
+        if loop == "prefetch":
+            current = staged.batch if staged.batch is not None else batch
+            staged.batch = batch
+            batch = current
+        x, y = batch
+        if loop == "generator":
+            x = x + 0.1 * torch.randn(x.shape, generator=noise)
+        sync = loop != "accumulate" or (session.step + 1) % ACCUMULATE == 0
+        with net.no_sync() if distributed and not sync else contextlib.nullcontext():
+            loss = F.mse_loss(net(x), y)
+            (loss / ACCUMULATE if loop == "accumulate" else loss).backward()
+        if sync:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        session.report(loss)
+        if on_step is not None:
+            on_step(session)
+    return session
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("run_dir")
+    parser.add_argument("--loop", choices=LOOPS, default="plain")
+    parser.add_argument("--register", action="store_true")
+    parser.add_argument("--signal-at", type=int, action="append", default=[])
+    parser.add_argument("--steps", type=int, default=12)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format=f"rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s")
+    dist.init_process_group("gloo")
+    try:
+        session = train(Path(args.run_dir), args.loop, register=args.register, signal_at=tuple(args.signal_at), steps=args.steps)
+    except legato.ResumeMismatchError as exc:
+        logging.error("%s", exc)
+        return exc.exit_code
+    finally:
+        dist.destroy_process_group()
+    return session.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

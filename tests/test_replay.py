@@ -1,0 +1,135 @@
+"""Replay-verified resume in one process: planted faults outside the checkpoint are caught, named and located.
+
+One rank, no subprocess, no process group (the 2-rank versions with real
+processes are in test_replay_ddp.py). The loops are in replay_loops.py. A stop
+is real: the process sends itself SIGUSR2 after step 7 and the session stops
+there with a barrier checkpoint whose replay base is step 4 (replay_steps 4);
+the resume replays steps 5..7 through the same user loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+from replay_loops import train
+
+import legato
+from legato.errors import EXIT_OK, EXIT_STOPPED
+
+STEPS = 12
+STOP = 7
+
+# loop -> (first divergent step, words of the cause)
+FAULTS = {
+    "prefetch": (5, "a prefetched batch"),
+    "accumulate": (5, "partial gradients"),
+    "generator": (5, "torch.Generator"),
+    "worker_rng": (5, "inside DataLoader workers"),
+}
+
+
+def trajectory(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "trajectory" / "rank0.jsonl").read_text().splitlines()]
+
+
+def manifest(run_dir: Path, step: int) -> dict:
+    return json.loads((run_dir / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
+
+
+@pytest.mark.parametrize("loop", sorted(FAULTS))
+def test_state_outside_the_checkpoint_is_caught_by_the_replay(tmp_path: Path, loop: str) -> None:
+    first = train(tmp_path, loop, signal_at=(STOP,), steps=STEPS)
+    assert first.exit_code == EXIT_STOPPED and first.step == STOP
+    with pytest.raises(legato.ResumeMismatchError) as caught:
+        train(tmp_path, loop, steps=STEPS)
+    step, cause = FAULTS[loop]
+    message = str(caught.value)
+    assert f"replay of steps 5..{STOP} diverged first at step {step} on rank 0" in message, message
+    assert cause in message, message
+
+
+@pytest.mark.parametrize("loop", sorted(FAULTS))
+def test_the_same_loop_with_its_state_registered_replays_identical_and_ends_bitwise_equal(tmp_path: Path, loop: str) -> None:
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    assert train(reference, loop, register=True, steps=STEPS).exit_code == EXIT_OK
+    assert train(resumed, loop, register=True, signal_at=(STOP,), steps=STEPS).exit_code == EXIT_STOPPED
+    session = train(resumed, loop, register=True, steps=STEPS)
+    assert session.exit_code == EXIT_OK
+    assert session.resumed is not None and session.resumed.match and session.resumed.step == STOP
+    assert session.resumed.replay is not None and session.resumed.replay.identical
+    assert (session.resumed.replay.from_step, session.resumed.replay.steps) == (4, 3)
+    assert manifest(resumed, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]
+    assert trajectory(resumed) == trajectory(reference)
+
+
+def test_checkpoint_carries_the_replay_base_and_the_records(tmp_path: Path) -> None:
+    train(tmp_path, signal_at=(STOP,), steps=STEPS)
+    step_dir = tmp_path / "checkpoints" / f"step_{STOP}"
+    names = {p.name for p in step_dir.iterdir()}
+    assert {"model.pt", "train_state.pt", "rank0.pt", "replay_model.pt", "replay_train_state.pt", "replay_rank0.pt", "manifest.json"} == names
+    m = manifest(tmp_path, STOP)
+    assert m["replay"]["from_step"] == 4
+    base = m["replay"]["ranks"][0]
+    assert set(base["components"]) == set(m["ranks"][0]["components"])
+    assert [r["step"] for r in base["steps"]] == [5, 6, 7]
+    assert [r["loss_hex"] for r in base["steps"]] == [r["loss_hex"] for r in trajectory(tmp_path)[4:7]]
+    assert torch.load(step_dir / "replay_train_state.pt", weights_only=True)["counters"]["step"] == 4
+
+
+def test_replay_off_resumes_from_the_checkpoint_alone(tmp_path: Path) -> None:
+    train(tmp_path, "generator", signal_at=(STOP,), steps=STEPS, replay_steps=0)
+    assert "replay" not in manifest(tmp_path, STOP)
+    session = train(tmp_path, "generator", steps=STEPS, replay_steps=0)
+    assert session.resumed is not None and session.resumed.match and session.resumed.replay is None
+
+
+@pytest.mark.parametrize("component", ["rng.torch", "optimizer"])
+def test_a_skipped_restore_is_named_by_the_digest_check_and_located_by_the_replay(tmp_path: Path, component: str) -> None:
+    train(tmp_path, "generator", register=True, signal_at=(STOP,), steps=STEPS)
+    with pytest.raises(legato.ResumeMismatchError) as caught:
+        train(tmp_path, "generator", register=True, steps=STEPS, chaos=legato.Chaos(skip_restore=frozenset({component})))
+    message = str(caught.value)
+    assert f"Differing components: rank 0: {component}." in message
+    assert "diverged first at step" in message and f"left {component} unrestored" in message
+
+
+def test_rng_drawn_after_the_restore_is_caught_by_the_replay(tmp_path: Path) -> None:
+    train(tmp_path, signal_at=(STOP,), steps=STEPS)
+    with pytest.raises(legato.ResumeMismatchError) as caught:
+        train(tmp_path, steps=STEPS, chaos=legato.Chaos(consume_rng_after_restore=("torch",)))
+    assert "diverged first at step 5" in str(caught.value)
+    assert "random numbers were drawn between the restore and the first step" in str(caught.value)
+
+
+def test_verify_warn_loads_the_checkpoint_after_a_diverged_replay(tmp_path: Path) -> None:
+    train(tmp_path, "generator", signal_at=(STOP,), steps=STEPS)
+    session = train(tmp_path, "generator", steps=STEPS, verify="warn")
+    assert session.exit_code == EXIT_OK and session.resumed is not None
+    assert not session.resumed.match and session.resumed.step == STOP
+    assert session.resumed.replay is not None and session.resumed.replay.first_divergence["step"] == 5
+    assert [r["step"] for r in trajectory(tmp_path)] == list(range(1, STEPS + 1))
+
+
+def test_a_stop_during_the_replay_leaves_the_checkpoint_and_the_next_resume_replays_again(tmp_path: Path) -> None:
+    reference = tmp_path / "reference"
+    train(reference, steps=STEPS)
+    run_dir = tmp_path / "run"
+    train(run_dir, signal_at=(STOP,), steps=STEPS)
+    before = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+    def signal_in_replay(session: legato.Session) -> None:
+        if session.replaying and session.step == 4:
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+    stopped = train(run_dir, steps=STEPS, on_step=signal_in_replay)
+    assert stopped.exit_code == EXIT_STOPPED and stopped.resumed is None and stopped.step == 5
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == before
+    finished = train(run_dir, steps=STEPS)
+    assert finished.resumed is not None and finished.resumed.match and finished.resumed.replay.identical
+    assert manifest(run_dir, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]
+    assert trajectory(run_dir) == trajectory(reference)

@@ -1,0 +1,229 @@
+"""Replay-verified resume: the snapshot a run keeps for it, what each step records, and the verdict.
+
+Every `checkpoint.replay_steps` (K) steps, and at the step a process starts
+from, the Session copies every component's state into CPU memory that is
+allocated once and reused (`Snapshot`): the replay base, step B. From then on
+each step appends a small record (`step_record`: the loss bits, a fingerprint
+of the batch the session yielded, and after the first step past B a
+fingerprint of the gradients). A checkpoint at step N is written with the
+base B (N-K <= B < N) and the records of steps B+1..N. A resume restores B,
+runs B+1..N again through the user's own loop, and `ReplayCheck` compares each
+step's record and, at N, every component digest; `judge` turns the ranks'
+reports into one verdict naming the first divergent step, the rank, the
+components that differ at N and the likely cause.
+
+Comparisons are of exact bits (float.hex, SHA-256 digests). The fingerprints
+only serve to name a cause; the proof is the loss bits and the digests. This
+module must never draw from an RNG or touch the process group.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import weakref
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+FINGERPRINT_BYTES = 1 << 14  # per tensor: an evenly strided sample beyond this, to stay cheap on big batches
+
+
+class Snapshot:
+    """The state of every component at one step, copied into CPU tensors that later copies reuse."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None
+        self.parts: dict[str, Any] = {}
+
+    def take(self, step: int, parts: Mapping[str, Any]) -> None:
+        self.parts = _copy_into(self.parts, parts)
+        self.step = step
+
+
+def _copy_into(dst: Any, src: Any) -> Any:
+    """A copy of `src` that reuses `dst`'s tensors wherever shape and dtype still fit."""
+    if isinstance(src, torch.Tensor):
+        if isinstance(dst, torch.Tensor) and dst.shape == src.shape and dst.dtype == src.dtype:
+            return dst.copy_(src.detach())
+        return src.detach().to("cpu", copy=True)
+    if isinstance(src, Mapping):
+        old = dst if isinstance(dst, Mapping) else {}
+        return {k: _copy_into(old.get(k), v) for k, v in src.items()}
+    if isinstance(src, (list, tuple)):
+        old = dst if isinstance(dst, (list, tuple)) and len(dst) == len(src) else [None] * len(src)
+        items = [_copy_into(o, v) for o, v in zip(old, src)]
+        return items if isinstance(src, list) else tuple(items)
+    return src  # numbers, strings, None: immutable
+
+
+def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
+    """SHA-256 over dtypes, shapes and (a strided sample of) the bytes of `tensors`, 16 hex digits."""
+    h = hashlib.sha256()
+    for t in tensors:
+        if t is None:
+            h.update(b"none;")
+            continue
+        t = t.detach()
+        h.update(f"{t.dtype}{tuple(t.shape)}:".encode())
+        flat = t.reshape(-1)
+        limit = max(1, FINGERPRINT_BYTES // max(1, t.element_size()))
+        if flat.numel() > limit:
+            flat = flat[:: -(-flat.numel() // limit)]
+        if flat.numel():
+            h.update(flat.cpu().contiguous().view(torch.uint8).numpy().data)
+    return h.hexdigest()[:16]
+
+
+def batch_tensors(batch: Any) -> list[torch.Tensor]:
+    """The tensors of a batch (nested lists, tuples and dicts), in a fixed order."""
+    if isinstance(batch, torch.Tensor):
+        return [batch]
+    if isinstance(batch, Mapping):
+        return [t for key in sorted(batch, key=repr) for t in batch_tensors(batch[key])]
+    if isinstance(batch, (list, tuple)):
+        return [t for item in batch for t in batch_tensors(item)]
+    return []
+
+
+class HeldBatches:
+    """Notices a batch that outlives its step: the sign of a loop that prefetches outside the session."""
+
+    def __init__(self) -> None:
+        self._previous: list[weakref.ref] = []
+        self._current: list[weakref.ref] = []
+        self.held_at: int | None = None  # first step at whose end an earlier step's batch was still alive
+
+    def yielded(self, tensors: list[torch.Tensor]) -> None:
+        self._previous, self._current = self._current, [weakref.ref(t) for t in tensors]
+
+    def step_ended(self, step: int) -> None:
+        if self.held_at is None and any(ref() is not None for ref in self._previous):
+            self.held_at = step
+        self._previous = []
+
+
+def step_record(step: int, loss: float | None, batch: str | None, grads: str | None) -> dict:
+    record: dict[str, Any] = {"step": step, "loss_hex": None if loss is None else loss.hex(), "batch": batch}
+    if grads is not None:
+        record["grads"] = grads
+    return record
+
+
+@dataclass
+class RankReport:
+    """What one rank saw in its replay."""
+
+    rank: int
+    loss_step: int | None = None  # first step whose loss bits differ
+    loss_bits: tuple[str | None, str | None] | None = None  # (recorded, replayed) at that step
+    batch_step: int | None = None  # first step whose batch differs
+    grads_step: int | None = None  # the step after the base, when its gradients differ
+    held_at: int | None = None
+    unrestored: list[str] = field(default_factory=list)  # base components that did not restore to their digests
+    differing: list[str] = field(default_factory=list)  # components whose digests differ at N
+
+    @property
+    def first_step(self) -> int | None:
+        steps = [s for s in (self.loss_step, self.batch_step, self.grads_step) if s is not None]
+        return min(steps) if steps else None
+
+    @property
+    def diverged(self) -> bool:
+        return bool(self.first_step is not None or self.unrestored or self.differing)
+
+
+class ReplayCheck:
+    """Compares this rank's replayed steps with what the interrupted attempt recorded."""
+
+    def __init__(self, rank: int, from_step: int, to_step: int, recorded: list[dict], unrestored: list[str]) -> None:
+        self.from_step, self.to_step = from_step, to_step
+        self.recorded = {r["step"]: r for r in recorded}
+        self.report = RankReport(rank, unrestored=unrestored)
+
+    def check(self, record: dict) -> None:
+        step, want, r = record["step"], self.recorded.get(record["step"], {}), self.report
+        if r.loss_step is None and want.get("loss_hex") != record["loss_hex"]:
+            r.loss_step, r.loss_bits = step, (want.get("loss_hex"), record["loss_hex"])
+        if r.batch_step is None and want.get("batch") != record["batch"]:
+            r.batch_step = step
+        if r.grads_step is None and "grads" in want and want["grads"] != record.get("grads"):
+            r.grads_step = step
+
+
+@dataclass
+class Verdict:
+    """The replay's outcome over all ranks, as it goes into the ledger."""
+
+    from_step: int
+    steps: int
+    identical: bool
+    first_divergence: dict | None = None  # step, rank, components (differing at N), loss bits, cause
+    differing_at_end: dict[str, list[str]] = field(default_factory=dict)
+
+    def to_event(self) -> dict:
+        return asdict(self)
+
+
+def judge(from_step: int, to_step: int, reports: list[RankReport]) -> Verdict:
+    verdict = Verdict(from_step, to_step - from_step, identical=not any(r.diverged for r in reports))
+    verdict.differing_at_end = {str(r.rank): r.differing for r in reports if r.differing}
+    if verdict.identical:
+        return verdict
+    first = min((r for r in reports if r.diverged), key=lambda r: (r.first_step or to_step, r.rank))
+    verdict.first_divergence = {
+        "step": first.first_step or to_step,
+        "rank": first.rank,
+        "components": first.differing,
+        "loss_bits": list(first.loss_bits) if first.loss_bits else None,
+        "unrestored": sorted({n for r in reports for n in r.unrestored}),
+        "cause": likely_cause(first, from_step),
+    }
+    return verdict
+
+
+def likely_cause(r: RankReport, from_step: int) -> str:
+    """The most likely reason for a rank's divergence, in plain words with the fix."""
+    if r.unrestored:
+        return (
+            f"the restore left {', '.join(r.unrestored)} unrestored: the replay base (step {from_step}) does not hash to "
+            "what was saved, so the replay started from another state"
+        )
+    if r.batch_step is not None and r.batch_step == r.first_step:
+        return (
+            f"the batch of step {r.batch_step} differs from the one the interrupted attempt trained on: randomness drawn "
+            "inside DataLoader workers from the global torch/numpy/python RNG (worker-side augmentation) depends on where "
+            "the run was cut; draw each sample's randomness from legato.sample_generator(seed, epoch, index)"
+        )
+    if r.grads_step is not None and (r.loss_step is None or r.grads_step < r.loss_step):
+        return (
+            f"partial gradients: after step {r.grads_step} the gradients differ while its loss does not, so the .grad "
+            "sums carried into that step were lost; the run stopped in the middle of a gradient accumulation (no_sync "
+            "micro-steps). Register the accumulated gradients with the session as an extra, or accumulate within one step"
+        )
+    if r.held_at is not None:
+        return (
+            f"a prefetched batch: a batch the session yielded was still alive at the end of step {r.held_at}, so the "
+            "loop trains on a batch it keeps between steps, outside the checkpoint; train on the batch the session "
+            "yields, or register the held batch with the session as an extra"
+        )
+    return (
+        "state outside the checkpoint feeds training: a torch.Generator (or other RNG) that the loop draws from but did "
+        "not register, or random numbers were drawn between the restore and the first step; pass it to the session as "
+        "an extra (anything with state_dict/load_state_dict)"
+    )
+
+
+def describe(verdict: Verdict) -> str:
+    """One sentence for logs and errors."""
+    span = f"steps {verdict.from_step + 1}..{verdict.from_step + verdict.steps}"
+    if verdict.identical:
+        return f"replay of {span} identical"
+    d = verdict.first_divergence or {}
+    bits = f" (loss {d['loss_bits'][0]} recorded, {d['loss_bits'][1]} replayed)" if d.get("loss_bits") else ""
+    at_end = "; ".join(f"rank {r}: {', '.join(n)}" for r, n in verdict.differing_at_end.items()) or "none"
+    return (
+        f"replay of {span} diverged first at step {d.get('step')} on rank {d.get('rank')}{bits}; components differing at "
+        f"step {verdict.from_step + verdict.steps}: {at_end}. Likely cause: {d.get('cause')}"
+    )
