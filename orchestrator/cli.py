@@ -19,7 +19,6 @@ paragraph on stderr, nothing started or changed), 3 a resume did not verify.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -226,18 +225,12 @@ def _detach(run_dir: Path) -> int:
 
 
 def _check_entrypoint(cfg: Config) -> None:
+    """Import the user's entrypoint here, so a missing module or a wrong signature is refused before anything is submitted."""
     if cfg.train.entrypoint is None:
         return
-    module = cfg.train.entrypoint.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise UsageError(
-            f"train.entrypoint {cfg.train.entrypoint!r}: module {module!r} cannot be found. Check the spelling, and that "
-            "its package is installed or its directory is on PYTHONPATH (the job inherits this environment)."
-        )
+    from legato.job import resolve_entrypoint
+
+    resolve_entrypoint(cfg)
 
 
 # -- status / cancel / logs --------------------------------------------------
