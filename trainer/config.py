@@ -424,6 +424,6 @@ def _coerce(key: str, value: Any, base: type, source: str) -> Any:
 def _show(value: Any) -> str:
     """A value as a message may quote it: short, one line, never a huge number spelled out."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
-        return f"a {int(value.bit_length() * 0.30103) + 1}-digit number"
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -54,9 +54,10 @@ def load(text: str, where: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise UsageError(f"{where} is not valid YAML{at}: {exc.problem or exc.context}. Fix it there (indentation, a missing colon or quote, a repeated key).") from None
+        what = " ".join(str(exc.problem or exc.context).split())
+        raise UsageError(f"{where} is not valid YAML{at}: {what}. Fix it there (indentation, a missing colon or quote, a repeated key).") from None
     except (yaml.YAMLError, ValueError, OverflowError) as exc:
-        raise UsageError(f"{where} is not valid YAML: {str(exc)[:200]}. Fix the syntax.") from None
+        raise UsageError(f"{where} is not valid YAML: {' '.join(str(exc).split())[:200]}. Fix the syntax.") from None
 
 
 def _check_shape(text: str, where: str) -> None:
@@ -100,6 +101,6 @@ def _check_shape(text: str, where: str) -> None:
 
 def _check_scalar(event: yaml.ScalarEvent, where: str) -> None:
     value = event.value
-    if event.style is None and len(value) > MAX_INT_DIGITS and value.lstrip("+-").replace("_", "").isdigit():
+    if not event.style and len(value) > MAX_INT_DIGITS and value.lstrip("+-").replace("_", "").isdigit():
         line = event.start_mark.line + 1 if event.start_mark else "?"
         raise UsageError(f"{where} holds a {len(value)}-digit number at line {line}; no setting takes one. Write a sensible value.")
