@@ -56,7 +56,7 @@ def redact_config(cfg: Config) -> tuple[Config, list[str]]:
     Jobs read the captured config, so a hidden value does not reach them: secrets belong in the
     environment, which jobs inherit and legato never writes out unredacted.
     """
-    redactor = Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny))
+    redactor = Redactor.from_config(cfg)
     raw = cfg.to_dict()
     clean = redactor.tree(raw)
     hidden = redacted_paths(raw, clean)

@@ -31,7 +31,7 @@ from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
 from legato.job import RankEnv, run_rank
 from legato.orchestrator.ledger import Ledger
-from legato.orchestrator.redact import Redactor
+from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.repro import CaptureRequest, capture
 from legato.orchestrator.status import PROGRESS_FILE
 
@@ -165,7 +165,7 @@ def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: 
         dest = dest / f"node{node}"
     request = CaptureRequest(
         dest,
-        Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny)),
+        Redactor.from_config(cfg, run_key(cfg.run_dir / "repro")),
         cfg.repro.command_timeout_s,
         config=cfg.to_dict(),
         argv=("job:", *sys.argv, "run started by:", *command),
