@@ -131,6 +131,7 @@ class SupervisorLock:
 
 
 def _check_checkpoints(cfg: Config) -> None:
+    ckpt.check_tree(cfg.run_dir / "checkpoints")
     found = ckpt.newest_valid(cfg.run_dir / "checkpoints")
     if found is not None:
         ckpt.check_compatible(found[1], found[0], cfg.world_size, training_settings(cfg))

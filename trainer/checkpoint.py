@@ -10,7 +10,9 @@ rename. A reader therefore sees a complete checkpoint or none.
 
 Loading uses `torch.load(weights_only=True)` only: nothing in a checkpoint is
 ever unpickled. Selection picks the newest checkpoint whose manifest and files
-verify, warning about each one it skips.
+verify, warning about each one it skips. Nothing outside `<root>` is read or
+written: a symlink where a checkpoint directory or file belongs, a manifest
+naming a path outside its directory or one of absurd size is refused.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ FORMAT = 1
 MANIFEST = "manifest.json"
 STEP_PREFIX = "step_"
 TMP_PREFIX = ".tmp_step_"
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,9 @@ def write_checkpoint(
     """Collective: every rank calls this with its share; returns once the checkpoint is published."""
     start = time.perf_counter()
     tmp = root / f"{TMP_PREFIX}{step}"
+    # Every rank checks the same paths, so every rank refuses together instead of waiting in a barrier.
+    for path in (root, tmp, step_dir(root, step)):
+        check_contained(root, path)
     if share.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
@@ -204,6 +210,37 @@ def _prune(root: Path, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def check_contained(root: Path, path: Path) -> None:
+    """Refuse (UsageError) a checkpoint path that is a symlink or leads outside the run directory: nothing is written through it.
+
+    `root` itself (`<run_dir>/checkpoints`) may be a link within the run directory; anything under it may not be a link at all.
+    """
+    if not os.path.lexists(path):
+        return
+    if path == root:
+        outside = not path.resolve().is_relative_to(root.parent.resolve())
+    else:
+        outside = path.is_symlink() or not path.resolve().is_relative_to(root.resolve())
+    if outside:
+        raise UsageError(
+            f"{path} is a symlink (to {path.resolve()}); legato reads and writes checkpoints only inside the run directory "
+            f"{root.parent}, never through a link. Remove the link (`rm {path}`) and run again."
+        )
+
+
+def check_tree(root: Path) -> None:
+    """Before a run starts: refuse a checkpoint directory holding a link, wherever it points."""
+    check_contained(root, root)
+    if not root.is_dir():
+        return
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith((STEP_PREFIX, TMP_PREFIX)):
+            check_contained(root, entry)
+            if entry.is_dir():
+                for inner in sorted(entry.iterdir()):
+                    check_contained(root, inner)
+
+
 def list_checkpoints(root: Path) -> list[Path]:
     """Published checkpoint directories, newest step first."""
     found = []
@@ -219,7 +256,11 @@ def read_manifest(path: Path) -> dict:
 
     Raises ValueError naming what is wrong.
     """
+    if path.is_symlink() or (path / MANIFEST).is_symlink():
+        raise ValueError("it is a symlink (legato reads nothing outside the run directory)")
     try:
+        if (path / MANIFEST).stat().st_size > MAX_MANIFEST_BYTES:
+            raise ValueError(f"manifest.json is larger than {MAX_MANIFEST_BYTES // 2**20} MiB (not written by legato)")
         manifest = json.loads((path / MANIFEST).read_text())
     except FileNotFoundError:
         raise ValueError("no manifest.json (incomplete checkpoint)") from None
@@ -230,11 +271,15 @@ def read_manifest(path: Path) -> dict:
     if manifest.get("manifest_sha256") != _manifest_checksum(manifest):
         raise ValueError("manifest.json does not match its own checksum (corrupt)")
     for name, info in manifest["files"].items():
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
+            raise ValueError(f"manifest.json names the file {name!r}, which is not a plain name inside the checkpoint")
         _verify_file(path / name, info)
     return manifest
 
 
 def _verify_file(path: Path, info: dict) -> None:
+    if path.is_symlink():
+        raise ValueError(f"{path.name} is a symlink (legato reads nothing outside the run directory)")
     if not path.is_file():
         raise ValueError(f"{path.name} is missing")
     h = hashlib.sha256()

@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from legato.checkpoint import check_tree
 from legato.config import load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.job import resolve_entrypoint
@@ -47,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         resolve_entrypoint(cfg)
+        check_tree(cfg.run_dir / "checkpoints")
         nproc = args.nproc if args.nproc is not None else cfg.local.tasks
         if nproc < 1:
             raise UsageError(f"--nproc is {nproc}; it must be at least 1.")
