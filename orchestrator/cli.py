@@ -19,7 +19,6 @@ paragraph on stderr, nothing started or changed), 3 a resume did not verify.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageE
 from legato.orchestrator.display import LiveView, status_table
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.plot import plot_losses
-from legato.orchestrator.redact import Redactor
+from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.repro import CaptureRequest, capture, read_capture
 from legato.orchestrator.repro_diff import diff_captures, resolve_capture
 from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, check_compatible, redact_config
@@ -141,7 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             return code
         config_path = capture_config(cfg)
         if code is not None or not session:
-            start_session(cfg, ledger, Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny)).argv(["legato", *sys.argv[1:]]))
+            start_session(cfg, ledger, Redactor.from_config(cfg).argv(["legato", *sys.argv[1:]]))
         else:
             print(f"legato: {cfg.run_dir} has a run in progress (job {current_job(session)}); re-attaching to it.")
         if args.detach:
@@ -227,18 +226,12 @@ def _detach(run_dir: Path) -> int:
 
 
 def _check_entrypoint(cfg: Config) -> None:
+    """Import the user's entrypoint here, so a missing module or a wrong signature is refused before anything is submitted."""
     if cfg.train.entrypoint is None:
         return
-    module = cfg.train.entrypoint.partition(":")[0]
-    try:
-        found = importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):
-        found = False
-    if not found:
-        raise UsageError(
-            f"train.entrypoint {cfg.train.entrypoint!r}: module {module!r} cannot be found. Check the spelling, and that "
-            "its package is installed or its directory is on PYTHONPATH (the job inherits this environment)."
-        )
+    from legato.job import resolve_entrypoint
+
+    resolve_entrypoint(cfg)
 
 
 # -- status / cancel / logs --------------------------------------------------
@@ -418,7 +411,9 @@ def cmd_repro(args: argparse.Namespace) -> int:
         dest = Path(args.dir)
         if (dest / "manifest.json").exists():
             raise UsageError(f"{dest} already holds a capture; pick a new directory so nothing is overwritten.")
-        request = CaptureRequest(dest, Redactor(), args.timeout, argv=tuple(sys.argv), code_paths=tuple(Path(p) for p in args.code or ["."]))
+        # A capture of its own keeps its own fingerprint key: compare fingerprints only between captures made with one key.
+        redactor = Redactor(key=run_key(dest))
+        request = CaptureRequest(dest, redactor, args.timeout, argv=tuple(sys.argv), code_paths=tuple(Path(p) for p in args.code or ["."]))
         manifest = capture(request)
         failed = {k: v["error"] for k, v in manifest["commands"].items() if not v["ok"]}
         print(f"legato: captured {len(manifest['sections'])} sections into {dest} in {manifest['capture_seconds']:.2f}s")

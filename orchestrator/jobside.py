@@ -32,7 +32,7 @@ from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
 from legato.files import write_atomic
 from legato.orchestrator.ledger import Ledger
-from legato.orchestrator.redact import Redactor
+from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.repro import CaptureRequest, capture
 from legato.paths import RunPaths
 from legato.rank_env import RankEnv
@@ -168,7 +168,7 @@ def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: 
     dest = RunPaths(cfg.run_dir).capture(ident.job_id, ident.restart, node)
     request = CaptureRequest(
         dest,
-        Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny)),
+        Redactor.from_config(cfg, run_key(RunPaths(cfg.run_dir).repro)),
         cfg.repro.command_timeout_s,
         config=cfg.to_dict(),
         argv=("job:", *sys.argv, "run started by:", *command),

@@ -2,7 +2,7 @@
 
 One capture is a directory (`<run.dir>/repro/<job_id>/<attempt>/` under
 `legato run`) of sections, each a text file: environment variables
-(redacted), Python distributions (and where editable ones come from, with
+(values by allowlist, every other one as a keyed fingerprint), Python distributions (and where editable ones come from, with
 their commit and diff), the git state of the user's code and of legato,
 the Python/torch/CUDA/cuDNN/NCCL stack, GPUs (`nvidia-smi -q`), environment
 modules, OS packages, the host, the resolved config and the command line.
@@ -10,7 +10,9 @@ modules, OS packages, the host, the resolved config and the command line.
 `legato status` compare), the external commands with their outcome and time,
 and the capture time. External commands run side by side, each with a
 timeout; a failure or a hang is recorded, never raised. Nothing a capture
-writes may contain a secret: every value passes through the `Redactor`.
+writes may contain a secret: every value passes through the `Redactor`, whose
+fingerprint key lives beside the captures it serves (`repro/fingerprint.key`
+of the run), never inside a section.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from legato.orchestrator.redact import Redactor
+from legato.orchestrator.redact import Redactor, is_fingerprint, key_id
 from legato.processes import run_command
 
 log = logging.getLogger(__name__)
@@ -93,6 +95,7 @@ def capture(req: CaptureRequest) -> dict:
     manifest = {
         "format": FORMAT,
         "labels": r.tree(req.labels or {}),
+        "fingerprint_key": key_id(r.key),
         "host": socket.gethostname(),
         "time": time.time(),
         "sections": files,
@@ -216,7 +219,7 @@ def _host(r: Redactor) -> str:
         f"cpus {os.cpu_count()}",
         f"memory {memory}",
     ]
-    lines += [f"{k}={v}" for k, v in r.environ({k: v for k, v in os.environ.items() if k.startswith("SLURM_")}).items()]
+    lines += [f"{k}={v}" for k, v in r.environ({k: v for k, v in os.environ.items() if k.startswith("SLURM_")}).items() if not is_fingerprint(v)]
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,8 @@
 """What differs between two environment captures, section by section, as plain data.
 
 Environment variables (added, removed, changed; the variables that only name
-a job or attempt are ignored), Python packages with versions, git commits and
+a job or attempt are ignored; a variable recorded only by its fingerprint is
+said to have changed, never shown), Python packages with versions, git commits and
 diffs, the torch/CUDA stack, GPU and driver (identity lines only: not
 temperatures or clocks), OS packages, modules, hosts, config and command
 line. A section with no difference produces nothing. Formatting for people
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from legato.errors import UsageError
+from legato.orchestrator.redact import is_fingerprint
 from legato.orchestrator.repro import MANIFEST, comparable_env, read_capture
 from legato.paths import RunPaths
 
@@ -50,14 +52,44 @@ def resolve_capture(spec: str, run_dir: str | None) -> Path:
 
 
 def diff_captures(a: Path, b: Path) -> list[SectionDiff]:
-    _, left = read_capture(a)
-    _, right = read_capture(b)
+    left_manifest, left = read_capture(a)
+    right_manifest, right = read_capture(b)
+    same_key = left_manifest.get("fingerprint_key") == right_manifest.get("fingerprint_key")
     out = []
     for section in SECTIONS:
-        lines = _diff_section(section, left.get(section), right.get(section))
+        if section == "env" and left.get(section) is not None and right.get(section) is not None:
+            lines = _env_diff(comparable_env(left[section]), comparable_env(right[section]), same_key)
+        else:
+            lines = _diff_section(section, left.get(section), right.get(section))
         if lines:
             out.append(SectionDiff(section, lines))
     return out
+
+
+def _env_diff(a: dict[str, str], b: dict[str, str], same_key: bool) -> list[str]:
+    """Like a mapping diff, but a fingerprinted value is only said to have changed; fingerprints made with
+    different keys (captures of different run directories) cannot be compared, which is said once."""
+    def shown(name: str, value: str) -> str:
+        return f"{name} (value not recorded)" if is_fingerprint(value) else f"{name}={value}"
+
+    lines = [f"+ {shown(k, b[k])}" for k in sorted(set(b) - set(a))]
+    lines += [f"- {shown(k, a[k])}" for k in sorted(set(a) - set(b))]
+    incomparable = 0
+    for k in sorted(set(a) & set(b)):
+        if a[k] == b[k]:
+            continue
+        if is_fingerprint(a[k]) and is_fingerprint(b[k]):
+            if same_key:
+                lines.append(f"~ {k}: changed (value not recorded)")
+            else:
+                incomparable += 1
+        elif is_fingerprint(a[k]) or is_fingerprint(b[k]):
+            lines.append(f"~ {k}: changed (recorded in one capture only)")
+        else:
+            lines.append(f"~ {k}: {a[k]} -> {b[k]}")
+    if incomparable:
+        lines.append(f"? {incomparable} variables recorded by fingerprint only cannot be compared: the captures were keyed by different run directories")
+    return lines
 
 
 def _diff_section(section: str, a: str | None, b: str | None) -> list[str]:
@@ -65,8 +97,6 @@ def _diff_section(section: str, a: str | None, b: str | None) -> list[str]:
         return []
     if a is None or b is None:
         return [f"only in {'the second' if a is None else 'the first'} capture"]
-    if section == "env":
-        return _mapping_diff(comparable_env(a), comparable_env(b))
     if section in ("packages", "os_packages", "modules"):
         return _packages_diff(a, b) if section == "packages" else _set_diff(a, b)
     if section == "gpu":

@@ -52,7 +52,7 @@ def redact_config(cfg: Config) -> tuple[Config, list[str]]:
     Jobs read the captured config, so a hidden value does not reach them: secrets belong in the
     environment, which jobs inherit and legato never writes out unredacted.
     """
-    redactor = Redactor(frozenset(cfg.repro.allow), tuple(cfg.repro.deny))
+    redactor = Redactor.from_config(cfg)
     raw = cfg.to_dict()
     clean = redactor.tree(raw)
     hidden = [key for key, _, _ in changed_leaves(raw, clean)]
@@ -125,6 +125,7 @@ class SupervisorLock:
 
 
 def _check_checkpoints(cfg: Config) -> None:
+    manifest.check_tree(RunPaths(cfg.run_dir).checkpoints)
     found = manifest.newest_valid(RunPaths(cfg.run_dir).checkpoints)
     if found is not None:
         manifest.check_compatible(found[1], found[0], cfg.world_size, training_settings(cfg), manifest.installed_torch_version())

@@ -18,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +27,7 @@ from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import TERMINAL, current_job, current_session, read_progress
+from legato.signals import parse_signal
 from legato.slurm.jobs import JobHandle, JobState
 from legato.slurm.submission import submit
 
@@ -217,7 +217,7 @@ class Supervisor:
         if handle.executor == "local" and len(pids) < live.get("world_size", 1):
             return
         self._preempted.add(key)
-        handle.signal_tasks(signal.Signals[f"SIG{self.cfg.slurm.signal}"], pids)
+        handle.signal_tasks(parse_signal(self.cfg.slurm.signal), pids)
         self.ledger.append("preempt_sent", job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
 
     def _training_since(self, key: tuple[str, int]) -> float:

@@ -10,7 +10,9 @@ rename. A reader therefore sees a complete checkpoint or none.
 
 Loading uses `torch.load(weights_only=True)` only: nothing in a checkpoint is
 ever unpickled. Selection picks the newest checkpoint whose manifest and files
-verify, warning about each one it skips.
+verify, warning about each one it skips. Nothing outside `<root>` is read or
+written: a symlink where a checkpoint directory or file belongs, a manifest
+naming a path outside its directory or one of absurd size is refused.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import torch.distributed as dist
 
 from legato.files import fsync_dir, write_fsynced
 from legato.hashing import global_hash
-from legato.manifest import FORMAT, list_checkpoints, manifest_checksum
+from legato.manifest import FORMAT, check_contained, list_checkpoints, manifest_checksum
 from legato.paths import CHECKPOINT_MANIFEST as MANIFEST
 from legato.paths import STEP_PREFIX
 from legato.paths import TMP_STEP_PREFIX as TMP_PREFIX
@@ -86,6 +88,9 @@ def write_checkpoint(
     """Collective: every rank calls this with its share; returns once the checkpoint is published."""
     start = time.perf_counter()
     tmp = root / f"{TMP_PREFIX}{step}"
+    # Every rank checks the same paths, so every rank refuses together instead of waiting in a barrier.
+    for path in (root, tmp, step_dir(root, step)):
+        check_contained(root, path)
     if share.rank == 0:
         root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)

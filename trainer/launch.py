@@ -3,7 +3,8 @@
 Starts N real processes (gloo on CPU), forwards the stop signal to all of
 them, and exits with the job's code: 0 training complete, 75 stopped at a
 committed checkpoint (run the same command again to resume), 2 bad input.
-When one rank fails, the others are killed rather than left in a collective.
+When one rank fails, the others are killed rather than left in a collective;
+when the launcher dies (even by SIGKILL), its ranks die with it (legato.lifeline).
 """
 
 from __future__ import annotations
@@ -20,7 +21,10 @@ from pathlib import Path
 from legato.config import load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.job import resolve_entrypoint
-from legato.stop import parse_signal
+from legato.lifeline import LAUNCHER_PID
+from legato.manifest import check_tree
+from legato.paths import RunPaths
+from legato.signals import parse_signal
 
 POLL_S = 0.05
 KILL_GRACE_S = 5.0
@@ -45,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = load_config(args.config, args.overrides)
         resolve_entrypoint(cfg)
+        check_tree(RunPaths(cfg.run_dir).checkpoints)
         nproc = args.nproc if args.nproc is not None else cfg.local.tasks
         if nproc < 1:
             raise UsageError(f"--nproc is {nproc}; it must be at least 1.")
@@ -87,6 +92,7 @@ def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
         LOCAL_WORLD_SIZE=str(world_size),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
+        **{LAUNCHER_PID: str(os.getpid())},
     )
     return env
 

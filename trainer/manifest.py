@@ -12,15 +12,17 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import os
 from pathlib import Path
 
 from legato.errors import UsageError
-from legato.paths import CHECKPOINT_MANIFEST, STEP_PREFIX
+from legato.paths import CHECKPOINT_MANIFEST, STEP_PREFIX, TMP_STEP_PREFIX
 from legato.treediff import changed_leaves
 
 log = logging.getLogger(__name__)
 
 FORMAT = 1
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 
 def manifest_checksum(manifest: dict) -> str:
@@ -43,9 +45,44 @@ def list_checkpoints(root: Path) -> list[Path]:
     return [p for _, p in sorted(found, reverse=True)]
 
 
+def check_contained(root: Path, path: Path) -> None:
+    """Refuse (UsageError) a checkpoint path that is a symlink or leads outside the run directory: nothing is written through it.
+
+    `root` itself (`<run_dir>/checkpoints`) may be a link within the run directory; anything under it may not be a link at all.
+    """
+    if not os.path.lexists(path):
+        return
+    if path == root:
+        outside = not path.resolve().is_relative_to(root.parent.resolve())
+    else:
+        outside = path.is_symlink() or not path.resolve().is_relative_to(root.resolve())
+    if outside:
+        raise UsageError(
+            f"{path} is a symlink (to {path.resolve()}); legato reads and writes checkpoints only inside the run directory "
+            f"{root.parent}, never through a link. Remove the link (`rm {path}`) and run again."
+        )
+
+
+def check_tree(root: Path) -> None:
+    """Before a run starts: refuse a checkpoint directory holding a link, wherever it points."""
+    check_contained(root, root)
+    if not root.is_dir():
+        return
+    for entry in sorted(root.iterdir()):
+        if entry.name.startswith((STEP_PREFIX, TMP_STEP_PREFIX)):
+            check_contained(root, entry)
+            if entry.is_dir():
+                for inner in sorted(entry.iterdir()):
+                    check_contained(root, inner)
+
+
 def read_manifest_file(path: Path) -> dict:
     """The manifest JSON of checkpoint directory `path`, unverified; raises ValueError naming what is wrong."""
+    if path.is_symlink() or (path / CHECKPOINT_MANIFEST).is_symlink():
+        raise ValueError("it is a symlink (legato reads nothing outside the run directory)")
     try:
+        if (path / CHECKPOINT_MANIFEST).stat().st_size > MAX_MANIFEST_BYTES:
+            raise ValueError(f"{CHECKPOINT_MANIFEST} is larger than {MAX_MANIFEST_BYTES // 2**20} MiB (not written by legato)")
         return json.loads((path / CHECKPOINT_MANIFEST).read_text())
     except FileNotFoundError:
         raise ValueError(f"no {CHECKPOINT_MANIFEST} (incomplete checkpoint)") from None
@@ -64,11 +101,15 @@ def read_manifest(path: Path) -> dict:
     if manifest.get("manifest_sha256") != manifest_checksum(manifest):
         raise ValueError(f"{CHECKPOINT_MANIFEST} does not match its own checksum (corrupt)")
     for name, info in manifest["files"].items():
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
+            raise ValueError(f"{CHECKPOINT_MANIFEST} names the file {name!r}, which is not a plain name inside the checkpoint")
         _verify_file(path / name, info)
     return manifest
 
 
 def _verify_file(path: Path, info: dict) -> None:
+    if path.is_symlink():
+        raise ValueError(f"{path.name} is a symlink (legato reads nothing outside the run directory)")
     if not path.is_file():
         raise ValueError(f"{path.name} is missing")
     h = hashlib.sha256()

@@ -5,11 +5,11 @@
       ledger.jsonl, .ledger.lock   the append-only event log and its lock
       progress.json                rank 0's latest step, loss and rate
       supervisor.lock, supervisor.json, supervisor.log   who supervises, and a detached one's log
-      repro.key                    the key of the environment fingerprints
       checkpoints/step_<N>/        published barrier checkpoints (manifest.json inside)
       checkpoints/.tmp_step_<N>/   a checkpoint being written, never selectable
       trajectory/rank<R>.jsonl     per-rank trajectory
       repro/<job>/<attempt>[/node<N>]/   environment captures
+      repro/fingerprint.key        the key of the captures' value fingerprints
       submitit/<job>/              the tasks' submitit folders and logs
 
 Readers and writers in every package take their paths from `RunPaths`; no
@@ -25,6 +25,7 @@ from pathlib import Path
 CHECKPOINT_MANIFEST = "manifest.json"
 STEP_PREFIX = "step_"
 TMP_STEP_PREFIX = ".tmp_step_"
+FINGERPRINT_KEY = "fingerprint.key"
 
 
 @dataclass(frozen=True)
@@ -63,10 +64,6 @@ class RunPaths:
         return self.root / "supervisor.log"
 
     @property
-    def repro_key(self) -> Path:
-        return self.root / "repro.key"
-
-    @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
@@ -83,6 +80,10 @@ class RunPaths:
     @property
     def repro(self) -> Path:
         return self.root / "repro"
+
+    @property
+    def fingerprint_key(self) -> Path:
+        return self.repro / FINGERPRINT_KEY
 
     def capture(self, job_id: str, attempt: int, node: int = 0) -> Path:
         dest = self.repro / job_id / str(attempt)

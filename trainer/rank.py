@@ -5,14 +5,22 @@ from __future__ import annotations
 import sys
 
 from legato.config import load_config
+from legato.errors import EXIT_USAGE, UsageError
 from legato.job import run_rank
 from legato.launch import parse_args
+from legato.lifeline import die_with_launcher
 from legato.rank_env import RankEnv
 
 
 def main() -> int:
+    die_with_launcher()
     args = parse_args(sys.argv[1:])
-    return run_rank(load_config(args.config, args.overrides), RankEnv.from_environ())
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except UsageError as exc:
+        sys.stderr.write(f"error: {exc}\n")
+        return EXIT_USAGE
+    return run_rank(cfg, RankEnv.from_environ())
 
 
 if __name__ == "__main__":

@@ -70,10 +70,16 @@ def sample_generator(seed: int, epoch: int, index: int) -> torch.Generator:
 
 
 def worker_init(worker_id: int) -> None:
-    """DataLoader worker setup: ignore stop signals, seed python and numpy from torch's worker seed."""
+    """DataLoader worker setup: die with the rank, ignore stop signals, seed python and numpy from torch's worker seed."""
+    import multiprocessing
     import random
 
     import numpy as np
+
+    from legato.lifeline import die_with_parent
+
+    rank_process = multiprocessing.parent_process()
+    die_with_parent(rank_process.pid if rank_process else None)
 
     for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from legato.signals import parse_signal
+
 log = logging.getLogger(__name__)
 
 
@@ -126,10 +128,6 @@ class StopAgreement:
         self._pending = None
         work.wait()
         return Decision(stop=bool(flags[0]), checkpoint_due=bool(flags[1])), int(-flags[2])
-
-
-def parse_signal(name: str) -> signal.Signals:
-    return signal.Signals[f"SIG{name.upper().removeprefix('SIG')}"]
 
 
 def stop_signals(name: str, also_sigterm: bool) -> tuple[str, ...]:

@@ -22,3 +22,9 @@ def make_corpus(n_sentences: int = 4000, seed: int = 0) -> str:
             words.append(rnd.choice(_TAILS))
         lines.append(" ".join(words) + rnd.choice([".", ".", "!", "?"]))
     return " ".join(lines)
+
+
+def min_corpus_length(n_sentences: int) -> int:
+    """A lower bound of `len(make_corpus(n_sentences))`, without generating it."""
+    shortest = sum(min(len(w) for w in words) for words in (_SUBJECTS, _VERBS, _OBJECTS)) + 2 + 1
+    return n_sentences * (shortest + 1) - 1
