@@ -146,6 +146,8 @@ class JobEvents:
         elif kind == "resumed":
             fields = {k: event[k] for k in ("step", "expected_hash", "recomputed_hash", "match", "mismatches")}
             self.ledger.append("resumed", **self.ident.tag(), **fields)
+        elif kind == "bucket_layout":
+            self.ledger.append("bucket_layout", **self.ident.tag(), step=event["step"], pinned=event["pinned"], reason=event["reason"])
         elif kind == "error":
             self.error = event["message"]
 

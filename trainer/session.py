@@ -37,8 +37,9 @@ from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.hashing import digest, global_hash, rank_hash
 from legato.manifest import check_compatible, list_checkpoints, newest_valid
 from legato.paths import RunPaths
+from legato.reduction import Pinning, pin_bucket_layout
 from legato.sampler import ResumableDistributedSampler, worker_init
-from legato.stop import StopAgreement, StopFlag, parse_signal
+from legato.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.trajectory import TrajectoryWriter
 
 log = logging.getLogger(__name__)
@@ -223,7 +224,15 @@ class Session:
             log.info("rank %d: no checkpoint under %s, starting at step 0", self.rank, self.checkpoint_root)
         else:
             self._restore(*found)
+        # Before the first forward pass; chaos "buckets" leaves DDP's own layout on resume (fault injection).
+        pinning = pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets") else Pinning(False, "chaos: DDP's own layout")
+        self.on_event({"event": "bucket_layout", "rank": self.rank, "step": self.step, "pinned": pinning.pinned, "reason": pinning.reason})
         self._trajectory = TrajectoryWriter(RunPaths(self.run_dir).trajectory(self.rank), self.step)
+        if agree_at_start(self._flag, self.group):
+            # A stop signal during start-up: stop before the first step; the newest checkpoint already holds this state.
+            log.info("rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank, self.step)
+            self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
+            self.stopped = True
 
     def _open_epoch(self) -> Iterator[Any]:
         # Reseeding per epoch makes the workers' base seed a function of (seed, rank, epoch),

@@ -128,6 +128,15 @@ class StopAgreement:
         return Decision(stop=bool(flags[0]), checkpoint_due=bool(flags[1])), int(-flags[2])
 
 
+def agree_at_start(flag: StopFlag, group: dist.ProcessGroup | None) -> bool:
+    """Before the first step: whether any rank got a stop signal during start-up (one blocking all-reduce)."""
+    if group is None:
+        return flag.raised
+    raised = torch.tensor([int(flag.raised)], dtype=torch.int64)
+    dist.all_reduce(raised, op=dist.ReduceOp.MAX, group=group)
+    return bool(raised[0])
+
+
 def parse_signal(name: str) -> signal.Signals:
     return signal.Signals[f"SIG{name.upper().removeprefix('SIG')}"]
 
