@@ -332,7 +332,7 @@ class Session:
             files["model.pt"] = parts["model"]
             files["train_state.pt"] = {k: parts[k] for k in _REPLICATED if k != "model" and k in parts}
         share = ckpt.RankShare(self.rank, files, components, rank_hash(components))
-        meta = {"reason": reason, "epoch": self.epoch, "training": self.training}
+        meta = {"reason": reason, "epoch": self.epoch, "training": self.training, "threads": torch.get_num_threads()}
         committed = ckpt.write_checkpoint(
             self.checkpoint_root, self.step, share, self.world_size, self.group, meta, self.policy.keep_last, self.chaos.kill
         )
@@ -457,10 +457,16 @@ def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict
         return None
     path, manifest = found
     try:
-        check_compatible(manifest, path, world_size, training, torch.__version__)
+        check_compatible(manifest, path, world_size, training, torch.__version__, torch.get_num_threads(), _strict(training))
     except UsageError as exc:
         return str(exc)
     return str(path), manifest
+
+
+def _strict(training: dict | None) -> bool:
+    """determinism.mode from the run's settings; for a Session used without a config, whether torch runs deterministic."""
+    mode = (training or {}).get("determinism", {}).get("mode")
+    return mode == "strict" if mode is not None else torch.are_deterministic_algorithms_enabled()
 
 
 def _consume_rng(names: tuple[str, ...]) -> None:

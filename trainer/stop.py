@@ -43,13 +43,18 @@ class StopFlag:
         self._previous: dict[signal.Signals, Callable | int | None] = {}
 
     def install(self) -> None:
-        """Take over the signals; a signal an earlier StopFlag already caught counts as received here."""
+        """Take over the signals; a signal an earlier StopFlag already caught counts as received here.
+
+        Then unblock them: a launcher may start a process with its stop signals blocked
+        (`legato.slurm.startmask`), and a signal held since start-up is delivered to this handler now.
+        """
         for sig in self.signals:
             previous = signal.signal(sig, self._handle)
             self._previous[sig] = previous
             earlier = getattr(previous, "__self__", None)
             if isinstance(earlier, StopFlag) and earlier.raised and not self.raised:
                 self.received_at, self.signum = earlier.received_at, earlier.signum
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
