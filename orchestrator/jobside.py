@@ -37,6 +37,7 @@ from legato.orchestrator.repro import CaptureRequest, capture
 from legato.paths import RunPaths
 from legato.rank_env import RankEnv
 from legato.slurm.jobs import requeue
+from legato.threads import resolve_threads
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +101,8 @@ class TrainTask:
         from legato.job import run_rank  # the job trains; the supervisor that pickles this task never imports torch
 
         cfg = load_config(self.config_path)
+        _take_signals(cfg)
         ledger = Ledger(cfg.run_dir)
-        _take_signals()
         ident = identify(ledger)
         if ident.rank == 0:
             ledger.append("attempt_started", **ident.tag(), executor=ident.executor, hosts=list(ident.hosts), world_size=ident.world_size)
@@ -149,6 +150,8 @@ class JobEvents:
             self.ledger.append("resumed", **self.ident.tag(), **fields)
         elif kind == "replay_stopped":
             self.ledger.append("replay_stopped", **self.ident.tag(), step=event["step"], checkpoint_step=event["checkpoint_step"])
+        elif kind == "bucket_layout":
+            self.ledger.append("bucket_layout", **self.ident.tag(), step=event["step"], pinned=event["pinned"], reason=event["reason"])
         elif kind == "error":
             self.error = event["message"]
 
@@ -174,6 +177,7 @@ def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: 
         argv=("job:", *sys.argv, "run started by:", *command),
         code_paths=_code_paths(cfg),
         labels={"job_id": ident.job_id, "attempt": ident.restart, "node": node, "executor": ident.executor},
+        threads=resolve_threads(cfg.determinism.threads, ident.local_world_size).describe(),
     )
     try:
         manifest = capture(request)
@@ -196,12 +200,19 @@ def _code_paths(cfg: Config) -> tuple[Path, ...]:
     return (Path(spec.origin).parent,) if spec and spec.origin else ()
 
 
-def _take_signals() -> None:
-    """Undo submitit's job-side handlers: its stop handler must not run the show, and SIGTERM should end a task."""
+def _take_signals(cfg: Config) -> None:
+    """Undo submitit's job-side handlers (its stop handler must not run the show, and SIGTERM should end a task),
+    and take the stop signals: a stop signal held since the task started is remembered from here on."""
+    from legato.stop import StopFlag, parse_signal, stop_signals  # torch: the supervisor imports this module too
+
+    stops = tuple(parse_signal(name) for name in stop_signals(cfg.slurm.signal, cfg.slurm.handle_sigterm))
     submitit_signal = submitit.JobEnvironment._usr_sig()
-    signal.signal(submitit_signal, signal.SIG_IGN)
+    if submitit_signal not in stops:
+        signal.signal(submitit_signal, signal.SIG_IGN)
     signal.signal(signal.SIGCONT, signal.SIG_DFL)
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if signal.SIGTERM not in stops:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    StopFlag(stops).install()  # the trainer's own flags take over from it and inherit a signal it caught
 
 
 def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: JobEvents, attempts_before: int) -> str:

@@ -61,6 +61,7 @@ class CaptureRequest:
     argv: tuple[str, ...] = ()
     code_paths: tuple[Path, ...] = ()
     labels: dict | None = None
+    threads: str | None = None  # the torch thread count per rank and where it came from (legato.threads)
 
 
 def capture(req: CaptureRequest) -> dict:
@@ -76,7 +77,7 @@ def capture(req: CaptureRequest) -> dict:
             "packages": _packages(r, req.command_timeout_s),
             "git": _git_sections(r, req.code_paths, req.command_timeout_s),
             "stack": _stack(),
-            "host": _host(r),
+            "host": _host(r, req.threads),
             "config": json.dumps(r.tree(req.config), indent=2, sort_keys=True) + "\n" if req.config is not None else None,
             "command": "\n".join(r.argv(list(req.argv))) + "\n" if req.argv else None,
         }
@@ -209,7 +210,7 @@ def _stack() -> str:
     return json.dumps(info, indent=2) + "\n\ntorch.__config__.show():\n" + torch.__config__.show()
 
 
-def _host(r: Redactor) -> str:
+def _host(r: Redactor, threads: str | None = None) -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines() if line.startswith("model name")), platform.processor())
     memory = next((line.split(":", 1)[1].strip() for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), "?")
     lines = [
@@ -219,6 +220,8 @@ def _host(r: Redactor) -> str:
         f"cpus {os.cpu_count()}",
         f"memory {memory}",
     ]
+    if threads is not None:
+        lines.append(f"torch threads per rank {threads}")
     lines += [f"{k}={v}" for k, v in r.environ({k: v for k, v in os.environ.items() if k.startswith("SLURM_")}).items() if not is_fingerprint(v)]
     return "\n".join(lines) + "\n"
 

@@ -26,6 +26,7 @@ from legato.errors import UsageError
 from legato.files import write_atomic
 from legato.orchestrator.redact import Redactor
 from legato.paths import RunPaths
+from legato.threads import resolve_threads
 from legato.treediff import changed_leaves
 
 
@@ -128,4 +129,13 @@ def _check_checkpoints(cfg: Config) -> None:
     manifest.check_tree(RunPaths(cfg.run_dir).checkpoints)
     found = manifest.newest_valid(RunPaths(cfg.run_dir).checkpoints)
     if found is not None:
-        manifest.check_compatible(found[1], found[0], cfg.world_size, training_settings(cfg), manifest.installed_torch_version())
+        threads, strict = expected_threads(cfg), cfg.determinism.mode == "strict"
+        manifest.check_compatible(found[1], found[0], cfg.world_size, training_settings(cfg), manifest.installed_torch_version(), threads, strict)
+
+
+def expected_threads(cfg: Config) -> int:
+    """The torch thread count each rank of this config's job will use (the rule of `legato.threads`)."""
+    if cfg.executor == "slurm":
+        # Submission always passes --cpus-per-task, so SLURM sets SLURM_CPUS_PER_TASK in the job.
+        return resolve_threads(cfg.determinism.threads, cfg.slurm.tasks_per_node, {"SLURM_CPUS_PER_TASK": str(cfg.slurm.cpus_per_task)}).count
+    return resolve_threads(cfg.determinism.threads, cfg.local.tasks).count

@@ -49,6 +49,7 @@ class Verdict:
     divergence: Divergence | None = None
     cause: str | None = None
     checkpoint_mismatches: list[int] = field(default_factory=list)
+    unpinned_layouts: list[dict] = field(default_factory=list)  # attempts that reduced with DDP's own bucket layout
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -90,6 +91,12 @@ def compare_runs(reference: Path, run: Path) -> Verdict:
     ref_ranks, run_ranks = _ranks(reference), _ranks(run)
     ref_final, run_final = _final(reference), _final(run)
     resumes = [{k: e.get(k) for k in ("step", "match", "mismatches", "replay", "job_id", "restart")} for e in Ledger(run).read() if e["event"] == "resumed"]
+    unpinned = [
+        {"run": label, **{k: e.get(k) for k in ("job_id", "restart", "step", "reason")}}
+        for label, path in (("reference", reference), ("run", run))
+        for e in Ledger(path).read()
+        if e["event"] == "bucket_layout" and not e.get("pinned")
+    ]
     compared, mismatched = _compare_checkpoints(reference, run)
     steps = (ref_final or {}).get("step", 0)
     verdict = Verdict(
@@ -101,6 +108,7 @@ def compare_runs(reference: Path, run: Path) -> Verdict:
         run_final_hash=(run_final or {}).get("global_hash"),
         checkpoints_compared=compared,
         checkpoint_mismatches=mismatched,
+        unpinned_layouts=unpinned,
     )
     if len(ref_ranks) != len(run_ranks):
         verdict.cause = (
@@ -171,7 +179,18 @@ def diagnose(v: Verdict, complete: bool) -> str:
             "(a non-deterministic operation, or randomness from an unseeded source), so resuming is not the cause."
         )
     resumed_at = max(r["step"] for r in v.resumes if r["step"] < d.step)
-    if d.step == resumed_at + 1:
+    if _reduction_order(v, d, resumed_at):
+        attempts = ", ".join(f"{u['run']} job {u['job_id']} restart {u['restart']} ({u['reason']})" for u in v.unpinned_layouts)
+        where = f" The attempts that reduced with DDP's own, per-attempt bucket layout: {attempts}." if attempts else ""
+        return (
+            f"the restored state verified at step {resumed_at} and step {d.step} computed the same loss with the same "
+            f"random numbers, yet ended with different {', '.join(d.components)}: the gradient all-reduce summed in another "
+            f"order than the uninterrupted run did (reduction order: with {v.world_size} ranks the bits of a sum depend on "
+            "where each gradient sits in DDP's buckets, and DDP rebuilds them after the first step of every attempt)."
+            f"{where} Pass the DistributedDataParallel wrapper itself as the Session's model, before its first forward "
+            "pass, so the Session can pin the layout."
+        )
+    if d.step == resumed_at + 1 and (d.loss_differs or any(n.startswith("rng.") for n in d.components)):
         return (
             f"the restored state verified at step {resumed_at}, but the first resumed step {d.step} already differs "
             f"({', '.join(d.components) or 'loss'}): random numbers were drawn between the restore and the first step "
@@ -182,6 +201,13 @@ def diagnose(v: Verdict, complete: bool) -> str:
         f"affects training is not in the checkpoint ({', '.join(d.components) or 'loss'} differ first). Pass it to the "
         "session as an extra (anything with state_dict/load_state_dict)."
     )
+
+
+def _reduction_order(v: Verdict, d: Divergence, resumed_at: int) -> bool:
+    """Same loss and RNG streams but another update, with 3+ ranks, and a layout that was not pinned (or unknown at the first resumed step)."""
+    if v.world_size < 3 or d.loss_differs or not d.components or not set(d.components) <= {"model", "optimizer"}:
+        return False
+    return bool(v.unpinned_layouts) or d.step == resumed_at + 1
 
 
 def _unrestored(names: list[str], step: int) -> str:

@@ -21,6 +21,7 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 from legato.config import Config
 from legato.errors import UsageError
 from legato.paths import RunPaths
+from legato.slurm.startmask import launcher
 
 NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" means a year
 
@@ -46,8 +47,13 @@ def submit(cfg: Config, task: Callable[[], Any]) -> str:
     return str(job.job_id)
 
 
+def _python(cfg: Config) -> str:
+    """Every task's interpreter starts with the stop signals blocked (see `legato.slurm.startmask`)."""
+    return launcher([cfg.slurm.signal, "TERM"] if cfg.slurm.handle_sigterm else [cfg.slurm.signal])
+
+
 def _local_executor(cfg: Config, folder: Path) -> submitit.LocalExecutor:
-    executor = submitit.LocalExecutor(folder=folder)
+    executor = submitit.LocalExecutor(folder=folder, python=_python(cfg))
     executor.update_parameters(
         tasks_per_node=cfg.local.tasks,
         timeout_min=cfg.local.timeout_min or NO_LIMIT_MIN,
@@ -58,7 +64,7 @@ def _local_executor(cfg: Config, folder: Path) -> submitit.LocalExecutor:
 
 def _slurm_executor(cfg: Config, folder: Path) -> submitit.SlurmExecutor:
     s = cfg.slurm
-    executor = submitit.SlurmExecutor(folder=folder)
+    executor = submitit.SlurmExecutor(folder=folder, python=_python(cfg))
     params: dict = {
         "time": s.time_min,
         "nodes": s.nodes,

@@ -14,6 +14,7 @@ import importlib
 import inspect
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -24,9 +25,11 @@ from legato.config import Config
 from legato.context import RunContext
 from legato.determinism import seed_everything
 from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
+from legato.paths import RunPaths
 from legato.rank_env import RankEnv
 from legato.signals import parse_signal
 from legato.stop import StopFlag, stop_signals
+from legato.threads import resolve_threads
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +95,7 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
     setup_logging(env.rank)
     # From here on the stop signal is only remembered; the session acts on it at its first step boundary.
     early = StopFlag(tuple(parse_signal(s) for s in stop_signals(cfg.slurm.signal, cfg.slurm.handle_sigterm)))
+    _chaos_signal_at_start(cfg, env, early.signals[0])
     early.install()
     report = on_event or (lambda event: None)
     try:
@@ -115,8 +119,19 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
         early.uninstall()
 
 
+def _chaos_signal_at_start(cfg: Config, env: RankEnv, sig: signal.Signals) -> None:
+    """chaos.signal_at_steps holding 0: the signal rank sends itself the stop signal during start-up, before the
+    trainer's handler is installed (launchers start ranks with it blocked), in the run's first attempt only."""
+    if env.rank != cfg.chaos.signal_rank or 0 not in cfg.chaos.signal_at_steps or RunPaths(cfg.run_dir).trajectory(env.rank).exists():
+        return
+    log.warning("chaos: rank %d sends itself %s during start-up", env.rank, sig.name)
+    os.kill(os.getpid(), sig)
+
+
 def _run(cfg: Config, env: RankEnv, on_event: Callable[[dict], None]) -> int:
-    torch.set_num_threads(cfg.determinism.threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
+    threads = resolve_threads(cfg.determinism.threads, env.local_world_size)
+    torch.set_num_threads(threads.count)
+    log.info("rank %d: %s torch threads", env.rank, threads.describe())
     entrypoint = resolve_entrypoint(cfg)
     seeds = seed_everything(cfg.determinism.seed, env.rank, cfg.determinism.mode)
     use_cuda = torch.cuda.is_available()

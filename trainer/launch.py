@@ -61,17 +61,23 @@ def main(argv: list[str] | None = None) -> int:
 
 def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signal.Signals) -> int:
     port = free_port()
-    procs = [subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port)) for rank in range(nproc)]
+    procs: list[subprocess.Popen] = []
 
     def forward(signum: int, frame: object) -> None:
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
 
+    # The ranks inherit the blocked mask: a stop signal during their start-up waits for their handler
+    # (which unblocks it) instead of killing them. One that reaches this launcher meanwhile is forwarded after.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {stop_signal})
     previous = signal.signal(stop_signal, forward)
     try:
+        procs += [subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port)) for rank in range(nproc)]
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
         return _wait(procs)
     finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
         signal.signal(stop_signal, previous)
 
 

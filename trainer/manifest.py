@@ -137,8 +137,13 @@ def installed_torch_version() -> str:
     return importlib.metadata.version("torch")
 
 
-def check_compatible(manifest: dict, path: Path, world_size: int, training: dict, torch_version: str) -> None:
-    """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit."""
+def check_compatible(
+    manifest: dict, path: Path, world_size: int, training: dict | None, torch_version: str, threads: int | None = None, strict: bool = True
+) -> None:
+    """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit.
+
+    A different torch thread count is refused when `strict`, and only warned about otherwise.
+    """
     if manifest["world_size"] != world_size:
         raise UsageError(
             f"Checkpoint {path} was written by {manifest['world_size']} ranks, but this run has {world_size}. "
@@ -150,6 +155,7 @@ def check_compatible(manifest: dict, path: Path, world_size: int, training: dict
             f"Checkpoint {path} was written with torch {manifest['torch_version']}, this is torch {torch_version}. "
             "RNG state layouts and kernels differ between versions; resume with the torch that wrote it, or start a new run directory."
         )
+    _check_threads(manifest, path, threads, strict)
     saved = manifest.get("training")
     if saved is not None and saved != training:
         keys = [key for key, _, _ in changed_leaves(saved, training)]
@@ -157,3 +163,17 @@ def check_compatible(manifest: dict, path: Path, world_size: int, training: dict
             f"Run directory {path.parent.parent} belongs to another training config: {', '.join(keys)} differ from "
             "the checkpoint. Use the config that started this run, or a new run.dir."
         )
+
+
+def _check_threads(manifest: dict, path: Path, threads: int | None, strict: bool) -> None:
+    saved = manifest.get("threads")
+    if saved is None or threads is None or saved == threads:
+        return
+    message = (
+        f"Checkpoint {path} was written with {saved} torch threads per rank, but this run has {threads}. CPU kernels "
+        "split their sums by thread count, so the run would continue on another trajectory. Give the job the "
+        f"allocation it had ({saved} CPUs per task: slurm.cpus_per_task on SLURM, or as many CPUs per local rank)"
+    )
+    if strict:
+        raise UsageError(f"{message}, or set determinism.mode: fast to continue with a warning.")
+    log.warning("%s. Continuing because determinism.mode is fast: the resumed run is not bitwise the uninterrupted one.", message)

@@ -37,8 +37,9 @@ from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.hashing import global_hash, rank_hash
 from legato.manifest import check_compatible, list_checkpoints, newest_valid
 from legato.paths import RunPaths
+from legato.reduction import Pinning, pin_bucket_layout
 from legato.sampler import ResumableDistributedSampler, worker_init
-from legato.stop import StopAgreement, StopFlag, parse_signal
+from legato.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.trajectory import TrajectoryWriter
 
 if TYPE_CHECKING:
@@ -250,8 +251,16 @@ class Session:
         else:
             resume_step = found[1]["step"]
             self._restore(*found)
+        # Before the first forward pass; chaos "buckets" leaves DDP's own layout on resume (fault injection).
+        pinning = pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets") else Pinning(False, "chaos: DDP's own layout")
+        self.on_event({"event": "bucket_layout", "rank": self.rank, "step": self.step, "pinned": pinning.pinned, "reason": pinning.reason})
         self._trajectory = TrajectoryWriter(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
         self._take_snapshot()
+        if agree_at_start(self._flag, self.group):
+            # A stop signal during start-up: stop before the first step; the newest checkpoint already holds this state.
+            log.info("rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank, self.step)
+            self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
+            self.stopped = True
 
     def _replayable(self, manifest: dict) -> bool:
         return self._snapshot is not None and "replay" in manifest and manifest["step"] < self.total_steps
@@ -357,7 +366,7 @@ class Session:
         if base is not None:
             files.update(table.files(self.components, self._snapshot.parts, self.rank, prefix=REPLAY_PREFIX))
         share = ckpt.RankShare(self.rank, files, components, rank_hash(components), replay=base)
-        meta = {"reason": reason, "epoch": self.epoch, "training": self.training}
+        meta = {"reason": reason, "epoch": self.epoch, "training": self.training, "threads": torch.get_num_threads()}
         committed = ckpt.write_checkpoint(
             self.checkpoint_root, self.step, share, self.world_size, self.group, meta, self.policy.keep_last, self.chaos.kill
         )
@@ -561,10 +570,16 @@ def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict
         return None
     path, manifest = found
     try:
-        check_compatible(manifest, path, world_size, training, torch.__version__)
+        check_compatible(manifest, path, world_size, training, torch.__version__, torch.get_num_threads(), _strict(training))
     except UsageError as exc:
         return str(exc)
     return str(path), manifest
+
+
+def _strict(training: dict | None) -> bool:
+    """determinism.mode from the run's settings; for a Session used without a config, whether torch runs deterministic."""
+    mode = (training or {}).get("determinism", {}).get("mode")
+    return mode == "strict" if mode is not None else torch.are_deterministic_algorithms_enabled()
 
 
 class _Counters:

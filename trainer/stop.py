@@ -45,13 +45,18 @@ class StopFlag:
         self._previous: dict[signal.Signals, Callable | int | None] = {}
 
     def install(self) -> None:
-        """Take over the signals; a signal an earlier StopFlag already caught counts as received here."""
+        """Take over the signals; a signal an earlier StopFlag already caught counts as received here.
+
+        Then unblock them: a launcher may start a process with its stop signals blocked
+        (`legato.slurm.startmask`), and a signal held since start-up is delivered to this handler now.
+        """
         for sig in self.signals:
             previous = signal.signal(sig, self._handle)
             self._previous[sig] = previous
             earlier = getattr(previous, "__self__", None)
             if isinstance(earlier, StopFlag) and earlier.raised and not self.raised:
                 self.received_at, self.signum = earlier.received_at, earlier.signum
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)
 
     def uninstall(self) -> None:
         for sig, handler in self._previous.items():
@@ -128,6 +133,15 @@ class StopAgreement:
         self._pending = None
         work.wait()
         return Decision(stop=bool(flags[0]), checkpoint_due=bool(flags[1])), int(-flags[2])
+
+
+def agree_at_start(flag: StopFlag, group: dist.ProcessGroup | None) -> bool:
+    """Before the first step: whether any rank got a stop signal during start-up (one blocking all-reduce)."""
+    if group is None:
+        return flag.raised
+    raised = torch.tensor([int(flag.raised)], dtype=torch.int64)
+    dist.all_reduce(raised, op=dist.ReduceOp.MAX, group=group)
+    return bool(raised[0])
 
 
 def stop_signals(name: str, also_sigterm: bool) -> tuple[str, ...]:

@@ -1,0 +1,64 @@
+"""Threads from the allocation: the rule, the count in every checkpoint, and a resume under another count."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import FAST_GPT, ROOT, TINY_GPT, manifest
+
+from legato.errors import UsageError
+from legato.manifest import check_compatible
+from legato.threads import resolve_threads
+
+
+def test_thread_count_comes_from_config_then_slurm_then_affinity() -> None:
+    assert resolve_threads(3, 2, {"SLURM_CPUS_PER_TASK": "8"}).count == 3
+    slurm = resolve_threads(0, 2, {"SLURM_CPUS_PER_TASK": "6"})
+    assert (slurm.count, slurm.source) == (6, "SLURM_CPUS_PER_TASK")
+    local = resolve_threads(0, 2, {})
+    assert local.count == max(1, len(os.sched_getaffinity(0)) // 2) and "available CPUs / 2 local ranks" in local.source
+    assert resolve_threads(0, 10_000, {}).count == 1
+
+
+def test_compatibility_check_refuses_another_thread_count_in_strict_and_warns_in_fast(caplog: pytest.LogCaptureFixture) -> None:
+    saved = {"world_size": 2, "torch_version": "2.13.0", "threads": 4, "training": None}
+    with pytest.raises(UsageError, match="written with 4 torch threads per rank, but this run has 2") as info:
+        check_compatible(saved, Path("/r/checkpoints/step_5"), 2, None, "2.13.0", threads=2, strict=True)
+    assert "determinism.mode: fast" in str(info.value)
+    check_compatible(saved, Path("/r/checkpoints/step_5"), 2, None, "2.13.0", threads=2, strict=False)
+    assert "Continuing because determinism.mode is fast" in caplog.text
+    check_compatible(saved, Path("/r/checkpoints/step_5"), 2, None, "2.13.0", threads=4, strict=True)
+
+
+def trainer(run_dir: Path, cpus: str, *sets: str) -> subprocess.CompletedProcess:
+    """A 2-rank trainer run whose allocation says `cpus` CPUs per task."""
+    cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={run_dir}"]
+    for item in (*FAST_GPT, "train.steps=6", "train.num_workers=0", *sets):
+        cmd += ["--set", item]
+    env = dict(os.environ, PYTHONWARNINGS="ignore", SLURM_CPUS_PER_TASK=cpus)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["strict", "fast"])
+def test_resume_with_another_thread_count(tmp_path: Path, mode: str) -> None:
+    run_dir = tmp_path / "run"
+    first = trainer(run_dir, "1", f"determinism.mode={mode}", "chaos.signal_at_steps=[2]")
+    assert first.returncode == 75, first.stderr[-3000:]
+    assert manifest(run_dir)["threads"] == 1 and "1 (from SLURM_CPUS_PER_TASK) torch threads" in first.stderr
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+
+    second = trainer(run_dir, "2", f"determinism.mode={mode}")
+    if mode == "strict":
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert "written with 1 torch threads per rank, but this run has 2" in second.stderr
+        assert "Traceback" not in second.stderr
+        assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == saved
+    else:
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert "Continuing because determinism.mode is fast" in second.stderr
+        assert manifest(run_dir)["threads"] == 2
