@@ -64,8 +64,9 @@ class Identity:
         digest = hashlib.sha256(f"{self.job_id}/{self.restart}".encode()).digest()
         return PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
 
-    def rank_env(self) -> RankEnv:
-        master = "127.0.0.1" if self.executor == "local" else self.hosts[0]
+    def rank_env(self, master_addr: str | None = None) -> RankEnv:
+        """Where the ranks meet: `slurm.master_addr` when set, else this machine (local) or the job's first node."""
+        master = master_addr or ("127.0.0.1" if self.executor == "local" else self.hosts[0])
         return RankEnv(self.rank, self.world_size, self.local_rank, self.local_world_size, master, self.port)
 
     def tag(self) -> dict:
@@ -108,7 +109,7 @@ class TrainTask:
         if ident.local_rank == 0 and cfg.repro.enabled:
             _capture_environment(cfg, ledger, ident, self.command)
         events = JobEvents(ledger, ident, RunPaths(cfg.run_dir).progress)
-        code = run_rank(cfg, ident.rank_env(), on_event=events)
+        code = run_rank(cfg, ident.rank_env(cfg.slurm.master_addr), on_event=events)
         if code == EXIT_OK:
             if ident.rank == 0:
                 ledger.append("finished", **ident.tag(), step=events.last_step, final_global_hash=events.final_hash)

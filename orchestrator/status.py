@@ -57,6 +57,7 @@ class RunSummary:
     job_id: str | None
     requeues: int
     resubmissions: int
+    excluded_nodes: list[str] = field(default_factory=list)
 
     @property
     def all_resumes_verified(self) -> bool:
@@ -93,17 +94,19 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
     attempts: dict[tuple[str, int], Attempt] = {}
     state, failure, final_hash, total = "submitted", None, None, None
     requeues = resubmissions = 0
+    excluded: list[str] = []
     for e in events:
         kind, key = e["event"], (str(e.get("job_id")), e.get("restart"))
         attempt = attempts.get(key)
         if kind == "run_started":
-            state, failure, total = "submitted", None, e.get("total_steps")
+            state, failure, total, excluded = "submitted", None, e.get("total_steps"), []
         elif kind == "attempt_started":
             attempt = Attempt(len(attempts) + 1, key[0], key[1], e.get("hosts", []), e.get("world_size", 0), e["time"])
             attempts[key] = attempt
             state = "running"
         elif kind == "resubmitted":
             resubmissions += 1
+            excluded = sorted(set(excluded) | set(e.get("excluded", ())))
             _end_open(attempts, e.get("previous_job_id"), f"ended ({e.get('reason')}), resubmitted")
         elif kind in TERMINAL:
             state = kind
@@ -125,7 +128,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
                 attempt.ended = "ended"
     step = max((a.last_step for a in ordered), default=0)
     return RunSummary(
-        str(run_dir), state, state == "finished", final_hash, failure, total, step, ordered, current_job(events), requeues, resubmissions
+        str(run_dir), state, state == "finished", final_hash, failure, total, step, ordered, current_job(events), requeues, resubmissions, excluded
     )
 
 
@@ -144,8 +147,10 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.ended = "requeued"
     elif kind == "requeue_failed":
         attempt.ended = f"not requeued: {e.get('reason')}"
-    elif kind == "repro_captured" and e.get("node", 0) == 0:
-        attempt.environment = e.get("sections", {})
+    elif kind == "repro_captured":
+        # Node 0's sections under their own names (as a one-node job has them), node N's as "nodeN/<section>".
+        prefix = f"node{e['node']}/" if e.get("node") else ""
+        attempt.environment.update({prefix + name: digest for name, digest in e.get("sections", {}).items()})
     elif kind == "finished":
         attempt.ended = "finished"
     elif kind == "failed":
@@ -153,7 +158,7 @@ def _apply(attempt: Attempt, e: dict) -> None:
 
 
 def _mark_environment_changes(attempts: list[Attempt]) -> None:
-    """Name the capture sections in which each attempt's environment differs from the previous attempt's."""
+    """Name the capture sections, on every node, in which each attempt's environment differs from the previous attempt's."""
     for before, after in zip(attempts, attempts[1:]):
         if before.environment and after.environment:
             names = sorted(set(before.environment) | set(after.environment))

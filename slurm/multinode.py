@@ -261,6 +261,9 @@ def _write_conf(settings: Settings, nodes: list[Node]) -> None:
         f"SchedulerParameters=sched_interval={settings.sched_interval_s},bf_interval={settings.sched_interval_s}",
         f"KillWait={settings.kill_wait_s}",
         f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
+        # A task that dies (a killed rank) ends its step at once, as on most production clusters, instead of
+        # leaving the other ranks to notice the broken connection.
+        "KillOnBadExit=1",
         "MinJobAge=3600",
         f"StateSaveLocation={STATE_DIR / 'ctld'}",
         f"SlurmctldPidFile={STATE_DIR / 'ctld' / 'slurmctld.pid'}",
