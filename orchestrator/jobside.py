@@ -103,13 +103,15 @@ class TrainTask:
         ledger = Ledger(cfg.run_dir)
         _take_signals()
         ident = identify(ledger)
+        rank_env = ident.rank_env(cfg.slurm.master_addr)
         if ident.rank == 0:
-            ledger.append("attempt_started", **ident.tag(), executor=ident.executor, hosts=list(ident.hosts), world_size=ident.world_size)
+            fields = {"executor": ident.executor, "hosts": list(ident.hosts), "world_size": ident.world_size, "master_addr": rank_env.master_addr}
+            ledger.append("attempt_started", **ident.tag(), **fields)
         ledger.append("rank_started", **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
         if ident.local_rank == 0 and cfg.repro.enabled:
             _capture_environment(cfg, ledger, ident, self.command)
         events = JobEvents(ledger, ident, RunPaths(cfg.run_dir).progress)
-        code = run_rank(cfg, ident.rank_env(cfg.slurm.master_addr), on_event=events)
+        code = run_rank(cfg, rank_env, on_event=events)
         if code == EXIT_OK:
             if ident.rank == 0:
                 ledger.append("finished", **ident.tag(), step=events.last_step, final_global_hash=events.final_hash)

@@ -94,6 +94,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
     attempts: dict[tuple[str, int], Attempt] = {}
     state, failure, final_hash, total = "submitted", None, None, None
     requeues = resubmissions = 0
+    captures: list[dict] = []
     excluded: list[str] = []
     for e in events:
         kind, key = e["event"], (str(e.get("job_id")), e.get("restart"))
@@ -112,6 +113,9 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
             state = kind
             failure = e.get("reason") if kind != "finished" else None
             final_hash = e.get("final_global_hash", final_hash)
+        if kind == "repro_captured":
+            captures.append(e)  # another node's capture can be written before rank 0 records the attempt
+            continue
         if attempt is None:
             continue
         _apply(attempt, e)
@@ -120,6 +124,9 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
         live = attempts[(str(progress["job_id"]), progress["restart"])]
         live.last_step = max(live.last_step, int(progress.get("step") or 0))
         total = total or progress.get("total_steps")
+    for e in captures:
+        if (str(e.get("job_id")), e.get("restart")) in attempts:
+            _apply_capture(attempts[(str(e.get("job_id")), e.get("restart"))], e)
     ordered = sorted(attempts.values(), key=lambda a: a.number)
     _mark_environment_changes(ordered)
     if state in TERMINAL:
@@ -147,14 +154,16 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.ended = "requeued"
     elif kind == "requeue_failed":
         attempt.ended = f"not requeued: {e.get('reason')}"
-    elif kind == "repro_captured":
-        # Node 0's sections under their own names (as a one-node job has them), node N's as "nodeN/<section>".
-        prefix = f"node{e['node']}/" if e.get("node") else ""
-        attempt.environment.update({prefix + name: digest for name, digest in e.get("sections", {}).items()})
     elif kind == "finished":
         attempt.ended = "finished"
     elif kind == "failed":
         attempt.ended = "failed"
+
+
+def _apply_capture(attempt: Attempt, e: dict) -> None:
+    """Node 0's sections under their own names (as a one-node job has them), node N's as "nodeN/<section>"."""
+    prefix = f"node{e['node']}/" if e.get("node") else ""
+    attempt.environment.update({prefix + name: digest for name, digest in e.get("sections", {}).items()})
 
 
 def _mark_environment_changes(attempts: list[Attempt]) -> None:
