@@ -16,8 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, manifest, run_trainer
+from conftest import ROOT, manifest
 from test_supervisor import ledger, wait_for
+
+from legato.slurm.multinode import Node, client_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -29,8 +31,6 @@ SHORT = ("train.steps=160", "checkpoint.every_steps=40", "checkpoint.hash_every_
 
 
 def slurm_env() -> dict:
-    from legato.slurm.multinode import client_env
-
     return client_env(dict(os.environ, PYTHONWARNINGS="ignore"))
 
 
@@ -66,13 +66,31 @@ def cluster() -> None:
         legato("devcluster", "down", "--nodes")
 
 
+class LocalReference:
+    """An uninterrupted local run of the same training settings and threads, started now (it runs while a SLURM
+    job waits on the scheduler) and read when a test needs its final hash."""
+
+    def __init__(self, config: Path, run_dir: Path, nproc: int, *sets: str) -> None:
+        cmd = [sys.executable, "-m", "legato", str(config), "--nproc", str(nproc), "--set", f"run.dir={run_dir}"]
+        for item in (*SHORT, *sets):
+            cmd += ["--set", item]
+        self.run_dir = run_dir
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=slurm_env())
+
+    def final_hash(self) -> str:
+        try:
+            _, err = self.proc.communicate(timeout=600)
+        finally:
+            self.proc.kill()
+        assert self.proc.returncode == 0, err[-3000:]
+        return manifest(self.run_dir)["global_hash"]
+
+
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Final global hash of an uninterrupted local 2-rank run of the same training settings and threads."""
-    ref = tmp_path_factory.mktemp("reference")
-    proc = run_trainer(TWO_NODE, ref, *SHORT, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return manifest(ref)["global_hash"]
+def reference(tmp_path_factory: pytest.TempPathFactory) -> LocalReference:
+    ref = LocalReference(TWO_NODE, tmp_path_factory.mktemp("reference"), 2)
+    yield ref
+    ref.proc.kill()
 
 
 def start(config: Path, run_dir: Path, *sets: str) -> subprocess.Popen:
@@ -107,9 +125,10 @@ def events(run_dir: Path, kind: str) -> list[dict]:
     return [e for e in ledger(run_dir) if e["event"] == kind] if (run_dir / "ledger.jsonl").exists() else []
 
 
-def test_two_nodes_stop_requeue_and_resume_bitwise(cluster, tmp_path: Path, reference: str) -> None:
+def test_two_nodes_stop_requeue_and_resume_bitwise(cluster, tmp_path: Path, reference: LocalReference) -> None:
     run_dir = tmp_path / "run"
-    proc = start(TWO_NODE, run_dir)
+    # The first node's address as an explicit rendezvous (by default it is the first node's name).
+    proc = start(TWO_NODE, run_dir, f"slurm.master_addr={Node(1).address}")
     wait_for(lambda: step_reached(run_dir, 70), timeout=240, what="step 70")
     job_id = events(run_dir, "submitted")[0]["job_id"]
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env=slurm_env())  # what the time limit sends, now
@@ -123,17 +142,17 @@ def test_two_nodes_stop_requeue_and_resume_bitwise(cluster, tmp_path: Path, refe
     ranks = {e["rank"]: e["host"] for e in events(run_dir, "rank_started") if e["restart"] == 0}
     assert ranks == {0: "legato-n1", 1: "legato-n2"} and first["hosts"] == ["legato-n1", "legato-n2"]
     assert {e["rank"] for e in events(run_dir, "stop_signal")} == {0, 1}
-    assert [e["master_addr"] for e in events(run_dir, "attempt_started")] == ["legato-n1", "legato-n1"]
+    assert [e["master_addr"] for e in events(run_dir, "attempt_started")] == [Node(1).address] * 2
     # Per-node truth: node 1 captured its own environment every attempt, and status compared it too.
     for restart in (0, 1):
         node1 = json.loads((run_dir / "repro" / job_id / str(restart) / "node1" / "manifest.json").read_text())
         assert node1["host"] == "legato-n2" and node1["labels"]["node"] == 1
     assert {e["node"] for e in events(run_dir, "repro_captured")} == {0, 1}
     assert second["environment_changed"] == []
-    assert data["final_global_hash"] == reference
+    assert data["final_global_hash"] == reference.final_hash()
 
 
-def test_killed_rank_on_a_failed_node_is_resubmitted_without_that_node(cluster, tmp_path: Path, reference: str) -> None:
+def test_killed_rank_on_a_failed_node_is_resubmitted_without_that_node(cluster, tmp_path: Path, reference: LocalReference) -> None:
     run_dir = tmp_path / "run"
     proc = start(TWO_NODE, run_dir)
     failed = None
@@ -160,18 +179,33 @@ def test_killed_rank_on_a_failed_node_is_resubmitted_without_that_node(cluster, 
     first, second = data["attempts"]
     assert data["resubmissions"] == 1 and data["excluded_nodes"] == [failed]
     assert failed not in second["hosts"] and len(second["hosts"]) == 2
+    # Without slurm.master_addr the ranks meet on the job's first node, wherever the job landed.
+    assert [e["master_addr"] for e in events(run_dir, "attempt_started")] == [first["hosts"][0], second["hosts"][0]]
     assert second["resumed_from_step"] >= newest and second["resumed_from_step"] % 40 == 0 and second["verified"] is True
     assert "excluding " + failed in out
-    assert data["final_global_hash"] == reference
+    assert data["final_global_hash"] == reference.final_hash()
 
 
-def test_master_address_override_is_where_the_ranks_meet(cluster, tmp_path: Path) -> None:
-    from legato.slurm.multinode import Node
-
+@pytest.mark.xfail(
+    strict=True,
+    reason="world size 4 parts from the uninterrupted run a few steps after a resume (DDP's bucket layout, issue 13 item 1); "
+    "the fix is on another branch: remove this mark when it lands",
+)
+def test_two_by_two_resumes_bitwise_with_four_local_ranks(cluster, tmp_path: Path) -> None:
+    sets = ("train.steps=60", "checkpoint.every_steps=20")
     run_dir = tmp_path / "run"
-    first_node_ip = Node(1).address
-    sets = ("train.steps=20", "checkpoint.every_steps=0", f"slurm.master_addr={first_node_ip}")
-    proc = legato("run", str(TWO_NODE), "--set", f"run.dir={run_dir}", *(f"--set={s}" for s in (*SHORT, *sets)))
-    assert proc.returncode == 0, proc.stdout[-3000:]
-    started = events(run_dir, "attempt_started")
-    assert [e["master_addr"] for e in started] == [first_node_ip] and started[0]["hosts"][0] == "legato-n1"
+    proc = start(TWO_BY_TWO, run_dir, *sets)
+    reference = LocalReference(TWO_BY_TWO, tmp_path / "reference", 4, *sets)
+    try:
+        wait_for(lambda: step_reached(run_dir, 25), timeout=240, what="step 25")
+        subprocess.run(["scancel", "--signal=USR2", events(run_dir, "submitted")[0]["job_id"]], check=True, env=slurm_env())
+        out = finish(proc)
+        local_hash = reference.final_hash()
+    finally:
+        reference.proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    data = status(run_dir)
+    hosts = {e["rank"]: e["host"] for e in events(run_dir, "rank_started") if e["restart"] == 0}
+    assert hosts == {0: "legato-n1", 1: "legato-n1", 2: "legato-n2", 3: "legato-n2"}
+    assert len(data["attempts"]) == 2 and data["all_resumes_verified"]
+    assert data["final_global_hash"] == local_hash
