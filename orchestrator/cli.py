@@ -8,7 +8,7 @@
     legato verify CONFIG [--interrupt-at 7,19 | --interruptions K --seed S]   prove bitwise resume
     legato plot RUN_DIR                                  loss curve PNG with resume points
     legato repro show|diff|capture                       environment captures per job and attempt
-    legato devcluster up|down|status                     a real one-node SLURM on this machine
+    legato devcluster up|down|status [--nodes N]         a real SLURM on this machine: one node, or N network-namespace nodes
     legato train CONFIG [--nproc N]                      no scheduler: rerun the trainer until done
 
 Exit codes: 0 training complete with every resume verified, 1 the run failed
@@ -39,13 +39,14 @@ from legato.orchestrator.status import current_job, current_session, read_progre
 from legato.orchestrator.supervisor import Supervisor, session_exit_code, start_session
 from legato.orchestrator.verify import Verdict, compare_runs, interruption_steps, nondeterminism, plan_runs
 from legato.paths import RunPaths
-from legato.slurm import devcluster
+from legato.slurm import devcluster, multinode
 from legato.slurm.devcluster import Settings
 from legato.slurm.jobs import JobHandle
 
 MAX_LOCAL_ATTEMPTS = 100
 DETACH_WAIT_S = 120.0
 EXIT_INTERRUPTED = 130
+MULTINODE_ANY = -1  # `--nodes` without a number: whichever multi-node cluster is up
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,8 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     rcap.add_argument("--code", action="append", default=[], metavar="PATH", help="your code's directory, for its git state (default: .)")
     rcap.add_argument("--timeout", type=float, default=5.0, metavar="S", help="limit per external command (default %(default)s)")
 
-    dev = sub.add_parser("devcluster", help="a real one-node SLURM cluster on this machine (root, Debian)")
+    dev = sub.add_parser("devcluster", help="a real SLURM cluster on this machine: one node, or N nodes in network namespaces (root, Debian)")
     dev.add_argument("action", choices=("up", "down", "status"))
+    dev.add_argument(
+        "--nodes", type=int, nargs="?", const=MULTINODE_ANY, default=None, metavar="N",
+        help="the multi-node cluster: N slurmd nodes, each its own network namespace, hostname and munge (with down/status: N may be omitted)",
+    )
     dev.add_argument("--cred-expire", type=int, default=Settings.cred_expire_s, metavar="S", help="credential expiry; a requeued job waits S+1 s (default %(default)s)")
     dev.add_argument("--sched-interval", type=int, default=Settings.sched_interval_s, metavar="S", help="scheduler and backfill interval (default %(default)s)")
     dev.add_argument("--kill-wait", type=int, default=Settings.kill_wait_s, metavar="S", help="SIGTERM to SIGKILL delay (default %(default)s)")
@@ -450,6 +455,8 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 def cmd_devcluster(args: argparse.Namespace) -> int:
     say = lambda text: print(f"devcluster: {text}", flush=True)  # noqa: E731
+    if args.nodes is not None:
+        return _multinode(args, say)
     if args.action == "down":
         devcluster.down(say)
         return EXIT_OK
@@ -460,6 +467,28 @@ def cmd_devcluster(args: argparse.Namespace) -> int:
     for d in daemons:
         say(f"{d.name:<10} pid {d.pid:<8} {'running' if d.alive() else 'NOT running'}  (log {d.log})")
     say(f"node: {info}" if info else "the controller does not answer")
+    return EXIT_OK if info else EXIT_FAILED
+
+
+def _multinode(args: argparse.Namespace, say) -> int:
+    if args.action == "down":
+        multinode.down(say)
+        return EXIT_OK
+    if args.action == "up":
+        if args.nodes == MULTINODE_ANY:
+            raise UsageError("legato devcluster up --nodes needs a node count, for example --nodes 2.")
+        if not args.no_accounting:
+            say("the multi-node cluster runs without accounting (no sacct); legato reads job states from scontrol")
+        multinode.up(args.nodes, Settings(args.cred_expire, args.sched_interval, args.kill_wait, False), say)
+    daemons, info = multinode.status()
+    for d in daemons:
+        say(f"{d.name:<18} pid {d.pid:<8} {'running' if d.alive() else 'NOT running'}  (log {d.log})")
+    if info:
+        say(f"SLURM_CONF={multinode.SLURM_CONF}")
+        for line in info.splitlines():
+            say(f"node: {line}")
+    else:
+        say("the controller does not answer")
     return EXIT_OK if info else EXIT_FAILED
 
 

@@ -84,7 +84,11 @@ class LiveView:
             "replay_stopped": lambda: f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands",
             "requeued": lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
             "requeue_failed": lambda: f"{tag}could not requeue: {e['reason']}",
-            "resubmitted": lambda: f"job {e['previous_job_id']} ended ({e['reason']}) without requeuing itself; resubmitted as job {e['job_id']}",
+            "resubmitted": lambda: (
+                f"job {e['previous_job_id']} ended ({e['reason']}) without requeuing itself; resubmitted as job {e['job_id']}"
+                + "".join(f"; node {n} is {s}" for n, s in e.get("failed_nodes", {}).items())
+                + (f"; excluding {', '.join(e['excluded'])}" if e.get("excluded") else "")
+            ),
             "finished": lambda: f"{tag}training complete at step {e['step']}, final global hash {e['final_global_hash']}",
             "failed": lambda: f"{tag}FAILED: {e['reason']}",
             "cancel_requested": lambda: "cancel requested",
@@ -152,6 +156,8 @@ def status_table(summary: RunSummary) -> str:
     total = summary.total_steps or "?"
     head = f"run {summary.run_dir}: {state}, step {summary.step}/{total}, {len(summary.attempts)} attempt(s), {summary.requeues} requeue(s), {summary.resubmissions} resubmission(s)"
     tail = []
+    if summary.excluded_nodes:
+        tail.append(f"nodes excluded after they failed: {', '.join(summary.excluded_nodes)}")
     if summary.finished:
         tail.append(f"final global hash {summary.final_global_hash}; every resume verified: {'yes' if summary.all_resumes_verified else 'NO'}")
     if summary.failure:

@@ -66,8 +66,9 @@ class Identity:
         digest = hashlib.sha256(f"{self.job_id}/{self.restart}".encode()).digest()
         return PORT_BASE + int.from_bytes(digest[:4], "big") % PORT_SPAN
 
-    def rank_env(self) -> RankEnv:
-        master = "127.0.0.1" if self.executor == "local" else self.hosts[0]
+    def rank_env(self, master_addr: str | None = None) -> RankEnv:
+        """Where the ranks meet: `slurm.master_addr` when set, else this machine (local) or the job's first node."""
+        master = master_addr or ("127.0.0.1" if self.executor == "local" else self.hosts[0])
         return RankEnv(self.rank, self.world_size, self.local_rank, self.local_world_size, master, self.port)
 
     def tag(self) -> dict:
@@ -104,13 +105,15 @@ class TrainTask:
         _take_signals(cfg)
         ledger = Ledger(cfg.run_dir)
         ident = identify(ledger)
+        rank_env = ident.rank_env(cfg.slurm.master_addr)
         if ident.rank == 0:
-            ledger.append("attempt_started", **ident.tag(), executor=ident.executor, hosts=list(ident.hosts), world_size=ident.world_size)
+            fields = {"executor": ident.executor, "hosts": list(ident.hosts), "world_size": ident.world_size, "master_addr": rank_env.master_addr}
+            ledger.append("attempt_started", **ident.tag(), **fields)
         ledger.append("rank_started", **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
         if ident.local_rank == 0 and cfg.repro.enabled:
             _capture_environment(cfg, ledger, ident, self.command)
         events = JobEvents(ledger, ident, RunPaths(cfg.run_dir).progress)
-        code = run_rank(cfg, ident.rank_env(), on_event=events)
+        code = run_rank(cfg, rank_env, on_event=events)
         if code == EXIT_OK:
             if ident.rank == 0:
                 ledger.append("finished", **ident.tag(), step=events.last_step, final_global_hash=events.final_hash)
@@ -231,6 +234,8 @@ def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: Job
         ledger.append("failed", **tag, exit_code=code, reason=reason)
         return "failed"
     if ident.executor == "slurm":
+        # `scontrol requeue` has SLURM end this job's tasks with SIGTERM at once: hold it until the decision is on record.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
         problem = requeue(ident.job_id)
         if problem:
             ledger.append("requeue_failed", **tag, reason=problem)

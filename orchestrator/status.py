@@ -70,6 +70,7 @@ class RunSummary:
     job_id: str | None
     requeues: int
     resubmissions: int
+    excluded_nodes: list[str] = field(default_factory=list)
 
     @property
     def all_resumes_verified(self) -> bool:
@@ -106,22 +107,28 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
     attempts: dict[tuple[str, int], Attempt] = {}
     state, failure, final_hash, total = "submitted", None, None, None
     requeues = resubmissions = 0
+    captures: list[dict] = []
+    excluded: list[str] = []
     for e in events:
         kind, key = e["event"], (str(e.get("job_id")), e.get("restart"))
         attempt = attempts.get(key)
         if kind == "run_started":
-            state, failure, total = "submitted", None, e.get("total_steps")
+            state, failure, total, excluded = "submitted", None, e.get("total_steps"), []
         elif kind == "attempt_started":
             attempt = Attempt(len(attempts) + 1, key[0], key[1], e.get("hosts", []), e.get("world_size", 0), e["time"])
             attempts[key] = attempt
             state = "running"
         elif kind == "resubmitted":
             resubmissions += 1
+            excluded = sorted(set(excluded) | set(e.get("excluded", ())))
             _end_open(attempts, e.get("previous_job_id"), f"ended ({e.get('reason')}), resubmitted")
         elif kind in TERMINAL:
             state = kind
             failure = e.get("reason") if kind != "finished" else None
             final_hash = e.get("final_global_hash", final_hash)
+        if kind == "repro_captured":
+            captures.append(e)  # another node's capture can be written before rank 0 records the attempt
+            continue
         if attempt is None:
             continue
         _apply(attempt, e)
@@ -130,6 +137,9 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
         live = attempts[(str(progress["job_id"]), progress["restart"])]
         live.last_step = max(live.last_step, int(progress.get("step") or 0))
         total = total or progress.get("total_steps")
+    for e in captures:
+        if (str(e.get("job_id")), e.get("restart")) in attempts:
+            _apply_capture(attempts[(str(e.get("job_id")), e.get("restart"))], e)
     ordered = sorted(attempts.values(), key=lambda a: a.number)
     _mark_environment_changes(ordered)
     if state in TERMINAL:
@@ -138,7 +148,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
                 attempt.ended = "ended"
     step = max((a.last_step for a in ordered), default=0)
     return RunSummary(
-        str(run_dir), state, state == "finished", final_hash, failure, total, step, ordered, current_job(events), requeues, resubmissions
+        str(run_dir), state, state == "finished", final_hash, failure, total, step, ordered, current_job(events), requeues, resubmissions, excluded
     )
 
 
@@ -160,16 +170,20 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.ended = "requeued"
     elif kind == "requeue_failed":
         attempt.ended = f"not requeued: {e.get('reason')}"
-    elif kind == "repro_captured" and e.get("node", 0) == 0:
-        attempt.environment = e.get("sections", {})
     elif kind == "finished":
         attempt.ended = "finished"
     elif kind == "failed":
         attempt.ended = "failed"
 
 
+def _apply_capture(attempt: Attempt, e: dict) -> None:
+    """Node 0's sections under their own names (as a one-node job has them), node N's as "nodeN/<section>"."""
+    prefix = f"node{e['node']}/" if e.get("node") else ""
+    attempt.environment.update({prefix + name: digest for name, digest in e.get("sections", {}).items()})
+
+
 def _mark_environment_changes(attempts: list[Attempt]) -> None:
-    """Name the capture sections in which each attempt's environment differs from the previous attempt's."""
+    """Name the capture sections, on every node, in which each attempt's environment differs from the previous attempt's."""
     for before, after in zip(attempts, attempts[1:]):
         if before.environment and after.environment:
             names = sorted(set(before.environment) | set(after.environment))

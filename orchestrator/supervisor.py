@@ -9,7 +9,9 @@ run only through the ledger and the progress file the job writes, reports
 every new event and progress reading to a callback (the CLI formats them),
 and returns the run's exit code: 0 only when training finished and every
 resume verified. `chaos.preempt_every_s` has it deliver the real stop signal
-to the job's tasks, for demos and tests. It must never submit while another
+to the job's tasks, for demos and tests. A resubmission excludes (`--exclude`) the
+ended job's nodes that SLURM reports failed, and every node excluded earlier in
+the session, and records them in the ledger. It must never submit while another
 supervisor holds the run directory (the caller holds the lock).
 """
 
@@ -28,7 +30,7 @@ from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import TERMINAL, current_job, current_session, read_progress
 from legato.signals import parse_signal
-from legato.slurm.jobs import JobHandle, JobState
+from legato.slurm.jobs import JobHandle, JobState, failed_nodes
 from legato.slurm.submission import submit
 
 log = logging.getLogger(__name__)
@@ -193,11 +195,23 @@ class Supervisor:
                 ),
             )
             return
-        job_id = submit(self.cfg, TrainTask(str(self.config_path), attempts, _command(session)))
+        failed = self._failed_nodes(session, previous)
+        excluded = _excluded(session) | set(failed)
+        job_id = submit(self.cfg, TrainTask(str(self.config_path), attempts, _command(session)), exclude=tuple(sorted(excluded)))
         if previous is None:
             self.ledger.append("submitted", job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
         else:
-            self.ledger.append("resubmitted", job_id=job_id, previous_job_id=previous, reason=reason, attempts_before=attempts)
+            self.ledger.append(
+                "resubmitted", job_id=job_id, previous_job_id=previous, reason=reason, attempts_before=attempts,
+                failed_nodes=failed, excluded=sorted(excluded),
+            )
+
+    def _failed_nodes(self, session: list[dict], previous: str | None) -> dict[str, str]:
+        """The ended job's nodes that SLURM now reports failed (down, drained, not responding): name -> state."""
+        if previous is None or self.cfg.executor != "slurm":
+            return {}
+        hosts = [h for e in session if e["event"] == "attempt_started" and str(e.get("job_id")) == str(previous) for h in e.get("hosts", [])]
+        return failed_nodes(list(dict.fromkeys(hosts)))
 
     def _preempt(self, session: list[dict], handle: JobHandle) -> None:
         """chaos.preempt_every_s: send the stop signal once per attempt, that many seconds after it began training.
@@ -233,6 +247,11 @@ class Supervisor:
 def _command(session: list[dict]) -> tuple[str, ...]:
     started = [e for e in session if e["event"] == "run_started"]
     return tuple(started[-1].get("command", ())) if started else ()
+
+
+def _excluded(session: list[dict]) -> set[str]:
+    """Nodes already excluded in this session: a node that failed the run once stays out of its later jobs."""
+    return {n for e in session if e["event"] == "resubmitted" for n in e.get("excluded", ())}
 
 
 def _live_attempt(session: list[dict]) -> dict | None:

