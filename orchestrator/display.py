@@ -83,6 +83,7 @@ class LiveView:
             ),
             "requeued": lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
             "requeue_failed": lambda: f"{tag}could not requeue: {e['reason']}",
+            "rank_lost": lambda: f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}",
             "resubmitted": lambda: f"job {e['previous_job_id']} ended ({e['reason']}) without requeuing itself; resubmitted as job {e['job_id']}",
             "finished": lambda: f"{tag}training complete at step {e['step']}, final global hash {e['final_global_hash']}",
             "failed": lambda: f"{tag}FAILED: {e['reason']}",

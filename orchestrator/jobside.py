@@ -30,6 +30,7 @@ import submitit
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
+from legato.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor
 from legato.orchestrator.repro import CaptureRequest, capture
@@ -43,7 +44,7 @@ log = logging.getLogger(__name__)
 LOCAL_REQUEUE_EXIT = 144  # submitit's LocalExecutor restarts every task when one exits with it
 PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral range
 DECISION_TIMEOUT_S = 60.0
-DECISIONS = ("requeued", "requeue_failed", "failed")
+DECISIONS = ("requeued", "requeue_failed", "failed", "rank_lost")
 
 
 @dataclass(frozen=True)
@@ -128,6 +129,7 @@ class JobEvents:
         self.last_step = 0
         self.final_hash: str | None = None
         self.error: str | None = None
+        self.peer_lost = False
         self._first_progress: tuple[float, int] | None = None
 
     def __call__(self, event: dict) -> None:
@@ -151,6 +153,7 @@ class JobEvents:
             self.ledger.append("bucket_layout", **self.ident.tag(), step=event["step"], pinned=event["pinned"], reason=event["reason"])
         elif kind == "error":
             self.error = event["message"]
+            self.peer_lost = bool(event.get("peer_lost"))
 
     def _write_progress(self, event: dict) -> None:
         now = time.time()
@@ -217,6 +220,12 @@ def _take_signals(cfg: Config) -> None:
 def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: JobEvents, attempts_before: int) -> str:
     """Rank 0: requeue after a stop within budget; otherwise record why the job ends here."""
     tag = {**ident.tag(), "last_step": events.last_step}
+    resumable = _newest_checkpoint_step(cfg) if code != EXIT_STOPPED and events.peer_lost else None
+    if resumable is not None:
+        # Another rank (its process or its node) died: not this run's fault; the supervisor resubmits within the budget.
+        reason = f"a rank lost its peers ({(events.error or '').splitlines()[0][:200]})"
+        ledger.append("rank_lost", **tag, exit_code=code, reason=reason, checkpoint_step=resumable)
+        return "rank_lost"
     if code != EXIT_STOPPED:
         reason = events.error or f"rank 0 exited with code {code}; see `legato logs {cfg.run_dir}`"
         ledger.append("failed", **tag, exit_code=code, reason=reason)
@@ -236,6 +245,18 @@ def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: Job
             return "requeue_failed"
     ledger.append("requeued", **tag, budget_left=cfg.slurm.max_requeues - spent - 1)
     return "requeued"
+
+
+def _newest_checkpoint_step(cfg: Config) -> int | None:
+    """The step of the newest published checkpoint whose manifest is intact (the next job verifies its files)."""
+    for path in list_checkpoints(RunPaths(cfg.run_dir).checkpoints):
+        try:
+            found = read_manifest_file(path)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and found.get("manifest_sha256") == manifest_checksum(found):
+            return checkpoint_step(path)
+    return None
 
 
 def _await_decision(ledger: Ledger, ident: Identity) -> str:

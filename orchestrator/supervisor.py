@@ -177,7 +177,8 @@ class Supervisor:
                 reason=f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs {self.cfg.run_dir}`",
             )
             return
-        self._submit(session, previous=handle.job_id, reason=state)
+        lost = [e for e in session if e["event"] == "rank_lost" and e.get("job_id") == handle.job_id]
+        self._submit(session, previous=handle.job_id, reason=f"{state}: {lost[-1]['reason']}" if lost else state)
 
     def _submit(self, session: list[dict], previous: str | None, reason: str | None) -> None:
         attempts = sum(1 for e in session if e["event"] == "attempt_started")

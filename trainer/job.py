@@ -85,12 +85,23 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
         return exc.exit_code
     except Exception as exc:
         log.exception("rank %d failed", env.rank)
-        report({"event": "error", "rank": env.rank, "message": f"{type(exc).__name__}: {exc}", "exit_code": EXIT_FAILED})
+        message = f"{type(exc).__name__}: {exc}"
+        report({"event": "error", "rank": env.rank, "message": message, "exit_code": EXIT_FAILED, "peer_lost": peer_lost(exc)})
         return EXIT_FAILED
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
         early.uninstall()
+
+
+# What gloo (and c10d's store) say when another rank's process or node went away mid-collective.
+PEER_LOST_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker crashing", "remote worker hanging")
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether `exc` is this rank losing its peers (another rank died), not a fault of its own."""
+    network_error = getattr(dist, "DistNetworkError", ())
+    return isinstance(exc, network_error) or any(word in str(exc) for word in PEER_LOST_WORDS)
 
 
 def _chaos_signal_at_start(cfg: Config, env: RankEnv, sig: signal.Signals) -> None:
