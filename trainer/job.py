@@ -67,7 +67,7 @@ def setup_logging(rank: int) -> None:
 def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None = None) -> int:
     """Run this rank of the job to its end and return the exit code."""
     setup_logging(env.rank)
-    # From here on the stop signal is only remembered; the session acts on it at its first step boundary.
+    # From here on the stop signal is only remembered; the session stops before its first step when it came during start-up.
     early = StopFlag(tuple(parse_signal(s) for s in stop_signals(cfg.slurm.signal, cfg.slurm.handle_sigterm)))
     _chaos_signal_at_start(cfg, env, early.signals[0])
     early.install()
