@@ -8,7 +8,12 @@ master address and a port from the job id and restart count, runs one trainer
 rank, and records in the run's ledger what the rank saw. After a stop at a
 committed checkpoint, rank 0 requeues the job (`scontrol requeue` on SLURM,
 submitit's requeue exit code locally) and every rank exits at once, so no rank
-waits for the scheduler's KillWait. It must never checkpoint or talk to other
+waits for the scheduler's KillWait. When a rank loses its peers (another
+rank's process or node died) and a checkpoint exists, rank 0 records
+`rank_lost` instead of a failure and leaves the resubmission to the
+supervisor. The stop signals are taken over first thing (tasks start with
+them blocked, see `legato.slurm.startmask`), so one that came during start-up
+is remembered, not fatal. It must never checkpoint or talk to other
 ranks from a signal handler, and never requeue past `slurm.max_requeues`.
 """
 

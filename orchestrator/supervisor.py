@@ -2,9 +2,10 @@
 
 A job normally carries itself across stops (rank 0 requeues it after the
 agreed checkpoint). The supervisor handles what a job cannot: when a job ends
-without having requeued itself (a hard kill, a node failure, no `scontrol`,
-a local controller out of restarts), it submits a new job that resumes from
-the newest verified checkpoint, within the same requeue budget. It reads the
+without having requeued itself (a hard kill, a node failure, a rank that lost
+its peers, no `scontrol`, a local controller out of restarts), it submits a
+new job that resumes from the newest verified checkpoint, within the same
+requeue budget. It reads the
 run only through the ledger and the progress file the job writes, reports
 every new event and progress reading to a callback (the CLI formats them),
 and returns the run's exit code: 0 only when training finished and every
