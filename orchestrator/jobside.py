@@ -141,7 +141,8 @@ class JobEvents:
         kind = event["event"]
         self.last_step = max(self.last_step, int(event.get("step") or 0))
         if kind == "stop_agreed" and event.get("signal_received_at") is not None:
-            self.ledger.append("stop_signal", **self.ident.tag(), rank=self.ident.rank, step=event["step"], received_at=event["signal_received_at"])
+            at_start = bool(event.get("at_start"))
+            self.ledger.append("stop_signal", **self.ident.tag(), rank=self.ident.rank, step=event["step"], received_at=event["signal_received_at"], at_start=at_start)
         if self.ident.rank != 0:
             return
         if kind == "progress":

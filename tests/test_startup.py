@@ -95,6 +95,8 @@ def test_stop_signal_during_startup_under_legato_run_is_a_requeue(tmp_path: Path
     events = ledger(run_dir)
     assert not [e for e in events if e["event"] == "checkpoint_committed" and e["restart"] == 0]
     assert not [e for e in events if e["event"] == "failed"]
+    assert [e["at_start"] for e in events if e["event"] == "stop_signal"] == [True]
+    assert "stop signal reached rank 1 during start-up; the ranks stopped at step 0 without a new checkpoint" in proc.stdout
 
 
 @pytest.mark.slow
