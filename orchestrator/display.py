@@ -75,7 +75,11 @@ class LiveView:
             "job_state": lambda: f"job {e['job_id']} is {e['state']}",
             "attempt_started": lambda: f"{tag}started (job {e['job_id']}, restart {e['restart']}, {e['world_size']} ranks on {', '.join(e['hosts'])})",
             "preempt_sent": lambda: f"{tag}chaos: sent SIG{e['signal']} to every task",
-            "stop_signal": lambda: f"{tag}stop signal reached rank {e['rank']}; the ranks agreed to stop after step {e['step']}",
+            "stop_signal": lambda: (
+                f"{tag}stop signal reached rank {e['rank']} during start-up; the ranks stopped at step {e['step']} without a new checkpoint"
+                if e.get("at_start")
+                else f"{tag}stop signal reached rank {e['rank']}; the ranks agreed to stop after step {e['step']}"
+            ),
             "checkpoint_committed": lambda: f"{tag}{e['reason']} checkpoint at step {e['step']} committed in {e['seconds']:.2f}s ({_mb(e['bytes'])}), global hash {short(e['global_hash'])}",
             "resumed": lambda: (
                 f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
@@ -84,6 +88,7 @@ class LiveView:
             "replay_stopped": lambda: f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands",
             "requeued": lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
             "requeue_failed": lambda: f"{tag}could not requeue: {e['reason']}",
+            "rank_lost": lambda: f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}",
             "resubmitted": lambda: (
                 f"job {e['previous_job_id']} ended ({e['reason']}) without requeuing itself; resubmitted as job {e['job_id']}"
                 + "".join(f"; node {n} is {s}" for n, s in e.get("failed_nodes", {}).items())

@@ -8,7 +8,12 @@ master address and a port from the job id and restart count, runs one trainer
 rank, and records in the run's ledger what the rank saw. After a stop at a
 committed checkpoint, rank 0 requeues the job (`scontrol requeue` on SLURM,
 submitit's requeue exit code locally) and every rank exits at once, so no rank
-waits for the scheduler's KillWait. It must never checkpoint or talk to other
+waits for the scheduler's KillWait. When a rank loses its peers (another
+rank's process or node died) and a checkpoint exists, rank 0 records
+`rank_lost` instead of a failure and leaves the resubmission to the
+supervisor. The stop signals are taken over first thing (tasks start with
+them blocked, see `legato.slurm.startmask`), so one that came during start-up
+is remembered, not fatal. It must never checkpoint or talk to other
 ranks from a signal handler, and never requeue past `slurm.max_requeues`.
 """
 
@@ -31,6 +36,7 @@ import submitit
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
 from legato.files import write_atomic
+from legato.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.repro import CaptureRequest, capture
@@ -44,7 +50,7 @@ log = logging.getLogger(__name__)
 LOCAL_REQUEUE_EXIT = 144  # submitit's LocalExecutor restarts every task when one exits with it
 PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral range
 DECISION_TIMEOUT_S = 60.0
-DECISIONS = ("requeued", "requeue_failed", "failed")
+DECISIONS = ("requeued", "requeue_failed", "failed", "rank_lost")
 
 
 @dataclass(frozen=True)
@@ -132,13 +138,15 @@ class JobEvents:
         self.last_step = 0
         self.final_hash: str | None = None
         self.error: str | None = None
+        self.peer_lost = False
         self._first_progress: tuple[float, int] | None = None
 
     def __call__(self, event: dict) -> None:
         kind = event["event"]
         self.last_step = max(self.last_step, int(event.get("step") or 0))
         if kind == "stop_agreed" and event.get("signal_received_at") is not None:
-            self.ledger.append("stop_signal", **self.ident.tag(), rank=self.ident.rank, step=event["step"], received_at=event["signal_received_at"])
+            at_start = bool(event.get("at_start"))
+            self.ledger.append("stop_signal", **self.ident.tag(), rank=self.ident.rank, step=event["step"], received_at=event["signal_received_at"], at_start=at_start)
         if self.ident.rank != 0:
             return
         if kind == "progress":
@@ -157,6 +165,7 @@ class JobEvents:
             self.ledger.append("bucket_layout", **self.ident.tag(), step=event["step"], pinned=event["pinned"], reason=event["reason"])
         elif kind == "error":
             self.error = event["message"]
+            self.peer_lost = bool(event.get("peer_lost"))
 
     def _write_progress(self, event: dict) -> None:
         now = time.time()
@@ -221,6 +230,12 @@ def _take_signals(cfg: Config) -> None:
 def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: JobEvents, attempts_before: int) -> str:
     """Rank 0: requeue after a stop within budget; otherwise record why the job ends here."""
     tag = {**ident.tag(), "last_step": events.last_step}
+    resumable = _newest_checkpoint_step(cfg) if code != EXIT_STOPPED and events.peer_lost else None
+    if resumable is not None:
+        # Another rank (its process or its node) died: not this run's fault; the supervisor resubmits within the budget.
+        reason = f"a rank lost its peers ({(events.error or '').splitlines()[0][:200]})"
+        ledger.append("rank_lost", **tag, exit_code=code, reason=reason, checkpoint_step=resumable)
+        return "rank_lost"
     if code != EXIT_STOPPED:
         reason = events.error or f"rank 0 exited with code {code}; see `legato logs {cfg.run_dir}`"
         ledger.append("failed", **tag, exit_code=code, reason=reason)
@@ -242,6 +257,18 @@ def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: Job
             return "requeue_failed"
     ledger.append("requeued", **tag, budget_left=cfg.slurm.max_requeues - spent - 1)
     return "requeued"
+
+
+def _newest_checkpoint_step(cfg: Config) -> int | None:
+    """The step of the newest published checkpoint whose manifest is intact (the next job verifies its files)."""
+    for path in list_checkpoints(RunPaths(cfg.run_dir).checkpoints):
+        try:
+            found = read_manifest_file(path)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and found.get("manifest_sha256") == manifest_checksum(found):
+            return checkpoint_step(path)
+    return None
 
 
 def _await_decision(ledger: Ledger, ident: Identity) -> str:

@@ -2,9 +2,10 @@
 
 A job normally carries itself across stops (rank 0 requeues it after the
 agreed checkpoint). The supervisor handles what a job cannot: when a job ends
-without having requeued itself (a hard kill, a node failure, no `scontrol`,
-a local controller out of restarts), it submits a new job that resumes from
-the newest verified checkpoint, within the same requeue budget. It reads the
+without having requeued itself (a hard kill, a node failure, a rank that lost
+its peers, no `scontrol`, a local controller out of restarts), it submits a
+new job that resumes from the newest verified checkpoint, within the same
+requeue budget. It reads the
 run only through the ledger and the progress file the job writes, reports
 every new event and progress reading to a callback (the CLI formats them),
 and returns the run's exit code: 0 only when training finished and every
@@ -180,7 +181,8 @@ class Supervisor:
                 reason=f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs {self.cfg.run_dir}`",
             )
             return
-        self._submit(session, previous=handle.job_id, reason=state)
+        lost = [e for e in session if e["event"] == "rank_lost" and e.get("job_id") == handle.job_id]
+        self._submit(session, previous=handle.job_id, reason=f"{state}: {lost[-1]['reason']}" if lost else state)
 
     def _submit(self, session: list[dict], previous: str | None, reason: str | None) -> None:
         attempts = sum(1 for e in session if e["event"] == "attempt_started")

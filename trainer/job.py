@@ -93,7 +93,7 @@ def setup_logging(rank: int) -> None:
 def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None = None) -> int:
     """Run this rank of the job to its end and return the exit code."""
     setup_logging(env.rank)
-    # From here on the stop signal is only remembered; the session acts on it at its first step boundary.
+    # From here on the stop signal is only remembered; the session stops before its first step when it came during start-up.
     early = StopFlag(tuple(parse_signal(s) for s in stop_signals(cfg.slurm.signal, cfg.slurm.handle_sigterm)))
     _chaos_signal_at_start(cfg, env, early.signals[0])
     early.install()
@@ -111,12 +111,23 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
         return exc.exit_code
     except Exception as exc:
         log.exception("rank %d failed", env.rank)
-        report({"event": "error", "rank": env.rank, "message": f"{type(exc).__name__}: {exc}", "exit_code": EXIT_FAILED})
+        message = f"{type(exc).__name__}: {exc}"
+        report({"event": "error", "rank": env.rank, "message": message, "exit_code": EXIT_FAILED, "peer_lost": peer_lost(exc)})
         return EXIT_FAILED
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
         early.uninstall()
+
+
+# What gloo (and c10d's store) say when another rank's process or node went away mid-collective.
+PEER_LOST_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker crashing", "remote worker hanging")
+
+
+def peer_lost(exc: BaseException) -> bool:
+    """Whether `exc` is this rank losing its peers (another rank died), not a fault of its own."""
+    network_error = getattr(dist, "DistNetworkError", ())
+    return isinstance(exc, network_error) or any(word in str(exc) for word in PEER_LOST_WORDS)
 
 
 def _chaos_signal_at_start(cfg: Config, env: RankEnv, sig: signal.Signals) -> None:
