@@ -28,6 +28,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -153,6 +154,16 @@ def train(
     return session
 
 
+def signal_in_replay(step: int) -> Callable[[legato.Session], None]:
+    """A real SIGUSR2 from the last rank to itself while it replays `step`."""
+
+    def hook(session: legato.Session) -> None:
+        if session.replaying and session.step + 1 == step and session.rank == session.world_size - 1:
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+    return hook
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("run_dir")
@@ -160,11 +171,15 @@ def main() -> int:
     parser.add_argument("--register", action="store_true")
     parser.add_argument("--signal-at", type=int, action="append", default=[])
     parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--signal-in-replay", type=int, default=0, help="the last rank signals itself during this replayed step")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s")
     dist.init_process_group("gloo")
     try:
-        session = train(Path(args.run_dir), args.loop, register=args.register, signal_at=tuple(args.signal_at), steps=args.steps)
+        session = train(
+            Path(args.run_dir), args.loop, register=args.register, signal_at=tuple(args.signal_at), steps=args.steps,
+            on_step=signal_in_replay(args.signal_in_replay) if args.signal_in_replay else None,
+        )
     except legato.ResumeMismatchError as exc:
         logging.error("%s", exc)
         return exc.exit_code

@@ -89,6 +89,22 @@ def test_registered_state_replays_identical_and_ends_bitwise_equal(tmp_path: Pat
         assert records(resumed, rank) == records(reference, rank)
 
 
+def test_a_stop_during_the_replay_writes_no_checkpoint_and_the_next_attempt_replays_again(tmp_path: Path) -> None:
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    assert codes(launch(reference, "plain")) == [0, 0]
+    assert codes(launch(run, "plain", "--signal-at", "6")) == [75, 75]
+    before = sorted(p.name for p in (run / "checkpoints").iterdir())
+    stopped = launch(run, "plain", "--signal-in-replay", "5")
+    assert codes(stopped) == [75, 75], stopped[0].stderr[-2000:]
+    assert "ranks agreed to stop during the replay, after step 6; the checkpoint at step 7 still stands" in stopped[0].stderr
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == before
+    last = launch(run, "plain")
+    assert codes(last) == [0, 0] and "verified by a replay of 3 steps from step 4" in last[0].stderr
+    assert global_hash(run, STEPS) == global_hash(reference, STEPS)
+    for rank in range(2):
+        assert records(run, rank) == records(reference, rank)
+
+
 def test_rng_drawn_after_the_restore_is_caught_by_the_replay_of_the_bundled_trainer(tmp_path: Path) -> None:
     """The digest check passes this fault (the draw comes after it); the replay from step 8 sees step 9 differ."""
     sets = FAST_GPT

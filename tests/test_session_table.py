@@ -5,6 +5,8 @@ group runs as world size 1). A stop is the real thing: `Chaos.signal_at_steps`
 makes the process send itself SIGUSR2, the session stops after that step with
 a barrier checkpoint, and a fresh Session over fresh objects resumes it, as a
 new process would. Every run reseeds the global RNGs as a new process does.
+The replay is off here (`replay_steps=0`): these tests prove the table and the
+digest check alone; test_replay.py covers the replay.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ def run(run_dir: Path, *, stop_after: int | None = None, chaos: legato.Chaos | N
         base = legato.Chaos(signal_at_steps=(stop_after,), skip_restore=base.skip_restore, consume_rng_after_restore=base.consume_rng_after_restore)
     session = legato.Session(
         run_dir, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=STEPS,
-        extras={"ema": ema}, checkpoint=policy or legato.CheckpointPolicy(hash_every_steps=1), chaos=base,
+        extras={"ema": ema}, checkpoint=policy or legato.CheckpointPolicy(hash_every_steps=1, replay_steps=0), chaos=base,
     )
     for x, y in session:
         loss = F.mse_loss(model(x), y)
@@ -116,7 +118,7 @@ def test_a_component_left_unrestored_is_caught_and_named(tmp_path: Path, compone
 
 def test_verify_warn_continues_and_records_the_mismatch(tmp_path: Path) -> None:
     run(tmp_path, stop_after=5)
-    session = run(tmp_path, chaos=legato.Chaos(skip_restore=frozenset({"rng.torch"})), policy=legato.CheckpointPolicy(verify="warn"))
+    session = run(tmp_path, chaos=legato.Chaos(skip_restore=frozenset({"rng.torch"})), policy=legato.CheckpointPolicy(verify="warn", replay_steps=0))
     assert session.exit_code == EXIT_OK
     assert session.resumed is not None and session.resumed.mismatches == {0: ["rng.torch"]}
 

@@ -103,7 +103,7 @@ class CheckpointSection:
     verify: str = _opt("error", choices=("error", "warn"))
     hash_every_steps: int = _opt(10, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps")
     agree_every_steps: int = _opt(0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a second apart")
-    replay_steps: int = _opt(4, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and compares; 0 for off")
+    replay_steps: int = _opt(32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and compares; 0 for off")
 
 
 @dataclass

@@ -10,8 +10,13 @@ Iterating restores the newest verified checkpoint (model, optimizer and loader
 state first, RNG last, then the state hash is recomputed on every rank and
 checked against the manifest), yields batches from the exact data position,
 and after each step logs the trajectory, takes part in the agreed stop and
-writes barrier checkpoints. The session never reaches into the orchestrator;
-it reports what happens through plain-dict events.
+writes barrier checkpoints. All state goes through one table of components
+(legato.components). With `replay_steps` K > 0 every checkpoint also carries
+a replay base at most K steps back, and a resume restores that base and runs
+the steps up to the checkpoint again through the user's loop, comparing loss
+bits and digests (legato.replay), which proves the resume on the run itself.
+The session never reaches into the orchestrator; it reports what happens
+through plain-dict events.
 """
 
 from __future__ import annotations
@@ -60,7 +65,7 @@ class CheckpointPolicy:
     verify: str = "error"  # "error" or "warn" on a resume whose state hash does not match
     hash_every_steps: int = 10
     agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
-    replay_steps: int = 4  # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
+    replay_steps: int = 32  # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
 
 
 @dataclass(frozen=True)
