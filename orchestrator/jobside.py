@@ -249,8 +249,9 @@ def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: Job
         ledger.append("failed", **tag, exit_code=code, reason=reason)
         return "failed"
     if ident.executor == "slurm":
-        # `scontrol requeue` has SLURM end this job's tasks with SIGTERM at once: hold it until the decision is on record.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        # `scontrol requeue` has SLURM end this job's tasks with SIGTERM at once: ignore it (in every thread) so that
+        # the decision gets on record; the task exits right after, and SIGKILL still comes after KillWait.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         problem = requeue(ident.job_id)
         if problem:
             ledger.append("requeue_failed", **tag, reason=problem)

@@ -115,6 +115,8 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
         if kind == "run_started":
             state, failure, total, excluded = "submitted", None, e.get("total_steps"), []
         elif kind == "attempt_started":
+            # An attempt of the same job that recorded no end was requeued by SLURM itself (a node failure).
+            _end_open(attempts, key[0], "ended, requeued by SLURM")
             attempt = Attempt(len(attempts) + 1, key[0], key[1], e.get("hosts", []), e.get("world_size", 0), e["time"])
             attempts[key] = attempt
             state = "running"

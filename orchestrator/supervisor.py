@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from legato.config import Config, training_identity
-from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
+from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE, UsageError
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import TERMINAL, current_job, current_session, read_progress
@@ -198,14 +198,23 @@ class Supervisor:
             )
             return
         failed = self._failed_nodes(session, previous)
-        excluded = _excluded(session) | set(failed)
-        job_id = submit(self.cfg, TrainTask(str(self.config_path), attempts, _command(session)), exclude=tuple(sorted(excluded)))
+        excluded = sorted(_excluded(session) | set(failed))
+        task = TrainTask(str(self.config_path), attempts, _command(session))
+        try:
+            job_id = submit(self.cfg, task, exclude=tuple(excluded))
+        except UsageError as exc:
+            if not excluded:
+                raise
+            # Too few nodes left without them: better to wait for a node to return than to end the run.
+            log.warning("sbatch refused the job without %s (%s); submitting without the exclusion", ",".join(excluded), exc)
+            excluded = []
+            job_id = submit(self.cfg, task)
         if previous is None:
             self.ledger.append("submitted", job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
         else:
             self.ledger.append(
                 "resubmitted", job_id=job_id, previous_job_id=previous, reason=reason, attempts_before=attempts,
-                failed_nodes=failed, excluded=sorted(excluded),
+                failed_nodes=failed, excluded=excluded,
             )
 
     def _failed_nodes(self, session: list[dict], previous: str | None) -> dict[str, str]:

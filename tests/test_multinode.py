@@ -186,11 +186,6 @@ def test_killed_rank_on_a_failed_node_is_resubmitted_without_that_node(cluster, 
     assert data["final_global_hash"] == reference.final_hash()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="world size 4 parts from the uninterrupted run a few steps after a resume (DDP's bucket layout, issue 13 item 1); "
-    "the fix is on another branch: remove this mark when it lands",
-)
 def test_two_by_two_resumes_bitwise_with_four_local_ranks(cluster, tmp_path: Path) -> None:
     sets = ("train.steps=60", "checkpoint.every_steps=20")
     run_dir = tmp_path / "run"
