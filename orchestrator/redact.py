@@ -72,7 +72,7 @@ SECRET_FRAGMENTS = ("password", "passwd", "secret", "token", "apikey", "credenti
 NOT_SECRET = {"TOKENIZERS_PARALLELISM", "SSH_AUTH_SOCK", "PWD", "OLDPWD", "KEYBOARD"}
 
 VALUE_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((why, re.compile(pattern, flags)) for why, pattern, flags in (
-    ("a private key block", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----.*?(-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|$)", re.S),
+    ("a private key block", r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----[\s\S]*?(-----END [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----|$)", 0),
     ("a GitHub token", r"\b(gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{30,})", 0),
     ("a GitLab token", r"\bgl(pat|ptt|dt|rt|cbt|oas|imt)-[A-Za-z0-9_-]{20,}", 0),
     ("a Hugging Face token", r"\bhf_[A-Za-z0-9]{30,}", 0),
@@ -100,18 +100,22 @@ VALUE_PATTERNS: tuple[tuple[str, re.Pattern], ...] = tuple((why, re.compile(patt
     ("a Vault token", r"\bhv[sbr]\.[A-Za-z0-9_-]{20,}", 0),
     ("an Atlassian token", r"\bATATT[A-Za-z0-9_=-]{20,}", 0),
     ("a Grafana or New Relic key", r"\b(glsa|glc)_[A-Za-z0-9_=+/-]{20,}|\bNRAK-[A-Z0-9]{20,}", 0),
-    ("an authorization header", r"\b(Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{12,}", re.I),
+    ("an authorization header", r"\b(?i:Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{12,}", 0),
 ))
-URL_USERINFO = re.compile(r"(?P<head>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<user>[^\s:/@?#]*)(?P<colon>:?)(?P<password>[^\s@/?#]*)(?P<at>@)")
-URL_QUERY = re.compile(r"(?P<sep>[?&;#])(?P<name>[A-Za-z0-9_.\[\]-]+)=(?P<value>[^&#\s\"'<>]+)")
+SECRET_HINTS = ("pass", "pwd", "secret", "token", "key", "credential", "authorization", "signature", "webhook", "dsn")
+# Every pattern here runs in linear time on hostile text (megabytes of git diff or `a.a.a...`): quantifiers
+# that could backtrack over each other are bounded, and assignments are found from their keyword outward.
+URL_USERINFO = re.compile(r"://(?P<user>[^\s:/@?#]{0,256})(?P<colon>:?)(?P<password>[^\s@/?#]{0,256})@")
+URL_QUERY = re.compile(r"(?P<sep>[?&;#])(?P<name>[A-Za-z0-9_.\[\]-]{1,64})=(?P<value>[^&#\s\"'<>]+)")
 QUERY_SECRETS = {"sig", "code", "x-amz-signature", "x-amz-credential", "x-amz-security-token", "x-goog-signature", "x-goog-credential"}
 # key=value, key: value, "key": "value" with a secret-looking key (config fragments, connection strings, JSON).
-ASSIGNMENT = re.compile(
-    r"(?P<name>\b[A-Za-z0-9_.-]*(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|account[_-]?key|private[_-]?key(?:[_-]?id)?"
-    r"|client[_-]?secret|credential|authorization|sharedaccesskey|sharedaccesssignature|signature|webhook|dsn)[A-Za-z0-9_.-]*)"
-    r"(?P<sep>[\"']?\s*[:=]\s*[\"']?)(?P<value>(?!<redacted|(true|false|null|none|[0-9.]+)\b)[^\s\"',;&}]{4,})",
+ASSIGNMENT_KEYWORD = re.compile(
+    r"password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|account[_-]?key|private[_-]?key|client[_-]?secret|credential"
+    r"|authorization|sharedaccesskey|sharedaccesssignature|signature|webhook|dsn",
     re.I,
 )
+NAME_REST = re.compile(r"[A-Za-z0-9_.-]*")
+ASSIGNED_VALUE = re.compile(r"[\"']?[ \t]{0,8}[:=][ \t]{0,8}[\"']?(?!<redacted|(?:true|false|null|none|[0-9.]+)\b)(?P<value>[^\s\"',;&}]{4,})", re.I)
 TOKEN = re.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}")
 FLAG_WITH_VALUE = re.compile(r"^(?P<flag>--?[A-Za-z0-9_.-]+)=(?P<value>.*)$", re.S)
 # Config keys whose values name things legato itself uses (paths, modules): never judged by entropy.
@@ -230,7 +234,7 @@ class Redactor:
             text = pattern.sub(marker(f"looks like {why}"), text)
         text = URL_USERINFO.sub(self._userinfo, text)
         text = URL_QUERY.sub(self._query, text)
-        return ASSIGNMENT.sub(lambda m: m["name"] + m["sep"] + marker("the name looks secret"), text)
+        return _assignments(text)
 
     def words(self, text: str) -> str:
         """`text` plus high-entropy tokens: for command lines and config strings, where a bare token is likely a credential."""
@@ -240,9 +244,9 @@ class Redactor:
     def _userinfo(self, m: re.Match) -> str:
         if m["colon"]:
             password = m["password"] if m["password"].startswith("<redacted") else marker("URL password")
-            return f"{m['head']}{m['user']}:{password}@"
+            return f"://{m['user']}:{password}@"
         if len(m["user"]) >= 12 or looks_random(m["user"]):
-            return f"{m['head']}{marker('URL credentials')}@"
+            return f"://{marker('URL credentials')}@"
         return m[0]
 
     def _query(self, m: re.Match) -> str:
@@ -287,3 +291,21 @@ class Redactor:
         if name and self.name_is_secret(name) and data not in (None, False, True, 0):
             return marker("the name looks secret")
         return data
+
+
+def _assignments(text: str) -> str:
+    """`text` with the value of every `name=value` / `name: value` whose name holds a secret keyword replaced."""
+    lowered = text.lower()
+    if not any(hint in lowered for hint in SECRET_HINTS):
+        return text
+    out: list[str] = []
+    pos = skip = 0
+    for m in ASSIGNMENT_KEYWORD.finditer(text):
+        if m.start() < skip:
+            continue
+        skip = NAME_REST.match(text, m.end()).end()  # one scan per name, however many keywords it holds
+        assigned = ASSIGNED_VALUE.match(text, skip)
+        if assigned:
+            out += [text[pos : assigned.start("value")], marker("the name looks secret")]
+            pos = skip = assigned.end()
+    return "".join(out) + text[pos:]

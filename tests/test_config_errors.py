@@ -65,8 +65,9 @@ CASES: dict[str, tuple[str | None, list[str], tuple[str, ...]]] = {
     "signal_sig_ign": (GOOD, ["slurm.signal=SIG_IGN"], ("slurm.signal", "not a signal name")),
     "signal_segv": (GOOD, ["slurm.signal=SEGV"], ("slurm.signal", "cannot use")),
     "signal_number": (GOOD, ["slurm.signal=9"], ("slurm.signal", "a string")),
-    "signal_rank_beyond_world": (GOOD, ["chaos.signal_rank=2"], ("chaos.signal_rank is 2", "2 ranks")),
-    "signal_rank_beyond_slurm_world": (None, ["executor=slurm", "slurm.nodes=1", "slurm.tasks_per_node=4", "chaos.signal_rank=4"], ("4 ranks",)),
+    "signal_rank_beyond_world": (GOOD, ["chaos.signal_rank=2"], ("chaos.signal_rank is 2", "2 ranks", "never fire")),
+    "signal_rank_beyond_slurm_world": (None, ["executor=slurm", "slurm.tasks_per_node=4", "chaos.signal_rank=4", "chaos.signal_at_steps=[3]"],
+                                       ("4 ranks",)),
     "signal_step_zero": (GOOD, ["chaos.signal_at_steps=[0]"], ("chaos.signal_at_steps", "from 1")),
     "unknown_rng": (GOOD, ["chaos.consume_rng_after_restore=[cuda]"], ("consume_rng_after_restore", "python, numpy and torch")),
     "entrypoint_with_spaces": (GOOD, ["train.entrypoint=my module:main"], ("package.module:function",)),
@@ -245,8 +246,13 @@ SCALARS = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30), st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=40), st.sampled_from(["KILL", "USR2", ".nan", "-.inf", "tiny_gpt", "mlp", "/proc/x", "a:b", "1e999", "&a", "*a"]),
 )
-DOCS = st.recursive(SCALARS, lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(KEYS), inner, max_size=5)),
-                    max_leaves=30)
+
+
+def _nested(inner: st.SearchStrategy) -> st.SearchStrategy:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(KEYS), inner, max_size=5)
+
+
+DOCS = st.recursive(SCALARS, _nested, max_leaves=30)
 SETS = st.lists(st.builds(lambda k, v: f"{k}={v}", st.lists(st.sampled_from(KEYS), min_size=1, max_size=3).map(".".join), st.text(max_size=30)),
                 max_size=3)
 
@@ -261,7 +267,7 @@ def _loads_or_refuses(path: Path | None, sets: list[str]) -> None:
     assert isinstance(cfg, Config)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(doc=DOCS, sets=SETS)
 def test_fuzz_structured_documents_and_sets(tmp_path: Path, doc: object, sets: list[str]) -> None:
     import yaml
@@ -273,7 +279,7 @@ def test_fuzz_structured_documents_and_sets(tmp_path: Path, doc: object, sets: l
     assert tree_digest(tmp_path) == before
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(text=st.text(alphabet=st.sampled_from(list("abrun:tesp-[]{}&*!|>'\"#\n 019.,?<%@`\\\t")), max_size=200))
 def test_fuzz_raw_yaml_text(tmp_path: Path, text: str) -> None:
     path = tmp_path / "fuzz.yaml"

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST_GPT, TINY_GPT, run_trainer
+from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
 from filelock import FileLock
 from test_supervisor import legato
 
@@ -46,6 +49,16 @@ CASES = {
     "bad_executor": (GOOD, ["executor=kubernetes"], ("executor is 'kubernetes'", "local, slurm")),
     "bad_override": (GOOD, ["train.steps"], ("--set 'train.steps' is not of the form key=value",)),
     "negative_requeues": (GOOD, ["slurm.max_requeues=-1"], ("slurm.max_requeues",)),
+    # issue 15: each of these once ended in a traceback, a hang or a silent acceptance
+    "nan_lr": (GOOD, ["train.lr=.nan"], ("train.lr", "finite")),
+    "uncatchable_signal": (GOOD, ["slurm.signal=KILL"], ("slurm.signal", "cannot use")),
+    "heads_do_not_divide_dim": (GOOD, ["train.options.heads=5"], ("does not divide",)),
+    "signal_rank_beyond_world": (GOOD, ["chaos.signal_rank=7"], ("chaos.signal_rank is 7",)),
+    "astronomic_steps": (GOOD, ["train.steps=" + "9" * 5000], ("5000-digit number",)),
+    "alias_bomb": ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")),
+                   [], ("billion laughs",)),
+    "duplicate_section": (GOOD + "train:\n  steps: 5\n", [], ("appears twice",)),
+    "empty_file": ("", [], ("is empty",)),
 }
 
 
@@ -98,3 +111,29 @@ def test_second_supervisor_refuses(tmp_path: Path) -> None:
 @pytest.mark.parametrize("command", ["status", "watch", "cancel", "logs"])
 def test_commands_on_a_directory_that_is_not_a_run(tmp_path: Path, command: str) -> None:
     assert_usage_error(legato(command, str(tmp_path)), str(tmp_path))
+
+
+def test_entrypoint_that_is_not_callable_is_refused_before_submitting(tmp_path: Path) -> None:
+    (tmp_path / "notcallable_ep.py").write_text("main = 42\n")
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "run", str(TINY_GPT), "--set", f"run.dir={run_dir}",
+                           "--set", "train.entrypoint=notcallable_ep:main"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert_usage_error(proc, "'main' in 'notcallable_ep' is a int, not a function")
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize("case", ["run_dir_is_a_file", "binary_config", "utf16_config"])
+def test_local_launcher_refuses_cleanly(tmp_path: Path, case: str) -> None:
+    config, sets = TINY_GPT, []
+    if case == "run_dir_is_a_file":
+        (tmp_path / "taken").write_text("precious")
+        sets = ["--set", f"run.dir={tmp_path / 'taken'}"]
+    else:
+        config = tmp_path / "config.yaml"
+        config.write_bytes(bytes(range(256)) if case == "binary_config" else GOOD.encode("utf-16"))
+    proc = subprocess.run([sys.executable, "-m", "legato", str(config), "--nproc", "2", *sets], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    assert_usage_error(proc, "is a file, not a directory" if case == "run_dir_is_a_file" else "binary or UTF-16")
+    if case == "run_dir_is_a_file":
+        assert (tmp_path / "taken").read_text() == "precious"

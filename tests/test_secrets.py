@@ -207,3 +207,16 @@ def test_no_planted_secret_reaches_the_run_directory_or_any_output(tmp_path: Pat
     assert "PLANT_STRIPE_LIVE=<not recorded: fingerprint " in shown and "TORCH_HUB_TOKEN=<not recorded: fingerprint " in shown
     assert f"PATH={os.environ['PATH']}" in shown, "allowlisted values are recorded"
     assert "== env ==" not in outputs[6].stdout, "fingerprints are stable within the run directory"
+
+
+def test_redaction_cannot_hang_on_hostile_text() -> None:
+    """Git diffs and command output can be megabytes of anything; a pattern that backtracks over itself would
+    hold a capture for hours (the first assignment rule took 24 s on 4 KB of `a.a.a...`). Bounded wait, no timing."""
+    code = (
+        "from legato.orchestrator.redact import Redactor\n"
+        "r = Redactor()\n"
+        "for t in ['a.' * 50000, 'a' * 100000, '://' + 'a' * 100000, '://a' * 25000, 'password.' * 10000, '?a.' * 30000, 'pass' * 25000]:\n"
+        "    r.words(r.text(t))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-2000:]

@@ -208,10 +208,10 @@ def _check_cross_fields(cfg: Config, source: str) -> None:
         raise UsageError(f"{source}: {exc}") from None
     if cfg.executor == "slurm":
         _check_startup_margin(cfg, source)
-    if cfg.chaos.signal_rank >= cfg.world_size:
+    if cfg.chaos.signal_at_steps and cfg.chaos.signal_rank >= cfg.world_size:
         raise UsageError(
-            f"{source}: chaos.signal_rank is {cfg.chaos.signal_rank}, but this run has {cfg.world_size} ranks (0 to {cfg.world_size - 1}). "
-            "Pick a rank below the world size."
+            f"{source}: chaos.signal_rank is {cfg.chaos.signal_rank}, but this run has {cfg.world_size} ranks (0 to {cfg.world_size - 1}), "
+            "so chaos.signal_at_steps would never fire. Pick a rank below the world size."
         )
     if cfg.train.entrypoint is not None and not ENTRYPOINT.fullmatch(cfg.train.entrypoint):
         raise UsageError(
@@ -283,7 +283,7 @@ def _check_run_dir(run_dir: Path, source: str) -> None:
         else:
             problem = _unwritable(absolute)
     if problem:
-        raise UsageError(f"{source}: run.dir {_show(text)} {problem}. Set run.dir (or run.name) to a directory you can write, such as runs/<name>.")
+        raise UsageError(f"{source}: run.dir {_show(text, 300)} {problem}. Set run.dir (or run.name) to a directory you can write, such as runs/<name>.")
 
 
 def _unwritable(path: Path) -> str | None:
@@ -338,7 +338,7 @@ def _read_text(path: Path) -> str:
     except (OSError, ValueError):
         info = None
     if info is None:
-        raise UsageError(f"Config file {_show(str(path))} does not exist. Pass the path of a YAML config, for example configs/tiny_gpt.yaml.")
+        raise UsageError(f"Config file {_show_path(path)} does not exist. Pass the path of a YAML config, for example configs/tiny_gpt.yaml.")
     if not stat.S_ISREG(info.st_mode):
         raise UsageError(f"{path} is not a regular file (a directory, device or pipe). Pass the path of a YAML config file.")
     try:
@@ -451,9 +451,16 @@ def _coerce(key: str, value: Any, base: type, source: str) -> Any:
     return value
 
 
-def _show(value: Any) -> str:
+def _show_path(path: Path) -> str:
+    text = str(path)
+    if any(ord(c) < 32 for c in text):
+        text = repr(text)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _show(value: Any, limit: int = 60) -> str:
     """A value as a message may quote it: short, one line, never a huge number spelled out."""
     if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
         return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
     text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return text if len(text) <= limit else text[: limit - 3] + "..."
