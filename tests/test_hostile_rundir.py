@@ -16,6 +16,8 @@ import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
 
 from legato import checkpoint as ckpt
+from legato import manifest as manifests
+from legato.errors import UsageError
 
 STRACE = shutil.which("strace")
 TRACED = "trace=open,openat,openat2,creat,mkdir,mkdirat,rename,renameat,renameat2,unlink,unlinkat,rmdir,link,linkat,symlink,symlinkat,truncate"
@@ -102,7 +104,7 @@ def _checkpoint(tmp_path: Path) -> Path:
 def _rewrite_manifest(path: Path, change) -> None:
     manifest = json.loads((path / "manifest.json").read_text())
     change(manifest)
-    manifest["manifest_sha256"] = ckpt._manifest_checksum(manifest)
+    manifest["manifest_sha256"] = manifests.manifest_checksum(manifest)
     (path / "manifest.json").write_text(json.dumps(manifest))
 
 
@@ -111,26 +113,26 @@ def test_manifests_naming_paths_outside_or_oversized_are_not_read(tmp_path: Path
     secret = tmp_path / "secret.bin"
     secret.write_bytes(b"outside")
     digest = {"sha256": hashlib.sha256(b"outside").hexdigest(), "bytes": 7}
-    assert ckpt.read_manifest(path)["step"] == 2
+    assert manifests.read_manifest(path)["step"] == 2
 
     _rewrite_manifest(path, lambda m: m["files"].update({"../../../secret.bin": digest}))
     with pytest.raises(ValueError, match="not a plain name inside the checkpoint"):
-        ckpt.read_manifest(path)
+        manifests.read_manifest(path)
     _rewrite_manifest(path, lambda m: m["files"].pop("../../../secret.bin"))
-    assert ckpt.read_manifest(path)["step"] == 2
+    assert manifests.read_manifest(path)["step"] == 2
 
     (path / "rank0.pt").rename(tmp_path / "rank0.pt")
     (path / "rank0.pt").symlink_to(tmp_path / "rank0.pt")
     with pytest.raises(ValueError, match="rank0.pt is a symlink"):
-        ckpt.read_manifest(path)
+        manifests.read_manifest(path)
     (path / "rank0.pt").unlink()
     (tmp_path / "rank0.pt").rename(path / "rank0.pt")
 
     with open(path / "manifest.json", "ab") as f:
-        f.truncate(ckpt.MAX_MANIFEST_BYTES + 1)
+        f.truncate(manifests.MAX_MANIFEST_BYTES + 1)
     with pytest.raises(ValueError, match="larger than 16 MiB"):
-        ckpt.read_manifest(path)
-    assert ckpt.newest_valid(path.parent) is None
+        manifests.read_manifest(path)
+    assert manifests.newest_valid(path.parent) is None
 
 
 def test_a_link_made_while_running_is_refused_by_the_writer_on_every_rank(tmp_path: Path) -> None:
@@ -140,6 +142,6 @@ def test_a_link_made_while_running_is_refused_by_the_writer_on_every_rank(tmp_pa
     outside.mkdir()
     (root / ".tmp_step_7").symlink_to(outside)
     share = ckpt.RankShare(0, {"x.pt": {"a": 1}}, {}, "0" * 64)
-    with pytest.raises(ckpt.UsageError, match=r"\.tmp_step_7 is a symlink"):
+    with pytest.raises(UsageError, match=r"\.tmp_step_7 is a symlink"):
         ckpt.write_checkpoint(root, 7, share, 1, None, {}, keep_last=3)
     assert list(outside.iterdir()) == [] and (root / ".tmp_step_7").is_symlink()
