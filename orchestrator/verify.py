@@ -17,7 +17,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from legato.config import Config, config_from_dict
+from legato.config import KEEP_LAST_MAX, Config, config_from_dict
 from legato.errors import UsageError
 from legato.manifest import checkpoint_step, list_checkpoints, newest_valid, read_manifest_file
 from legato.orchestrator.ledger import Ledger
@@ -76,7 +76,8 @@ def interruption_steps(total: int, at: list[int] | None, count: int | None, seed
 def plan_runs(cfg: Config, out: Path, steps: list[int]) -> tuple[Config, Config]:
     """(reference, interrupted) configs for one verification under `out`."""
     base = cfg.to_dict()
-    base["checkpoint"].update(hash_every_steps=1, agree_every_steps=1, keep_last=1_000_000, verify="warn")
+    # Keep every checkpoint of both runs (at most one per step) so that all of them can be compared.
+    base["checkpoint"].update(hash_every_steps=1, agree_every_steps=1, keep_last=min(cfg.train.steps + 1, KEEP_LAST_MAX), verify="warn")
     base["chaos"].update(preempt_every_s=0.0, kill_in_checkpoint=0)
     reference = json.loads(json.dumps(base))
     reference["run"]["dir"] = str(out / "reference")

@@ -36,6 +36,7 @@ def _opt(default: Any, *, choices: tuple = (), minimum: float | None = None, max
 
 # Ceilings far above any real run, low enough that no count, size or time overflows or hangs what uses it.
 STEPS_MAX = 10**9
+KEEP_LAST_MAX = 100_000
 SECONDS_MAX = 7 * 24 * 3600
 MINUTES_MAX = 366 * 24 * 60
 NAME_MAX = 200
@@ -99,7 +100,7 @@ class TrainSection:
 class CheckpointSection:
     every_steps: int = _opt(0, minimum=0, maximum=STEPS_MAX, doc="periodic checkpoint every N steps, 0 for off")
     every_minutes: float = _opt(0.0, minimum=0, maximum=MINUTES_MAX, doc="periodic checkpoint every M minutes, 0 for off")
-    keep_last: int = _opt(3, minimum=1, maximum=100_000)
+    keep_last: int = _opt(3, minimum=1, maximum=KEEP_LAST_MAX)
     verify: str = _opt("error", choices=("error", "warn"))
     hash_every_steps: int = _opt(10, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps")
     agree_every_steps: int = _opt(0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a second apart")
