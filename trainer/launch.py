@@ -46,17 +46,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    # --nproc N is local.tasks=N: every rank then validates the config against the world size it runs in.
+    overrides = [*args.overrides, f"local.tasks={args.nproc}"] if args.nproc is not None else list(args.overrides)
     try:
-        cfg = load_config(args.config, args.overrides)
+        if args.nproc is not None and args.nproc < 1:
+            raise UsageError(f"--nproc is {args.nproc}; it must be at least 1.")
+        cfg = load_config(args.config, overrides)
         resolve_entrypoint(cfg)
         check_tree(RunPaths(cfg.run_dir).checkpoints)
-        nproc = args.nproc if args.nproc is not None else cfg.local.tasks
-        if nproc < 1:
-            raise UsageError(f"--nproc is {nproc}; it must be at least 1.")
     except UsageError as exc:
         sys.stderr.write(f"error: {exc}\n")
         return EXIT_USAGE
-    return run_local(Path(args.config), args.overrides, nproc, stop_signal=parse_signal(cfg.slurm.signal))
+    return run_local(Path(args.config), overrides, cfg.local.tasks, stop_signal=parse_signal(cfg.slurm.signal))
 
 
 def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signal.Signals) -> int:
