@@ -263,8 +263,9 @@ class Session:
         self._take_snapshot()
         if agree_at_start(self._flag, self.group):
             # A stop signal during start-up: stop before the first step; the newest checkpoint already holds this state.
-            log.info("rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank, self.step)
-            self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at, "at_start": True})
+            # Name the checkpoint's step, not a replay base's: it is where the next attempt starts.
+            log.info("rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank, resume_step)
+            self.on_event({"event": "stop_agreed", "rank": self.rank, "step": resume_step, "signal_received_at": self._flag.received_at, "at_start": True})
             self.stopped = True
 
     def _replayable(self, manifest: dict) -> bool:
