@@ -68,7 +68,7 @@ CASES: dict[str, tuple[str | None, list[str], tuple[str, ...]]] = {
     "signal_rank_beyond_world": (GOOD, ["chaos.signal_rank=2"], ("chaos.signal_rank is 2", "2 ranks", "never fire")),
     "signal_rank_beyond_slurm_world": (None, ["executor=slurm", "slurm.tasks_per_node=4", "chaos.signal_rank=4", "chaos.signal_at_steps=[3]"],
                                        ("4 ranks",)),
-    "signal_step_zero": (GOOD, ["chaos.signal_at_steps=[0]"], ("chaos.signal_at_steps", "from 1")),
+    "signal_step_negative": (GOOD, ["chaos.signal_at_steps=[-1]"], ("chaos.signal_at_steps", "from 0")),
     "unknown_rng": (GOOD, ["chaos.consume_rng_after_restore=[cuda]"], ("consume_rng_after_restore", "python, numpy and torch")),
     "entrypoint_with_spaces": (GOOD, ["train.entrypoint=my module:main"], ("package.module:function",)),
     "entrypoint_two_colons": (GOOD, ["train.entrypoint=a:b:c"], ("package.module:function",)),

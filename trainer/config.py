@@ -192,7 +192,7 @@ def config_from_dict(raw: dict, source: str = "config") -> Config:
 
 def _check_cross_fields(cfg: Config, source: str) -> None:
     for key, items, kind, low, high in (
-        ("chaos.signal_at_steps", cfg.chaos.signal_at_steps, int, 1, STEPS_MAX),
+        ("chaos.signal_at_steps", cfg.chaos.signal_at_steps, int, 0, STEPS_MAX),  # 0: during start-up
         ("chaos.skip_restore", cfg.chaos.skip_restore, str, None, None),
         ("chaos.consume_rng_after_restore", cfg.chaos.consume_rng_after_restore, str, None, None),
         ("slurm.setup", cfg.slurm.setup, str, None, None),
