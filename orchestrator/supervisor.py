@@ -40,6 +40,7 @@ Notify = Callable[[str, dict], None]
 ENDING = ("requeued", "requeue_failed", "finished", "failed")
 LOCAL_STATE_EVERY_S = 0.5  # a /proc read
 SLURM_STATE_EVERY_S = 3.0  # an sacct call: be gentle with the accounting daemon
+LOST_RANK_GRACE_S = 60.0  # after `rank_lost`, how long the job's other tasks get to exit by themselves
 
 
 def config_digest(cfg: Config) -> str:
@@ -90,6 +91,8 @@ class Supervisor:
         self._first_progress: dict[tuple[str, int], float] = {}
         self._handles: dict[str, JobHandle] = {}
         self._state: tuple[str, JobState, float] | None = None
+        self._lost_since: dict[str, float] = {}
+        self._lost_cancelled: set[str] = set()
 
     def run(self) -> int:
         """Watch (and when needed submit) until the current session ends; returns the run's exit code."""
@@ -104,6 +107,7 @@ class Supervisor:
                 continue
             handle = self._handle(job_id)
             self._preempt(session, handle)
+            self._end_after_lost_rank(session, handle)
             state = self._job_state(handle)
             if not state.active:
                 self._after_job_end(handle, state.name)
@@ -244,6 +248,20 @@ class Supervisor:
         self._preempted.add(key)
         handle.signal_tasks(parse_signal(self.cfg.slurm.signal), pids)
         self.ledger.append("preempt_sent", job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
+
+    def _end_after_lost_rank(self, session: list[dict], handle: JobHandle) -> None:
+        """A job whose rank 0 recorded `rank_lost` has nothing left to do; one task hanging on its way out
+        (a half-dead collective, an exit handler) must not hold the run: cancel the job after a grace period."""
+        if handle.job_id in self._lost_cancelled:
+            return
+        if not any(e["event"] == "rank_lost" and str(e.get("job_id")) == handle.job_id for e in session):
+            return
+        since = self._lost_since.setdefault(handle.job_id, time.monotonic())
+        if time.monotonic() - since < LOST_RANK_GRACE_S:
+            return
+        self._lost_cancelled.add(handle.job_id)
+        self.ledger.append("lost_rank_cancel", job_id=handle.job_id, grace_s=LOST_RANK_GRACE_S)
+        handle.cancel()
 
     def _training_since(self, key: tuple[str, int]) -> float:
         """When the supervisor first saw progress from this attempt (infinitely late while it has none)."""

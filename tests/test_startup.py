@@ -99,15 +99,36 @@ def test_stop_signal_during_startup_under_legato_run_is_a_requeue(tmp_path: Path
     assert "stop signal reached rank 1 during start-up; the ranks stopped at step 0 without a new checkpoint" in proc.stdout
 
 
+HANG_AT_EXIT = """
+import atexit
+import time
+from pathlib import Path
+
+from legato.loop import train
+
+MARK = Path(__file__).with_name("hung_once")
+
+
+def main(ctx):
+    # Rank 0 of the first attempt never exits by itself (as a task stuck in a half-dead collective or an exit handler).
+    if ctx.rank == 0 and not MARK.exists():
+        MARK.touch()
+        atexit.register(time.sleep, 3600)
+    return train(ctx)
+"""
+
+
 @pytest.mark.slow
 def test_a_dead_rank_after_a_checkpoint_is_resubmitted_and_resumed(tmp_path: Path) -> None:
+    (tmp_path / "legato_hang_at_exit.py").write_text(HANG_AT_EXIT)
     run_dir = tmp_path / "run"
-    args = run_args(run_dir, "train.steps=400", "checkpoint.every_steps=25", "repro.enabled=false")
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    args = run_args(run_dir, "train.steps=400", "checkpoint.every_steps=25", "repro.enabled=false", "train.entrypoint=legato_hang_at_exit:main")
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(tmp_path))
     supervisor = subprocess.Popen([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: run_dir.joinpath("ledger.jsonl").exists() and any(
             e["event"] == "checkpoint_committed" and e["step"] >= 25 for e in ledger(run_dir)), timeout=300, what="a periodic checkpoint")
+        assert (tmp_path / "hung_once").exists()
         rank1 = next(e["pid"] for e in ledger(run_dir) if e["event"] == "rank_started" and e["rank"] == 1)
         os.kill(rank1, signal.SIGKILL)
         out, _ = supervisor.communicate(timeout=600)
@@ -116,6 +137,9 @@ def test_a_dead_rank_after_a_checkpoint_is_resubmitted_and_resumed(tmp_path: Pat
     assert supervisor.returncode == 0, out[-3000:]
     lost = [e for e in ledger(run_dir) if e["event"] == "rank_lost"]
     assert len(lost) == 1 and "lost its peers" in lost[0]["reason"] and lost[0]["checkpoint_step"] % 25 == 0
+    # Rank 0 hung on its way out: the supervisor cancelled the job after the grace period rather than wait forever.
+    assert [e["job_id"] for e in ledger(run_dir) if e["event"] == "lost_rank_cancel"] == [lost[0]["job_id"]]
+    assert "after it lost a rank; cancelled it" in out
     data = status(run_dir)
     first, second = data["attempts"]
     assert data["state"] == "finished" and data["resubmissions"] == 1

@@ -63,19 +63,25 @@ def main(argv: list[str] | None = None) -> int:
 def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signal.Signals) -> int:
     port = free_port()
     procs: list[subprocess.Popen] = []
+    received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
+        received.append(signum)
         for p in procs:
             if p.poll() is None:
                 p.send_signal(signum)
 
     # The ranks inherit the blocked mask: a stop signal during their start-up waits for their handler
-    # (which unblocks it) instead of killing them. One that reaches this launcher meanwhile is forwarded after.
+    # (which unblocks it) instead of killing them. The mask covers only this thread: torch's threads may take
+    # the signal while ranks are still being started, so one that came then is sent again to every rank after.
     signal.pthread_sigmask(signal.SIG_BLOCK, {stop_signal})
     previous = signal.signal(stop_signal, forward)
     try:
-        procs += [subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port)) for rank in range(nproc)]
+        for rank in range(nproc):
+            procs.append(subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port)))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
+        if received:
+            forward(received[0], None)
         return _wait(procs)
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
