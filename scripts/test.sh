@@ -3,4 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+# Two workers: most end-to-end tests wait on processes, signals and the scheduler, not on the CPU.
+# conftest.py keeps each module, and all SLURM tests, on one worker.
+exec .venv/bin/python -m pytest -q -n "${LEGATO_TEST_WORKERS:-2}" --dist loadgroup --durations=30 "$@"

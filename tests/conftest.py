@@ -32,6 +32,17 @@ FAST_GPT = (
 )
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """For `pytest -n N --dist loadgroup` (scripts/test.sh): each module runs whole on one worker (its module
+    fixtures are built once), and every test on the real SLURM clusters on the same worker (one cluster at a time)."""
+    item.add_marker(pytest.mark.xdist_group("slurm" if item.get_closest_marker("slurm") else item.module.__name__))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The SLURM tests go first: they are the longest chain, and mostly wait on the scheduler."""
+    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
+
+
 def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout: float = 180) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "legato", str(config), "--nproc", str(nproc), "--set", f"run.dir={run_dir}"]
     for item in sets:

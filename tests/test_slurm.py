@@ -80,8 +80,10 @@ def sacct_history(job_id: str) -> list[str]:
 
 def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, tmp_path_factory) -> None:
     run_dir = tmp_path / "run"
-    # A two-minute limit: the signal comes 60 to 90 s into each attempt, so a loaded machine needs many attempts.
-    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", timeout=1500)
+    # A two-minute limit: the signal comes 60 to 90 s into each attempt. Sleeping 60 ms a step makes 2000 steps
+    # outlast one attempt on any machine, and a fast one needs only two or three.
+    steps = "train.steps=2000"
+    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", steps, "--set", "chaos.step_sleep_s=0.06", timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     data = status(run_dir)
     attempts = data["attempts"]
@@ -95,7 +97,7 @@ def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, tmp_pat
     assert "REQUEUED" in sacct_history(job_id) or any(e["event"] == "job_state" and e["state"] == "REQUEUED" for e in events)
     # The time-limit signal reaches every task of the job, not only rank 0.
     assert {e["rank"] for e in events if e["event"] == "stop_signal"} == {0, 1}
-    assert data["final_global_hash"] == reference(tmp_path_factory)
+    assert data["final_global_hash"] == reference(tmp_path_factory, steps)
 
 
 def test_preemption_signal_at_an_arbitrary_moment(cluster, tmp_path: Path, short_reference: str) -> None:

@@ -119,6 +119,7 @@ class ChaosSection:
     signal_rank: int = _opt(0, minimum=0, maximum=10**6, doc="the rank chaos signals; below the world size")
     signal_at_steps: list = _opt([], doc="after each listed step, signal_rank sends itself the stop signal")
     preempt_every_s: float = _opt(0.0, minimum=0, maximum=SECONDS_MAX)
+    step_sleep_s: float = _opt(0.0, minimum=0, maximum=60, doc="every rank sleeps this long after each trained step (a slow node)")
     skip_restore: list = _opt([], doc="state components left unrestored on resume (fault injection): numpy, loader, data, optimizer, ...")
     consume_rng_after_restore: list = _opt([], doc="draw from these RNGs (python, numpy, torch) right after the restore (fault injection)")
     kill_in_checkpoint: int = _opt(0, minimum=0, maximum=STEPS_MAX, doc="SIGKILL every rank while writing this step's checkpoint")

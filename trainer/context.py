@@ -66,6 +66,7 @@ class RunContext:
                 skip_restore=frozenset(chaos.skip_restore),
                 kill=ckpt.KillPoint(chaos.kill_in_checkpoint, chaos.kill_point) if chaos.kill_in_checkpoint else None,
                 consume_rng_after_restore=tuple(chaos.consume_rng_after_restore),
+                step_sleep_s=chaos.step_sleep_s,
             ),
             training=training_settings(self.cfg),
             on_event=self.on_event,

@@ -82,6 +82,7 @@ class Chaos:
     skip_restore: frozenset[str] = frozenset()
     kill: ckpt.KillPoint | None = None
     consume_rng_after_restore: tuple[str, ...] = ()
+    step_sleep_s: float = 0.0
 
     def skips(self, component: str) -> bool:
         """Whether to leave `component` unrestored; short names (numpy, loader, cuda) name RNG components."""
@@ -297,6 +298,8 @@ class Session:
             self._take_snapshot()
 
     def _train_step_end(self) -> None:
+        if self.chaos.step_sleep_s:
+            time.sleep(self.chaos.step_sleep_s)
         if self.rank == self.chaos.signal_rank and self.step in self.chaos.signal_at_steps:
             log.warning("chaos: rank %d sends itself %s after step %d", self.rank, self._flag.signals[0].name, self.step)
             os.kill(os.getpid(), self._flag.signals[0])
