@@ -1,9 +1,12 @@
-"""No orphans: a SIGKILLed local launcher takes its ranks and their DataLoader workers with it."""
+"""No orphans: a SIGKILL of the local launcher, of one rank or of the supervisor, at a random moment, leaves no
+process of the run behind; a detached supervisor ends when its run ends."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +14,7 @@ import time
 from pathlib import Path
 
 from conftest import ROOT, TINY_GPT
+from test_supervisor import ledger, legato, run_args
 
 
 def children(pid: int) -> list[int]:
@@ -47,20 +51,30 @@ def wait_until(condition, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_sigkill_of_the_launcher_leaves_no_rank_or_worker(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={tmp_path / 'run'}",
+def start_launcher(run_dir: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={run_dir}",
            "--set", "train.steps=1000000", "--set", "train.num_workers=2", "--set", "chaos.signal_at_steps=[]",
            "--set", "checkpoint.every_steps=0"]
-    launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+
+
+def wait_for_six(launcher: subprocess.Popen, run_dir: Path, seen: set[int]) -> None:
+    """Two ranks and two DataLoader workers each: the run's six processes, all training."""
+
+    def all_up() -> bool:
+        seen.update(descendants(launcher.pid))
+        return len([p for p in descendants(launcher.pid) if alive(p)]) >= 6 and (run_dir / "trajectory").is_dir()
+
+    wait_until(all_up, 180, "the ranks and their workers")
+    time.sleep(random.uniform(0, 2))  # a random moment of training
+    seen.update(descendants(launcher.pid))
+
+
+def test_sigkill_of_the_launcher_leaves_no_rank_or_worker(tmp_path: Path) -> None:
+    launcher = start_launcher(tmp_path / "run")
     seen: set[int] = set()
     try:
-        # Two ranks and two DataLoader workers each: the run's six processes, all training.
-        def all_up() -> bool:
-            seen.update(descendants(launcher.pid))
-            return len([p for p in descendants(launcher.pid) if alive(p)]) >= 6 and (tmp_path / "run" / "trajectory").is_dir()
-
-        wait_until(all_up, 180, "the ranks and their workers")
-        seen.update(descendants(launcher.pid))
+        wait_for_six(launcher, tmp_path / "run", seen)
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(timeout=30)
         wait_until(lambda: not any(alive(p) for p in seen), 60, f"every process of the run to end: {sorted(p for p in seen if alive(p))}")
@@ -68,6 +82,60 @@ def test_sigkill_of_the_launcher_leaves_no_rank_or_worker(tmp_path: Path) -> Non
     finally:
         launcher.kill()
         launcher.wait()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_sigkill_of_one_rank_ends_the_launcher_the_other_rank_and_every_worker(tmp_path: Path) -> None:
+    launcher = start_launcher(tmp_path / "run")
+    seen: set[int] = set()
+    try:
+        wait_for_six(launcher, tmp_path / "run", seen)
+        rank1 = children(launcher.pid)[1]
+        os.kill(rank1, signal.SIGKILL)
+        assert launcher.wait(timeout=120) not in (0, 75)
+        wait_until(lambda: not any(alive(p) for p in seen), 60, f"every process of the run to end: {sorted(p for p in seen if alive(p))}")
+        assert len(seen) >= 6
+    finally:
+        launcher.kill()
+        launcher.wait()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def run_pids(run_dir: Path) -> set[int]:
+    """The local job's controller and its ranks, as the ledger names them."""
+    events = ledger(run_dir)
+    return {int(e["job_id"]) for e in events if e["event"] in ("submitted", "resubmitted")} | {e["pid"] for e in events if e["event"] == "rank_started"}
+
+
+def detach(run_dir: Path, *sets: str) -> int:
+    proc = legato(*run_args(run_dir, *sets), "--detach")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return int(re.search(r"supervisor pid (\d+)", proc.stdout).group(1))
+
+
+def test_sigkill_of_the_supervisor_then_a_detached_one_ends_with_its_run(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    sets = ("train.steps=150", "train.num_workers=2", "repro.enabled=false")
+    first = detach(run_dir, *sets)
+    seen = {first}
+    try:
+        wait_until(lambda: len([e for e in ledger(run_dir) if e["event"] == "rank_started"]) == 2, 180, "both ranks")
+        time.sleep(random.uniform(0, 2))
+        seen |= descendants(first) | run_pids(run_dir)
+        os.kill(first, signal.SIGKILL)
+        wait_until(lambda: not alive(first), 30, "the killed supervisor to go")
+
+        # The job carries on alone; a new detached supervisor takes the run over and ends with it.
+        second = detach(run_dir, *sets)
+        seen.add(second)
+        wait_until(lambda: any(e["event"] == "finished" for e in ledger(run_dir)), 400, "the run to finish")
+        seen |= run_pids(run_dir)
+        wait_until(lambda: not any(alive(p) for p in seen), 60, f"every process of the run to end: {sorted(p for p in seen if alive(p))}")
+    finally:
         for pid in seen:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
