@@ -36,6 +36,7 @@ import submitit
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
 from legato.files import write_atomic
+from legato.lifeline import die_with_parent
 from legato.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor, run_key
@@ -111,6 +112,8 @@ class TrainTask:
         _take_signals(cfg)
         ledger = Ledger(cfg.run_dir)
         ident = identify(ledger)
+        if ident.executor == "local":
+            die_with_parent()  # submitit's local controller: a task must not train on after it was SIGKILLed
         rank_env = ident.rank_env(cfg.slurm.master_addr)
         if ident.rank == 0:
             fields = {"executor": ident.executor, "hosts": list(ident.hosts), "world_size": ident.world_size, "master_addr": rank_env.master_addr}

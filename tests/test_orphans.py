@@ -139,3 +139,32 @@ def test_sigkill_of_the_supervisor_then_a_detached_one_ends_with_its_run(tmp_pat
         for pid in seen:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # Far more steps than the test waits for: ranks that outlived their controller would still be training.
+    args = run_args(run_dir, "train.steps=100000", "checkpoint.every_steps=25", "train.num_workers=2", "repro.enabled=false")
+    supervisor = subprocess.Popen([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    seen: set[int] = set()
+    try:
+        wait_until(lambda: (run_dir / "ledger.jsonl").exists() and any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)),
+                   180, "a periodic checkpoint")
+        controller = int(next(e["job_id"] for e in ledger(run_dir) if e["event"] == "submitted"))
+        seen = descendants(controller) | run_pids(run_dir)
+        os.kill(controller, signal.SIGKILL)
+        wait_until(lambda: not any(alive(p) for p in seen), 60, f"the job's ranks and workers to end: {sorted(p for p in seen if alive(p))}")
+        assert len(seen) >= 7  # the controller, two ranks, two workers each
+        # The supervisor resubmits, and the new job resumes verified from the newest checkpoint.
+        wait_until(lambda: any(e["event"] == "resumed" for e in ledger(run_dir)), 180, "the resubmitted job's resume")
+        assert legato("cancel", str(run_dir)).returncode == 0
+        out, _ = supervisor.communicate(timeout=120)
+    finally:
+        supervisor.kill()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    events = ledger(run_dir)
+    assert [e["previous_job_id"] for e in events if e["event"] == "resubmitted"] == [str(controller)], out[-3000:]
+    assert [e["match"] for e in events if e["event"] == "resumed"] == [True]
