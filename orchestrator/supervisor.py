@@ -91,8 +91,8 @@ class Supervisor:
         self._first_progress: dict[tuple[str, int], float] = {}
         self._handles: dict[str, JobHandle] = {}
         self._state: tuple[str, JobState, float] | None = None
-        self._lost_since: dict[str, float] = {}
-        self._lost_cancelled: set[str] = set()
+        self._lost_since: dict[tuple[str, int], float] = {}
+        self._lost_cancelled: set[tuple[str, int]] = set()
 
     def run(self) -> int:
         """Watch (and when needed submit) until the current session ends; returns the run's exit code."""
@@ -250,17 +250,21 @@ class Supervisor:
         self.ledger.append("preempt_sent", job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
 
     def _end_after_lost_rank(self, session: list[dict], handle: JobHandle) -> None:
-        """A job whose rank 0 recorded `rank_lost` has nothing left to do; one task hanging on its way out
-        (a half-dead collective, an exit handler) must not hold the run: cancel the job after a grace period."""
-        if handle.job_id in self._lost_cancelled:
+        """A job attempt whose rank 0 recorded `rank_lost` has nothing left to do; one task hanging on its way out
+        (a half-dead collective, an exit handler) must not hold the run: cancel the job after a grace period.
+        An attempt SLURM itself requeued and restarted is live again: only the job's newest attempt counts."""
+        live = _live_attempt(session)
+        if live is None or str(live["job_id"]) != handle.job_id:
             return
-        if not any(e["event"] == "rank_lost" and str(e.get("job_id")) == handle.job_id for e in session):
+        key = (handle.job_id, live["restart"])
+        lost = any(e["event"] == "rank_lost" and (str(e.get("job_id")), e.get("restart")) == key for e in session)
+        if not lost or key in self._lost_cancelled:
             return
-        since = self._lost_since.setdefault(handle.job_id, time.monotonic())
+        since = self._lost_since.setdefault(key, time.monotonic())
         if time.monotonic() - since < LOST_RANK_GRACE_S:
             return
-        self._lost_cancelled.add(handle.job_id)
-        self.ledger.append("lost_rank_cancel", job_id=handle.job_id, grace_s=LOST_RANK_GRACE_S)
+        self._lost_cancelled.add(key)
+        self.ledger.append("lost_rank_cancel", job_id=handle.job_id, restart=live["restart"], grace_s=LOST_RANK_GRACE_S)
         handle.cancel()
 
     def _training_since(self, key: tuple[str, int]) -> float:
