@@ -19,7 +19,7 @@ import pytest
 from conftest import ROOT, manifest
 from test_supervisor import ledger, wait_for
 
-from legato.slurm.multinode import Node, client_env
+from legato.slurm.multinode import STATE_DIR, Node, client_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -184,6 +184,33 @@ def test_killed_rank_on_a_failed_node_is_resubmitted_without_that_node(cluster, 
     assert second["resumed_from_step"] >= newest and second["resumed_from_step"] % 40 == 0 and second["verified"] is True
     assert "excluding " + failed in out
     assert data["final_global_hash"] == reference.final_hash()
+
+
+def test_killed_slurmd_fails_the_node_and_the_job_resumes_on_the_others(cluster, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = start(TWO_NODE, run_dir, "train.steps=1000000")  # never done: the test cancels it once the resume is verified
+    victim = None
+    try:
+        wait_for(lambda: any(e["step"] >= 40 for e in events(run_dir, "checkpoint_committed")), timeout=240, what="a checkpoint at step 40")
+        job_id = events(run_dir, "submitted")[0]["job_id"]
+        victim = next(e["host"] for e in events(run_dir, "rank_started") if e["rank"] == 1)
+        # The node's daemon dies, its job step does not: SLURM declares the node DOWN after SlurmdTimeout and the job NODE_FAIL.
+        os.kill(int((STATE_DIR / "nodes" / victim / "slurmd.pid").read_text()), signal.SIGKILL)
+        wait_for(lambda: events(run_dir, "resumed"), timeout=400, what="a resume on the other nodes")
+        assert legato("cancel", str(run_dir)).returncode == 0
+        out = finish(proc, timeout=300)
+    finally:
+        proc.kill()
+        if victim:
+            legato("devcluster", "up", "--nodes", str(NODES), timeout=900)  # brings the killed node back for what follows
+    data = status(run_dir)
+    first, second = data["attempts"][:2]
+    assert first["job_id"] == job_id and victim in first["hosts"], out[-4000:]
+    # SLURM requeued the job itself (NODE_FAIL of a requeueable job): the same job, restarted on the healthy nodes.
+    assert second["job_id"] == job_id and second["restart"] == 1 and "requeued by SLURM" in first["ended"]
+    assert victim not in second["hosts"] and len(second["hosts"]) == 2
+    assert second["verified"] is True and second["resumed_from_step"] >= 40 and second["resumed_from_step"] % 40 == 0
+    assert [e["match"] for e in events(run_dir, "resumed")][:1] == [True]
 
 
 def test_two_by_two_resumes_bitwise_with_four_local_ranks(cluster, tmp_path: Path) -> None:
