@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import ROOT, TINY_GPT
 from test_supervisor import ledger, legato, run_args
 
@@ -70,39 +71,34 @@ def wait_for_six(launcher: subprocess.Popen, run_dir: Path, seen: set[int]) -> N
     seen.update(descendants(launcher.pid))
 
 
-def test_sigkill_of_the_launcher_leaves_no_rank_or_worker(tmp_path: Path) -> None:
+def wait_all_gone(seen: set[int], timeout: float = 60) -> None:
+    wait_until(lambda: not any(alive(p) for p in seen), timeout, f"every process of the run to end: {sorted(p for p in seen if alive(p))}")
+
+
+def kill_leftovers(seen: set[int]) -> None:
+    for pid in seen:
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("victim", ["launcher", "rank"])
+def test_sigkill_of_the_launcher_or_a_rank_leaves_no_process_behind(tmp_path: Path, victim: str) -> None:
     launcher = start_launcher(tmp_path / "run")
     seen: set[int] = set()
     try:
         wait_for_six(launcher, tmp_path / "run", seen)
-        launcher.send_signal(signal.SIGKILL)
-        launcher.wait(timeout=30)
-        wait_until(lambda: not any(alive(p) for p in seen), 60, f"every process of the run to end: {sorted(p for p in seen if alive(p))}")
+        if victim == "launcher":
+            launcher.send_signal(signal.SIGKILL)
+            launcher.wait(timeout=30)
+        else:
+            os.kill(children(launcher.pid)[1], signal.SIGKILL)
+            assert launcher.wait(timeout=120) not in (0, 75)  # the launcher ends the other rank and reports a failure
+        wait_all_gone(seen)
         assert len(seen) >= 6
     finally:
         launcher.kill()
         launcher.wait()
-        for pid in seen:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
-
-
-def test_sigkill_of_one_rank_ends_the_launcher_the_other_rank_and_every_worker(tmp_path: Path) -> None:
-    launcher = start_launcher(tmp_path / "run")
-    seen: set[int] = set()
-    try:
-        wait_for_six(launcher, tmp_path / "run", seen)
-        rank1 = children(launcher.pid)[1]
-        os.kill(rank1, signal.SIGKILL)
-        assert launcher.wait(timeout=120) not in (0, 75)
-        wait_until(lambda: not any(alive(p) for p in seen), 60, f"every process of the run to end: {sorted(p for p in seen if alive(p))}")
-        assert len(seen) >= 6
-    finally:
-        launcher.kill()
-        launcher.wait()
-        for pid in seen:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_leftovers(seen)
 
 
 def run_pids(run_dir: Path) -> set[int]:
@@ -134,11 +130,9 @@ def test_sigkill_of_the_supervisor_then_a_detached_one_ends_with_its_run(tmp_pat
         seen.add(second)
         wait_until(lambda: any(e["event"] == "finished" for e in ledger(run_dir)), 400, "the run to finish")
         seen |= run_pids(run_dir)
-        wait_until(lambda: not any(alive(p) for p in seen), 60, f"every process of the run to end: {sorted(p for p in seen if alive(p))}")
+        wait_all_gone(seen)
     finally:
-        for pid in seen:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_leftovers(seen)
 
 
 def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on(tmp_path: Path) -> None:
@@ -154,7 +148,7 @@ def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on
         controller = int(next(e["job_id"] for e in ledger(run_dir) if e["event"] == "submitted"))
         seen = descendants(controller) | run_pids(run_dir)
         os.kill(controller, signal.SIGKILL)
-        wait_until(lambda: not any(alive(p) for p in seen), 60, f"the job's ranks and workers to end: {sorted(p for p in seen if alive(p))}")
+        wait_all_gone(seen)
         assert len(seen) >= 7  # the controller, two ranks, two workers each
         # The supervisor resubmits, and the new job resumes verified from the newest checkpoint.
         wait_until(lambda: any(e["event"] == "resumed" for e in ledger(run_dir)), 180, "the resubmitted job's resume")
@@ -162,9 +156,7 @@ def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on
         out, _ = supervisor.communicate(timeout=120)
     finally:
         supervisor.kill()
-        for pid in seen:
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        kill_leftovers(seen)
     events = ledger(run_dir)
     assert [e["previous_job_id"] for e in events if e["event"] == "resubmitted"] == [str(controller)], out[-3000:]
     assert [e["match"] for e in events if e["event"] == "resumed"] == [True]
