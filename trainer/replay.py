@@ -27,19 +27,33 @@ from typing import Any
 
 import torch
 
+from legato.hashing import Digests, digest
+
 FINGERPRINT_BYTES = 1 << 14  # per tensor: an evenly strided sample beyond this, to stay cheap on big batches
 
 
 class Snapshot:
-    """The state of every component at one step, copied into CPU tensors that later copies reuse."""
+    """The state of every component at one step, copied into CPU tensors that later copies reuse.
+
+    Its component digests are computed at most once per copy (`digests`), and the tensor digests of that
+    pass stay with it (`seen`) so that a checkpoint writing these tensors does not hash them again.
+    """
 
     def __init__(self) -> None:
         self.step: int | None = None
         self.parts: dict[str, Any] = {}
+        self.seen = Digests()
+        self._digests: dict[str, str] | None = None
 
     def take(self, step: int, parts: Mapping[str, Any]) -> None:
+        self.seen, self._digests = Digests(), None
         self.parts = _copy_into(self.parts, parts)
         self.step = step
+
+    def digests(self) -> dict[str, str]:
+        if self._digests is None:
+            self._digests = {name: digest(value, self.seen) for name, value in self.parts.items()}
+        return self._digests
 
 
 def _copy_into(dst: Any, src: Any) -> Any:

@@ -39,7 +39,7 @@ from legato import replay, rng
 from legato.components import Component
 from legato.determinism import derive_seed
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
-from legato.hashing import global_hash, rank_hash
+from legato.hashing import Digests, global_hash, rank_hash
 from legato.manifest import check_compatible, list_checkpoints, newest_valid
 from legato.paths import RunPaths
 from legato.reduction import Pinning, pin_bucket_layout
@@ -304,14 +304,15 @@ class Session:
         hash_due = bool(self.policy.hash_every_steps) and self.step % self.policy.hash_every_steps == 0
         # One pass over the state serves both the trajectory hash and the checkpoint.
         parts = table.capture(self.components) if reason or hash_due else {}
-        components = table.digests(parts)
+        seen = Digests()
+        components = table.digests(parts, seen)
         self._record_trajectory(components if hash_due else None)
         self._report_progress()
         if reason == "signal":
             self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
             log.info("rank %d: ranks agreed to stop after step %d", self.rank, self.step)
         if reason is not None:
-            self._save(reason, parts, components)
+            self._save(reason, parts, components, seen)
         self.stopped = reason == "signal"
 
     def _checkpoint_reason(self) -> str | None:
@@ -364,14 +365,15 @@ class Session:
         ]
         return rows
 
-    def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str]) -> None:
+    def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests) -> None:
         assert self._trajectory is not None
         self._trajectory.sync()
         files = table.files(self.components, parts, self.rank)
         base = self._replay_share()
         if base is not None:
             files.update(table.files(self.components, self._snapshot.parts, self.rank, prefix=REPLAY_PREFIX))
-        share = ckpt.RankShare(self.rank, files, components, rank_hash(components), replay=base)
+        seen_all = (seen,) if base is None else (seen, self._snapshot.seen)
+        share = ckpt.RankShare(self.rank, files, components, rank_hash(components), replay=base, seen=seen_all)
         meta = {"reason": reason, "epoch": self.epoch, "training": self.training, "threads": torch.get_num_threads()}
         committed = ckpt.write_checkpoint(
             self.checkpoint_root, self.step, share, self.world_size, self.group, meta, self.policy.keep_last, self.chaos.kill
@@ -438,7 +440,7 @@ class Session:
         snap = self._snapshot
         if snap is None or snap.step is None or snap.step >= self.step:
             return None
-        base = table.digests(snap.parts)
+        base = snap.digests()
         return {"rank": self.rank, "from_step": snap.step, "hash": rank_hash(base), "components": base, "steps": list(self._window)}
 
     def _start_replay(self, path: Path, manifest: dict) -> None:
