@@ -20,6 +20,7 @@ module must never draw from an RNG or touch the process group.
 from __future__ import annotations
 
 import hashlib
+import time
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -27,7 +28,7 @@ from typing import Any
 
 import torch
 
-from legato.hashing import Digests, digest
+from legato.hashing import Digests, digest, rank_hash
 
 FINGERPRINT_BYTES = 1 << 14  # per tensor: an evenly strided sample beyond this, to stay cheap on big batches
 
@@ -43,12 +44,15 @@ class Snapshot:
         self.step: int | None = None
         self.parts: dict[str, Any] = {}
         self.seen = Digests()
+        self.copy_s = 0.0  # how long the last copy took (the blocking part of an asynchronous checkpoint)
         self._digests: dict[str, str] | None = None
 
     def take(self, step: int, parts: Mapping[str, Any]) -> None:
+        start = time.perf_counter()
         self.seen, self._digests = Digests(), None
         self.parts = _copy_into(self.parts, parts)
         self.step = step
+        self.copy_s = time.perf_counter() - start
 
     def digests(self) -> dict[str, str]:
         if self._digests is None:
@@ -56,12 +60,21 @@ class Snapshot:
         return self._digests
 
 
+def base_share(rank: int, snapshot: Snapshot, window: list[dict]) -> dict:
+    """A rank's replay base for a checkpoint: the base's step and digests, and the records of the steps since."""
+    base = snapshot.digests()
+    return {"rank": rank, "from_step": snapshot.step, "hash": rank_hash(base), "components": base, "steps": list(window)}
+
+
 def _copy_into(dst: Any, src: Any) -> Any:
     """A copy of `src` that reuses `dst`'s tensors wherever shape and dtype still fit."""
     if isinstance(src, torch.Tensor):
         if isinstance(dst, torch.Tensor) and dst.shape == src.shape and dst.dtype == src.dtype:
             return dst.copy_(src.detach())
-        return src.detach().to("cpu", copy=True)
+        if src.device.type == "cpu":
+            return src.detach().clone()
+        # Pinned host memory: the device-to-host copy of a staged checkpoint runs at full speed.
+        return torch.empty(src.shape, dtype=src.dtype, pin_memory=torch.cuda.is_available()).copy_(src.detach())
     if isinstance(src, Mapping):
         old = dst if isinstance(dst, Mapping) else {}
         return {k: _copy_into(old.get(k), v) for k, v in src.items()}
