@@ -2,7 +2,7 @@
 
 In-process (one rank, no group): a checkpoint in flight is never selectable,
 never counted in keep_last, never lets pruning remove the newest verified one,
-and one due meanwhile is skipped and logged. The background writer is held
+and one due meanwhile waits for it and says so. The background writer is held
 back with an event so that "in flight" is a state the test controls, not a
 race it hopes to win. Real processes (2 ranks, gloo, real signals): an
 asynchronous run stopped by a signal resumes bit for bit, its checkpoints hold
@@ -56,7 +56,7 @@ def small_run(run_dir: Path, steps: int, policy: legato.CheckpointPolicy, on_ste
     return session
 
 
-def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_next_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     release = threading.Event()
     real = ckpt.write_files
     seen: dict[int, tuple] = {}
@@ -70,22 +70,23 @@ def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for(tmp_path: 
         root = session.checkpoint_root
         if session.step == 3:
             session._async.in_flight.future.result(60)  # step 2's write is done: step 4's boundary commits it
-        if session.step in (5, 6):
+            finish = session._async.finish
+            # Step 4's writer is held until step 6's checkpoint waits for it: then "in flight" is certain, not a race.
+            session._async.finish = lambda: (release.set(), finish())[1]
+        if session.step in (4, 5):
             found = newest_valid(root)
             seen[session.step] = ([p.name for p in list_checkpoints(root)], found[0].name if found else None, (root / ".tmp_step_4").is_dir())
-        if session.step == 6:
-            release.set()
 
     monkeypatch.setattr(ckpt, "write_files", held_write)
     policy = legato.CheckpointPolicy(every_steps=2, keep_last=1, hash_every_steps=1, agree_every_steps=1, replay_steps=0, async_=True)
     with caplog.at_level(logging.INFO, logger="legato"):
         session = small_run(tmp_path, 8, policy, look)
     # While step 4 was in flight, step 2 stayed the newest and only checkpoint, despite keep_last=1.
-    assert seen[5] == (["step_2"], "step_2", True)
-    assert seen[6] == (["step_2"], "step_2", True)
-    assert "periodic checkpoint at step 6 skipped: the one of step 4 is still being written" in caplog.text
+    assert seen[4] == seen[5] == (["step_2"], "step_2", True)
+    assert "periodic checkpoint at step 6 waits for the one of step 4, still being written" in caplog.text
     assert session.exit_code == 0
     assert [p.name for p in list_checkpoints(session.checkpoint_root)] == ["step_8"]
+    assert "asynchronous checkpoint step 6 committed" in caplog.text
     assert not list(session.checkpoint_root.glob(".tmp_*"))
 
 

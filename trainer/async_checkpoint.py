@@ -15,7 +15,8 @@ counted in `keep_last`, and pruning happens only after a publish.
 
 Every decision here (start, skip, commit, abandon) is taken at agreed steps
 from agreed values, so all ranks take it together. At most one checkpoint is
-in flight; one due meanwhile is skipped and logged. A stop or final checkpoint
+in flight; one due meanwhile first waits for it (logged), so the steps that
+get a checkpoint never depend on timing. A stop or final checkpoint
 first `finish`es the one in flight (waits for it, one small blocking
 all-reduce, commits it). Nothing the worker reads is written to while it runs:
 `release` waits for the worker before a buffer it holds is reused.
@@ -137,12 +138,14 @@ class AsyncCheckpointer:
             return None
         return self._commit()
 
-    def skip(self, step: int) -> None:
+    def wait_for_previous(self, step: int) -> ckpt.Committed | None:
+        """Collective: a checkpoint is due while one is in flight; wait for that one (the disk sets the pace)."""
         assert self.in_flight is not None
         log.warning(
-            "rank %d: periodic checkpoint at step %d skipped: the one of step %d is still being written (at most one in flight)",
+            "rank %d: periodic checkpoint at step %d waits for the one of step %d, still being written (at most one in flight)",
             self.rank, step, self.in_flight.job.step,
         )
+        return self.finish()
 
     def close(self) -> None:
         """Leave: wait for the worker (its directory stays temporary, never published) and stop the thread."""

@@ -308,9 +308,7 @@ class Session:
         hash_due = bool(self.policy.hash_every_steps) and self.step % self.policy.hash_every_steps == 0
         background = reason == "periodic" and self._async is not None
         if background and self._async.busy:
-            self._async.skip(self.step)
-            reason = None
-            background = False
+            self._committed(self._async.wait_for_previous(self.step), "periodic")
         # One pass over the state serves both the trajectory hash and the checkpoint.
         parts = table.capture(self.components) if reason or hash_due else {}
         seen = Digests()
