@@ -105,6 +105,8 @@ class AsyncCheckpointer:
         tmp = self.root / f"{TMP_STEP_PREFIX}{job.step}"
         for path in (self.root, tmp):
             check_contained(self.root, path)
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(exist_ok=True)
         future = self._executor.submit(self._write, job, tmp)
         self.in_flight = _InFlight(job, tmp, future, time.perf_counter() - job.blocking_s)
 
@@ -167,8 +169,6 @@ class AsyncCheckpointer:
 
     def _write(self, job: Job, tmp: Path) -> None:
         """The worker: one hash pass over the staged copy, then write, fsync, report."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir(exist_ok=True)
         components = job.staged.digests()
         replay = job.replay()
         written = ckpt.write_files(tmp, job.files(), tuple(h.seen for h in job.holds))

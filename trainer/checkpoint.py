@@ -232,11 +232,14 @@ def _maybe_kill(kill: KillPoint | None, step: int, point: str) -> None:
 
 
 def _prune(root: Path, keep_last: int, keep: int) -> None:
-    """After publishing step `keep`: remove temporary directories (nothing else is in flight) and all but the
-    `keep_last` newest checkpoints up to `keep`. Directories past `keep` (a timeline this run fell back from,
-    because they did not verify) are neither counted nor removed: the run replaces each when it gets there."""
+    """After publishing step `keep`: remove temporary directories of earlier steps and all but the `keep_last`
+    newest checkpoints up to `keep`. Directories past `keep` are neither counted nor removed: a temporary one
+    may be the next asynchronous checkpoint, which another rank already writes; a published one is of a
+    timeline this run fell back from (it did not verify), and the run replaces each when it gets there."""
     for stale in root.glob(f"{TMP_PREFIX}*"):
-        shutil.rmtree(stale, ignore_errors=True)
+        suffix = stale.name[len(TMP_PREFIX):]
+        if not suffix.isdigit() or int(suffix) < keep:
+            shutil.rmtree(stale, ignore_errors=True)
     upto = [p for p in list_checkpoints(root) if checkpoint_step(p) <= keep]
     for old in upto[keep_last:]:
         shutil.rmtree(old, ignore_errors=True)
