@@ -115,7 +115,7 @@ def legato_async(writer: AsyncCheckpointer, state: dict, step: int) -> tuple[flo
     """(blocking seconds, total seconds until committed)."""
     start = time.perf_counter()
     staged = writer.stage(step, state)
-    writer.start(Job(step, staged, lambda: {"rank0.pt": staged.parts}, lambda: None, {}, (staged,), staged.copy_s))
+    writer.start(Job(step, staged, {"rank0.pt": staged.parts}, lambda: None, {}, (staged,), staged.copy_s))
     blocking = time.perf_counter() - start
     writer.finish()
     return blocking, time.perf_counter() - start
@@ -144,7 +144,7 @@ def step_cost(writer: AsyncCheckpointer, state: dict, step: int) -> tuple[float,
 
     idle = steps(50)
     staged = writer.stage(step, state)
-    writer.start(Job(step, staged, lambda: {"rank0.pt": staged.parts}, lambda: None, {}, (staged,), staged.copy_s))
+    writer.start(Job(step, staged, {"rank0.pt": staged.parts}, lambda: None, {}, (staged,), staged.copy_s))
     busy, count = 0.0, 0
     while writer.in_flight is not None and not writer.in_flight.future.done():
         busy += steps(5)

@@ -58,7 +58,7 @@ class Job:
 
     step: int
     staged: Snapshot
-    files: Callable[[], dict[str, Any]]  # file name -> state, built from buffers nobody writes meanwhile
+    files: dict[str, Any]  # file name -> state: references into buffers nobody writes meanwhile
     replay: Callable[[], dict | None]  # the replay base share (digests of the base and the step records)
     meta: dict[str, Any]
     holds: tuple[Snapshot, ...]  # every buffer the worker reads
@@ -171,7 +171,7 @@ class AsyncCheckpointer:
         """The worker: one hash pass over the staged copy, then write, fsync, report."""
         components = job.staged.digests()
         replay = job.replay()
-        written = ckpt.write_files(tmp, job.files(), tuple(h.seen for h in job.holds))
+        written = ckpt.write_files(tmp, job.files, tuple(h.seen for h in job.holds))
         ckpt._maybe_kill(self.kill, job.step, "after_shards")
         report = {"rank": self.rank, "hash": rank_hash(components), "components": components, "files": written, "replay": replay}
         write_fsynced(tmp / f"{REPORT_PREFIX}{self.rank}.json", json.dumps(report, sort_keys=True).encode())

@@ -408,13 +408,11 @@ class Session:
         assert self._async is not None
         snap, window = self._snapshot, list(self._window)
         has_base = snap is not None and snap.step is not None and snap.step < self.step
-        rank, components = self.rank, self.components
-
-        def files() -> dict[str, Any]:
-            out = table.files(components, staged.parts, rank)
-            if has_base:
-                out.update(table.files(components, snap.parts, rank, prefix=REPLAY_PREFIX))
-            return out
+        rank = self.rank
+        # The layout is built here, where the live module is (per-rank buffer names); it only refers to the copies.
+        files = table.files(self.components, staged.parts, rank)
+        if has_base:
+            files.update(table.files(self.components, snap.parts, rank, prefix=REPLAY_PREFIX))
 
         def base() -> dict | None:
             return replay.base_share(rank, snap, window) if has_base else None
