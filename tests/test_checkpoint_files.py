@@ -86,7 +86,7 @@ def test_truncated_file_and_forged_segments_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="malformed segments for m.pt"):
         manifests._verify_file(path, {**info, "segments": [[10, info["bytes"]]]})
     path.write_bytes(path.read_bytes()[:-1])
-    with pytest.raises(ValueError, match="m.pt has .* bytes, the manifest says"):
+    with pytest.raises(ValueError, match="m.pt does not match the manifest: it has .* bytes, the manifest says"):
         manifests._verify_file(path, info)
 
 

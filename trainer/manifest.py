@@ -128,7 +128,7 @@ def _verify_file(path: Path, info: dict) -> None:
     combined = xxhash.xxh3_128()
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size != size:
-            raise ValueError(f"{path.name} has {os.fstat(f.fileno()).st_size} bytes, the manifest says {size} (truncated or corrupt)")
+            raise ValueError(f"{path.name} does not match the manifest: it has {os.fstat(f.fileno()).st_size} bytes, the manifest says {size} (truncated)")
         pos = 0
         for offset, length in segments:
             combined.update(region_record("G", offset - pos, _hash_next(f, offset - pos)))
