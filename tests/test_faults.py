@@ -68,7 +68,7 @@ def test_flipped_byte_falls_back_to_the_previous_checkpoint(reference: Path, tmp
     data[data.index(b'"hash"') + 12 if victim == "manifest.json" else len(data) // 2] ^= 0x01
     target.write_bytes(bytes(data))
     attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, "checkpoint.every_steps=5")
-    assert f"skipping checkpoint {tmp_path / 'checkpoints' / 'step_13'}" in attempts[0].stderr
+    assert f"skipping checkpoint {tmp_path / 'checkpoints' / 'step_13'}: {victim} does not match" in attempts[0].stderr
     assert resumed_steps(attempts) == [10]
     assert_bitwise_equal(reference, tmp_path, STEPS)
 

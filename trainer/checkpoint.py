@@ -3,10 +3,17 @@
 Layout: `<root>/step_<N>/` holds `model.pt` and `train_state.pt` (replicated,
 written by rank 0), `rank<R>.pt` (each rank's own state) and `manifest.json`
 (step, world size, per-rank component digests and hashes, the global hash and
-a SHA-256 per file). Protocol: rank 0 prepares `<root>/.tmp_step_<N>/`; every
+an XXH3-128 per file). Protocol: rank 0 prepares `<root>/.tmp_step_<N>/`; every
 rank writes and fsyncs its files there; the ranks exchange their digests; rank
 0 writes and fsyncs the manifest and publishes the directory with one atomic
 rename. A reader therefore sees a complete checkpoint or none.
+
+One hash pass: a file's hash is XXH3-128 over its regions, where the big
+regions are the tensor storages torch.save streams from the very memory the
+state digests were computed on; the writer takes those digests instead of
+hashing the bytes again, and the manifest lists the regions (`segments`) so
+that a reader checks the file from its bytes alone (legato.manifest). torch's
+own zip CRC32 is switched off for the same reason: the file hash covers it.
 
 Loading uses `torch.load(weights_only=True)` only: nothing in a checkpoint is
 ever unpickled. Selection picks the newest checkpoint whose manifest and files
@@ -17,7 +24,6 @@ naming a path outside its directory or one of absurd size is refused.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import logging
@@ -29,19 +35,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
+import xxhash
+from torch.utils.serialization import config as serialization_config
 
 from legato.files import fsync_dir, write_fsynced
-from legato.hashing import global_hash
-from legato.manifest import FORMAT, check_contained, list_checkpoints, manifest_checksum
+from legato.hashing import Digests, global_hash
+from legato.manifest import FORMAT, HASH_KEY, check_contained, checkpoint_step, list_checkpoints, manifest_checksum, region_record
 from legato.paths import CHECKPOINT_MANIFEST as MANIFEST
 from legato.paths import STEP_PREFIX
 from legato.paths import TMP_STEP_PREFIX as TMP_PREFIX
 
 log = logging.getLogger(__name__)
-
-
 
 @dataclass(frozen=True)
 class RankShare:
@@ -52,6 +59,7 @@ class RankShare:
     components: dict[str, str]  # component name -> digest
     hash: str
     replay: dict | None = None  # the replay base: its step, digests and the records of the steps since
+    seen: tuple[Digests, ...] = ()  # the tensor digests already computed over the memory of `files`
 
 
 @dataclass(frozen=True)
@@ -96,14 +104,14 @@ def write_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
     _barrier(group)
-    written = {name: _save_fsynced(state, tmp / name) for name, state in share.files.items()}
+    written = write_files(tmp, share.files, share.seen)
     report = {"rank": share.rank, "hash": share.hash, "components": share.components, "files": written, "replay": share.replay}
     reports = _gather_reports(report, world_size, group)
     _maybe_kill(kill, step, "after_shards")
     committed_hash = global_hash([r["hash"] for r in reports])
     if share.rank == 0:
         _publish(root, tmp, step, world_size, reports, committed_hash, meta, kill)
-        _prune(root, keep_last)
+        _prune(root, keep_last, keep=step)
     _barrier(group)
     total = sum(f["bytes"] for r in reports for f in r["files"].values())
     return Committed(step, step_dir(root, step), committed_hash, time.perf_counter() - start, total)
@@ -139,30 +147,69 @@ def _publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[di
     fsync_dir(root)
 
 
-class _HashingWriter:
-    """A file that hashes what passes through it, so torch.save streams to disk in one pass."""
+SEGMENT_MIN_BYTES = 4096  # smaller writes are hashed as part of the region around them
 
-    def __init__(self, f: io.BufferedWriter) -> None:
+
+class _HashingWriter:
+    """A file that hashes what passes through it, so torch.save streams to disk in one pass.
+
+    A write whose buffer is a storage with a known digest becomes a segment of its own (its digest is
+    reused, its bytes not hashed again); everything between segments is hashed as one region.
+    """
+
+    def __init__(self, f: io.BufferedWriter, known: dict[tuple[int, int], bytes]) -> None:
         self._f = f
-        self.sha256 = hashlib.sha256()
+        self._known = known
+        self._combined = xxhash.xxh3_128()
+        self._region = xxhash.xxh3_128()
+        self._region_bytes = 0
+        self.segments: list[list[int]] = []
         self.bytes = 0
 
     def write(self, data: bytes | memoryview) -> int:
-        self.sha256.update(data)
-        self.bytes += len(data)
+        view = memoryview(data)
+        found = self._known.get((_address(view), view.nbytes)) if view.nbytes >= SEGMENT_MIN_BYTES else None
+        if found is None:
+            self._region.update(view)
+            self._region_bytes += view.nbytes
+        else:
+            self._close_region()
+            self._combined.update(region_record("S", view.nbytes, found))
+            self.segments.append([self.bytes, view.nbytes])
+        self.bytes += view.nbytes
         return self._f.write(data)
 
     def flush(self) -> None:
         self._f.flush()
 
+    def hexdigest(self) -> str:
+        self._close_region()
+        return self._combined.hexdigest()
 
-def _save_fsynced(state: Any, path: Path) -> dict:
+    def _close_region(self) -> None:
+        self._combined.update(region_record("G", self._region_bytes, self._region.digest()))
+        self._region = xxhash.xxh3_128()
+        self._region_bytes = 0
+
+
+def _address(view: memoryview) -> int:
+    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0] if view.nbytes else 0
+
+
+def write_files(directory: Path, files: dict[str, Any], seen: tuple[Digests, ...] = ()) -> dict[str, dict]:
+    """torch.save each state to `directory/<name>`, fsynced; returns name -> {bytes, hash, segments}."""
+    known = {key: d for s in seen for key, d in s.by_storage.items()}
+    return {name: _save_fsynced(state, directory / name, known) for name, state in files.items()}
+
+
+def _save_fsynced(state: Any, path: Path, known: dict[tuple[int, int], bytes]) -> dict:
     with open(path, "wb") as f:
-        writer = _HashingWriter(f)
-        torch.save(state, writer)
+        writer = _HashingWriter(f, known)
+        with serialization_config.patch({"save.compute_crc32": False}):
+            torch.save(state, writer)
         f.flush()
         os.fsync(f.fileno())
-    return {"sha256": writer.sha256.hexdigest(), "bytes": writer.bytes}
+    return {HASH_KEY: writer.hexdigest(), "bytes": writer.bytes, "segments": writer.segments}
 
 
 def _gather_reports(report: dict, world_size: int, group: dist.ProcessGroup | None) -> list[dict]:
@@ -184,10 +231,17 @@ def _maybe_kill(kill: KillPoint | None, step: int, point: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _prune(root: Path, keep_last: int) -> None:
+def _prune(root: Path, keep_last: int, keep: int) -> None:
+    """After publishing step `keep`: remove temporary directories of earlier steps and all but the `keep_last`
+    newest checkpoints up to `keep`. Directories past `keep` are neither counted nor removed: a temporary one
+    may be the next asynchronous checkpoint, which another rank already writes; a published one is of a
+    timeline this run fell back from (it did not verify), and the run replaces each when it gets there."""
     for stale in root.glob(f"{TMP_PREFIX}*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    for old in list_checkpoints(root)[keep_last:]:
+        suffix = stale.name[len(TMP_PREFIX):]
+        if not suffix.isdigit() or int(suffix) < keep:
+            shutil.rmtree(stale, ignore_errors=True)
+    upto = [p for p in list_checkpoints(root) if checkpoint_step(p) <= keep]
+    for old in upto[keep_last:]:
         shutil.rmtree(old, ignore_errors=True)
 
 

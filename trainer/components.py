@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from legato import checkpoint as ckpt
 from legato.errors import UsageError
-from legato.hashing import digest
+from legato.hashing import Digests, digest
 
 if TYPE_CHECKING:
     # Only for the type: importing torch.distributed.checkpoint costs 2 s per rank on a busy CPU.
@@ -66,8 +66,10 @@ def capture(table: Iterable[Component]) -> dict[str, Any]:
     return {c.name: c.obj.state_dict() for c in table}
 
 
-def digests(parts: Mapping[str, Any]) -> dict[str, str]:
-    return {name: digest(value) for name, value in parts.items()}
+def digests(parts: Mapping[str, Any], seen: Digests | None = None) -> dict[str, str]:
+    """Every component's digest; `seen` keeps the tensor digests of this pass for the checkpoint writer."""
+    seen = seen if seen is not None else Digests()
+    return {name: digest(value, seen) for name, value in parts.items()}
 
 
 def rank_file(rank: int, prefix: str = "") -> str:

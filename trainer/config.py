@@ -10,6 +10,7 @@ path of the run directory.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -27,8 +28,9 @@ from legato.errors import UsageError
 from legato.signals import normalize_signal
 
 
-def _opt(default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "") -> Any:
-    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc}
+def _opt(default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = "") -> Any:
+    """A config field; `key` spells its YAML name where that is a Python keyword (checkpoint.async)."""
+    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc, "key": key}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -96,6 +98,9 @@ class TrainSection:
     options: dict = _opt({}, doc="settings passed through to the task or entrypoint")
 
 
+ASYNC_DEFAULT = False  # see README, Asynchronous checkpoints: measured on this machine
+
+
 @dataclass
 class CheckpointSection:
     every_steps: int = _opt(0, minimum=0, maximum=STEPS_MAX, doc="periodic checkpoint every N steps, 0 for off")
@@ -105,6 +110,7 @@ class CheckpointSection:
     hash_every_steps: int = _opt(10, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps")
     agree_every_steps: int = _opt(0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a second apart")
     replay_steps: int = _opt(32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and compares; 0 for off")
+    async_: bool = _opt(ASYNC_DEFAULT, key="async", doc="periodic checkpoints copy the state and write it in the background; stop and final ones stay synchronous")
 
 
 @dataclass
@@ -156,7 +162,18 @@ class Config:
         return self.local.tasks if self.executor == "local" else self.slurm.nodes * self.slurm.tasks_per_node
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The settings as YAML spells them (checkpoint.async, not the Python field name)."""
+        return _as_dict(self)
+
+
+def _key(f: dataclasses.Field) -> str:
+    return f.metadata.get("key") or f.name
+
+
+def _as_dict(value: Any) -> Any:
+    if dataclasses.is_dataclass(value):
+        return {_key(f): _as_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return copy.deepcopy(value)
 
 
 def training_settings(cfg: Config) -> dict:
@@ -384,7 +401,7 @@ def _build(cls: type, raw: Any, prefix: str, source: str) -> Any:
     if not isinstance(raw, dict):
         raise UsageError(f"{source}: {label} must be a mapping of keys, not {_show(raw)}. Write it as a YAML section.")
     hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {_key(f): f for f in dataclasses.fields(cls)}
     unknown = [k for k in raw if k not in fields]
     if unknown:
         key = str(unknown[0])[:60]
@@ -398,11 +415,11 @@ def _build(cls: type, raw: Any, prefix: str, source: str) -> Any:
     for name, f in fields.items():
         if name not in raw:
             continue
-        hint = hints[name]
+        hint = hints[f.name]
         if dataclasses.is_dataclass(hint):
-            values[name] = _build(hint, raw[name], f"{prefix}{name}.", source)
+            values[f.name] = _build(hint, raw[name], f"{prefix}{name}.", source)
         else:
-            values[name] = _check_value(f"{prefix}{name}", raw[name], hint, f.metadata, source)
+            values[f.name] = _check_value(f"{prefix}{name}", raw[name], hint, f.metadata, source)
     return cls(**values)
 
 

@@ -1,29 +1,66 @@
-"""Content digests of training state: per component, per rank, global.
+"""Content digests of training state: per tensor, per component, per rank, global.
 
-A digest is computed from live objects (state dicts, RNG states, counters) by
-walking plain nested data and feeding type tags, shapes, dtypes and raw bytes
-into SHA-256 (truncated to 128 bits; SHA-256 has CPU instructions on current
-x86 and ARM servers, which makes it the fastest of hashlib's choices there). It must never draw from an RNG, move a tensor in place, or
-depend on anything but the values (no ids, no addresses, no dict order of
-insertion beyond what the state itself defines).
+One pass over the bytes: every tensor's raw bytes are hashed once with
+XXH3-128 (`tensor_digest`), and everything else is a hash of small things: a
+component's digest feeds type tags, shapes, dtypes, scalars and those tensor
+digests into another XXH3-128. The checkpoint writer reuses the same tensor
+digests for the file-integrity hash of the bytes torch.save streams from the
+very same memory (`Digests` remembers them by storage address), so a
+checkpoint's state is hashed once. XXH3 is a non-cryptographic hash: it guards
+against corruption and proves equality of bits, not against a forger (anyone
+who can rewrite a file can rewrite its manifest too).
+
+It must never draw from an RNG, move a tensor in place, or depend on anything
+but the values (no ids, no addresses in a digest, no dict order of insertion
+beyond what the state itself defines).
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+import xxhash
 
 DIGEST_BYTES = 16
+HASH_NAME = "xxh3_128"
 
 
-def digest(value: Any) -> str:
+def raw_digest(data: Any) -> bytes:
+    """XXH3-128 of a buffer's bytes (16 bytes): the one hash of every tensor, file region and segment."""
+    return xxhash.xxh3_128_digest(data)
+
+
+class Digests:
+    """Tensor digests of one pass, remembered by (storage address, size) while the memory stays unchanged.
+
+    A staged or snapshot copy keeps one of these: the file writer looks up the storages torch.save
+    hands it instead of hashing their bytes again. Drop it whenever the memory is written to.
+    """
+
+    def __init__(self) -> None:
+        self.by_storage: dict[tuple[int, int], bytes] = {}
+
+    def tensor(self, t: torch.Tensor) -> bytes:
+        t = t.detach()
+        if t.numel() == 0:
+            return raw_digest(b"")
+        whole = t.device.type == "cpu" and t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
+        key = (t.untyped_storage().data_ptr(), t.nbytes) if whole else None
+        if key is not None and key in self.by_storage:
+            return self.by_storage[key]
+        d = raw_digest(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        if key is not None:
+            self.by_storage[key] = d
+        return d
+
+
+def digest(value: Any, seen: Digests | None = None) -> str:
     """Hex digest of a nested structure of tensors, numbers, strings, lists and dicts."""
-    h = hashlib.sha256()
-    _feed(h, value)
-    return h.hexdigest()[: 2 * DIGEST_BYTES]
+    h = xxhash.xxh3_128()
+    _feed(h, value, seen if seen is not None else Digests())
+    return h.hexdigest()
 
 
 def rank_hash(components: Mapping[str, str]) -> str:
@@ -36,19 +73,19 @@ def global_hash(rank_hashes: Sequence[str]) -> str:
     return digest(list(rank_hashes))
 
 
-def _feed(h: hashlib._Hash, value: Any) -> None:
+def _feed(h: Any, value: Any, seen: Digests) -> None:
     if isinstance(value, torch.Tensor):
-        _feed_tensor(h, value)
+        h.update(f"t{value.dtype}{tuple(value.shape)}:".encode() + seen.tensor(value))
     elif isinstance(value, Mapping):
         h.update(b"{%d" % len(value))
         for key in sorted(value, key=repr):
-            _feed(h, key)
-            _feed(h, value[key])
+            _feed(h, key, seen)
+            _feed(h, value[key], seen)
         h.update(b"}")
     elif isinstance(value, (list, tuple)):
         h.update(b"[%d" % len(value))
         for item in value:
-            _feed(h, item)
+            _feed(h, item, seen)
         h.update(b"]")
     elif isinstance(value, bool) or value is None:
         h.update(b"b" + repr(value).encode())
@@ -63,12 +100,3 @@ def _feed(h: hashlib._Hash, value: Any) -> None:
         h.update(b"y%d:" % len(value) + value)
     else:
         raise TypeError(f"cannot hash a {type(value).__name__} in training state; store plain data")
-
-
-def _feed_tensor(h: hashlib._Hash, t: torch.Tensor) -> None:
-    t = t.detach()
-    h.update(f"t{t.dtype}{tuple(t.shape)}:".encode())
-    if t.numel() == 0:
-        return
-    flat = t.cpu().contiguous().reshape(-1)
-    h.update(flat.view(torch.uint8).numpy().data)

@@ -14,6 +14,9 @@ import json
 import logging
 import os
 from pathlib import Path
+from typing import BinaryIO
+
+import xxhash
 
 from legato.errors import UsageError
 from legato.paths import CHECKPOINT_MANIFEST, STEP_PREFIX, TMP_STEP_PREFIX
@@ -21,8 +24,15 @@ from legato.treediff import changed_leaves
 
 log = logging.getLogger(__name__)
 
-FORMAT = 1
+FORMAT = 2  # 2: XXH3-128 digests and region-wise file hashes (1 was SHA-256 of whole files)
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
+HASH_KEY = "xxh3_128"
+READ_CHUNK = 1 << 22
+
+
+def region_record(kind: str, size: int, digest: bytes) -> bytes:
+    """What one region of a file contributes to its hash: G (bytes between segments) or S (a tensor storage)."""
+    return kind.encode() + size.to_bytes(8, "little") + digest
 
 
 def manifest_checksum(manifest: dict) -> str:
@@ -108,18 +118,48 @@ def read_manifest(path: Path) -> dict:
 
 
 def _verify_file(path: Path, info: dict) -> None:
+    """Recompute a file's hash region by region from its bytes (one read, one hash pass) and compare."""
     if path.is_symlink():
         raise ValueError(f"{path.name} is a symlink (legato reads nothing outside the run directory)")
     if not path.is_file():
         raise ValueError(f"{path.name} is missing")
-    h = hashlib.sha256()
-    size = 0
+    size = info["bytes"]
+    segments = _segments(path.name, info.get("segments", []), size)
+    combined = xxhash.xxh3_128()
     with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            h.update(chunk)
-            size += len(chunk)
-    if size != info["bytes"] or h.hexdigest() != info["sha256"]:
-        raise ValueError(f"{path.name} does not match its SHA-256 in the manifest (corrupt or truncated)")
+        if os.fstat(f.fileno()).st_size != size:
+            raise ValueError(f"{path.name} does not match the manifest: it has {os.fstat(f.fileno()).st_size} bytes, the manifest says {size} (truncated)")
+        pos = 0
+        for offset, length in segments:
+            combined.update(region_record("G", offset - pos, _hash_next(f, offset - pos)))
+            combined.update(region_record("S", length, _hash_next(f, length)))
+            pos = offset + length
+        combined.update(region_record("G", size - pos, _hash_next(f, size - pos)))
+    if combined.hexdigest() != info[HASH_KEY]:
+        raise ValueError(f"{path.name} does not match its XXH3-128 in the manifest (corrupt)")
+
+
+def _segments(name: str, segments: object, size: int) -> list[tuple[int, int]]:
+    """The manifest's segments of a file, checked to be ordered, disjoint and inside it."""
+    checked, pos = [], 0
+    for item in segments if isinstance(segments, list) else [None]:
+        ok = isinstance(item, list) and len(item) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in item)
+        if not ok or item[0] < pos or item[1] < 0 or item[0] + item[1] > size:
+            raise ValueError(f"{CHECKPOINT_MANIFEST} lists malformed segments for {name} (not written by legato)")
+        checked.append((item[0], item[1]))
+        pos = item[0] + item[1]
+    return checked
+
+
+def _hash_next(f: BinaryIO, length: int) -> bytes:
+    h = xxhash.xxh3_128()
+    while length > 0:
+        chunk = f.read(min(READ_CHUNK, length))
+        if not chunk:
+            raise ValueError(f"{os.path.basename(f.name)} ended early (truncated)")
+        h.update(chunk)
+        length -= len(chunk)
+    return h.digest()
 
 
 def newest_valid(root: Path) -> tuple[Path, dict] | None:

@@ -36,10 +36,12 @@ from torch.utils.data import DataLoader
 from legato import checkpoint as ckpt
 from legato import components as table
 from legato import replay, rng
+from legato.async_checkpoint import AsyncCheckpointer, Job
 from legato.components import Component
+from legato.config import ASYNC_DEFAULT
 from legato.determinism import derive_seed
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
-from legato.hashing import global_hash, rank_hash
+from legato.hashing import Digests, global_hash, rank_hash
 from legato.manifest import check_compatible, list_checkpoints, newest_valid
 from legato.paths import RunPaths
 from legato.reduction import Pinning, pin_bucket_layout
@@ -66,6 +68,7 @@ class CheckpointPolicy:
     hash_every_steps: int = 10
     agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
     replay_steps: int = 32  # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
+    async_: bool = ASYNC_DEFAULT  # periodic checkpoints written in the background (legato.async_checkpoint)
 
 
 @dataclass(frozen=True)
@@ -197,6 +200,7 @@ class Session:
         self._batch_fingerprint: str | None = None
         self._replay: replay.ReplayCheck | None = None
         self._resuming: tuple[Path, dict] | None = None
+        self._async = AsyncCheckpointer(self.checkpoint_root, self.rank, self.world_size, self.group, checkpoint.keep_last, chaos.kill) if checkpoint.async_ else None
 
     # -- the loop -------------------------------------------------------
 
@@ -305,22 +309,34 @@ class Session:
             os.kill(os.getpid(), self._flag.signals[0])
         reason = self._checkpoint_reason()
         hash_due = bool(self.policy.hash_every_steps) and self.step % self.policy.hash_every_steps == 0
+        background = reason == "periodic" and self._async is not None
+        if background and self._async.busy:
+            self._committed(self._async.wait_for_previous(self.step), "periodic")
         # One pass over the state serves both the trajectory hash and the checkpoint.
         parts = table.capture(self.components) if reason or hash_due else {}
-        components = table.digests(parts)
+        seen = Digests()
+        staged = self._stage(parts) if background else None
+        components = (staged.digests() if hash_due else {}) if staged is not None else table.digests(parts, seen)
         self._record_trajectory(components if hash_due else None)
         self._report_progress()
         if reason == "signal":
             self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
             log.info("rank %d: ranks agreed to stop after step %d", self.rank, self.step)
-        if reason is not None:
-            self._save(reason, parts, components)
+        if staged is not None:
+            self._save_async(staged)
+        elif reason is not None:
+            if self._async is not None:
+                self._committed(self._async.finish(), "periodic")
+            self._save(reason, parts, components, seen)
         self.stopped = reason == "signal"
 
     def _checkpoint_reason(self) -> str | None:
         """Take part in this boundary's agreement; say why a checkpoint is due now, if one is."""
         clock_due = self.policy.every_minutes > 0 and time.monotonic() - self._last_save_time >= 60 * self.policy.every_minutes
-        decision = self._agreement.boundary(self.step, self._flag.raised, clock_due)
+        flags = self._async.flags() if self._async is not None else {}
+        decision = self._agreement.boundary(self.step, self._flag.raised, clock_due, **flags)
+        if self._async is not None:
+            self._committed(self._async.settle(decision), "periodic")
         if self.step == self.total_steps:
             return "final"
         if decision.stop:
@@ -367,27 +383,59 @@ class Session:
         ]
         return rows
 
-    def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str]) -> None:
+    def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests) -> None:
         assert self._trajectory is not None
         self._trajectory.sync()
         files = table.files(self.components, parts, self.rank)
         base = self._replay_share()
         if base is not None:
             files.update(table.files(self.components, self._snapshot.parts, self.rank, prefix=REPLAY_PREFIX))
-        share = ckpt.RankShare(self.rank, files, components, rank_hash(components), replay=base)
+        seen_all = (seen,) if base is None else (seen, self._snapshot.seen)
+        share = ckpt.RankShare(self.rank, files, components, rank_hash(components), replay=base, seen=seen_all)
         meta = {"reason": reason, "epoch": self.epoch, "training": self.training, "threads": torch.get_num_threads()}
         committed = ckpt.write_checkpoint(
             self.checkpoint_root, self.step, share, self.world_size, self.group, meta, self.policy.keep_last, self.chaos.kill
         )
-        self.last_checkpoint = committed
         self._last_save_time = time.monotonic()
         log.info("rank %d: %s checkpoint step %d committed in %.3fs, global hash %s", self.rank, reason, self.step, committed.seconds, committed.global_hash)
+        self._committed(committed, reason)
+
+    def _stage(self, parts: dict[str, Any]) -> replay.Snapshot:
+        """The blocking part of an asynchronous checkpoint: copy the state into the reused staging buffer."""
+        assert self._async is not None and self._trajectory is not None
+        self._trajectory.sync()
+        return self._async.stage(self.step, parts)
+
+    def _save_async(self, staged: replay.Snapshot) -> None:
+        """Hand the staged state to the background writer; it is committed at a later agreed boundary."""
+        assert self._async is not None
+        snap, window = self._snapshot, list(self._window)
+        has_base = snap is not None and snap.step is not None and snap.step < self.step
+        rank = self.rank
+        # The layout is built here, where the live module is (per-rank buffer names); it only refers to the copies.
+        files = table.files(self.components, staged.parts, rank)
+        if has_base:
+            files.update(table.files(self.components, snap.parts, rank, prefix=REPLAY_PREFIX))
+
+        def base() -> dict | None:
+            return replay.base_share(rank, snap, window) if has_base else None
+
+        meta = {"reason": "periodic", "epoch": self.epoch, "training": self.training, "threads": torch.get_num_threads()}
+        holds = (staged, snap) if has_base else (staged,)
+        self._async.start(Job(self.step, staged, files, base, meta, holds, staged.copy_s))
+        self._last_save_time = time.monotonic()
+
+    def _committed(self, committed: ckpt.Committed | None, reason: str) -> None:
+        """Report a published checkpoint (rank 0 alone knows an asynchronous one's global hash)."""
+        if committed is None or not committed.global_hash:
+            return
+        self.last_checkpoint = committed
         self.on_event(
             {
                 "event": "checkpoint_committed",
                 "rank": self.rank,
                 "reason": reason,
-                "step": self.step,
+                "step": committed.step,
                 "global_hash": committed.global_hash,
                 "seconds": committed.seconds,
                 "bytes": committed.bytes,
@@ -423,9 +471,18 @@ class Session:
     # -- replay ------------------------------------------------------------
 
     def _take_snapshot(self) -> None:
-        if self._snapshot is not None:
-            self._snapshot.take(self.step, table.capture(self.components))
-            self._window = []
+        if self._snapshot is None:
+            return
+        self._window = []
+        staging = self._async.staging if self._async is not None else None
+        if staging is not None and staging.step == self.step and self._async.busy:
+            # This step's state is already staged for the checkpoint in flight: the staged copy becomes the
+            # replay base, and the old base's buffer is the next staging buffer. One copy, not two.
+            self._snapshot, self._async.staging = staging, self._snapshot
+            return
+        if self._async is not None:
+            self._async.release(self._snapshot)
+        self._snapshot.take(self.step, table.capture(self.components))
 
     def _record_step(self) -> dict:
         assert self._snapshot is not None
@@ -441,8 +498,7 @@ class Session:
         snap = self._snapshot
         if snap is None or snap.step is None or snap.step >= self.step:
             return None
-        base = table.digests(snap.parts)
-        return {"rank": self.rank, "from_step": snap.step, "hash": rank_hash(base), "components": base, "steps": list(self._window)}
+        return replay.base_share(self.rank, snap, self._window)
 
     def _start_replay(self, path: Path, manifest: dict) -> None:
         """Restore the replay base B of checkpoint N; the loop then runs steps B+1..N again and `_finish_replay` judges them."""
@@ -554,6 +610,8 @@ class Session:
         raise ResumeMismatchError(message)
 
     def _close(self) -> None:
+        if self._async is not None:
+            self._async.close()
         self._agreement.drain()
         self._flag.uninstall()
         self._batches = None

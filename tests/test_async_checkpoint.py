@@ -1,0 +1,177 @@
+"""Asynchronous checkpoints keep every guarantee of the synchronous ones.
+
+In-process (one rank, no group): a checkpoint in flight is never selectable,
+never counted in keep_last, never lets pruning remove the newest verified one,
+and one due meanwhile waits for it and says so. The background writer is held
+back with an event so that "in flight" is a state the test controls, not a
+race it hopes to win. Real processes (2 ranks, gloo, real signals): an
+asynchronous run stopped by a signal resumes bit for bit, its checkpoints hold
+exactly the states a synchronous run writes at the same steps, and a SIGKILL
+during a background write (every rank inside the writer, or one rank from
+outside at a random moment) leaves the previous checkpoint usable and the
+resume exact.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
+
+import legato
+from legato import checkpoint as ckpt
+from legato.manifest import list_checkpoints, newest_valid, read_manifest
+
+STEPS = 30
+ASYNC = ("checkpoint.async=true", "checkpoint.every_steps=4", "checkpoint.keep_last=100")
+
+
+def small_run(run_dir: Path, steps: int, policy: legato.CheckpointPolicy, on_step=None) -> legato.Session:
+    legato.seed_everything(7, rank=0, mode="fast")
+    features = torch.randn(64, 4, generator=torch.Generator().manual_seed(0))
+    data = torch.utils.data.TensorDataset(features, features.sum(1, keepdim=True))
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=legato.resumable_loader(data, batch_size=8, seed=7),
+                             total_steps=steps, checkpoint=policy)
+    for x, y in session:
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        session.report(loss)
+        if on_step is not None:
+            on_step(session)
+    return session
+
+
+def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_next_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    release = threading.Event()
+    real = ckpt.write_files
+    seen: dict[int, tuple] = {}
+
+    def held_write(directory: Path, files: dict, known: tuple = ()) -> dict:
+        if directory.name.endswith("_4"):
+            assert release.wait(60), "the test never released the writer"
+        return real(directory, files, known)
+
+    def look(session: legato.Session) -> None:
+        root = session.checkpoint_root
+        if session.step == 3:
+            if session._async.in_flight is not None:
+                session._async.in_flight.future.result(60)  # step 2's write is done: step 4's boundary commits it at the latest
+            finish = session._async.finish
+            # Step 4's writer is held until step 6's checkpoint waits for it: then "in flight" is certain, not a race.
+            session._async.finish = lambda: (release.set(), finish())[1]
+        if session.step in (4, 5):
+            found = newest_valid(root)
+            seen[session.step] = ([p.name for p in list_checkpoints(root)], found[0].name if found else None, (root / ".tmp_step_4").is_dir())
+
+    monkeypatch.setattr(ckpt, "write_files", held_write)
+    policy = legato.CheckpointPolicy(every_steps=2, keep_last=1, hash_every_steps=1, agree_every_steps=1, replay_steps=0, async_=True)
+    with caplog.at_level(logging.INFO, logger="legato"):
+        session = small_run(tmp_path, 8, policy, look)
+    # While step 4 was in flight, step 2 stayed the newest and only checkpoint, despite keep_last=1.
+    assert seen[4] == seen[5] == (["step_2"], "step_2", True)
+    assert "periodic checkpoint at step 6 waits for the one of step 4, still being written" in caplog.text
+    assert session.exit_code == 0
+    assert [p.name for p in list_checkpoints(session.checkpoint_root)] == ["step_8"]
+    assert "asynchronous checkpoint step 6 committed" in caplog.text
+    assert not list(session.checkpoint_root.glob(".tmp_*"))
+
+
+def test_async_and_sync_checkpoints_hold_the_same_state_in_process(tmp_path: Path) -> None:
+    runs = {}
+    for mode in (False, True):
+        policy = legato.CheckpointPolicy(every_steps=3, keep_last=100, hash_every_steps=1, agree_every_steps=1, replay_steps=2, async_=mode)
+        run_dir = tmp_path / f"async_{mode}"
+        assert small_run(run_dir, 9, policy).exit_code == 0
+        runs[mode] = {p.name: read_manifest(p) for p in list_checkpoints(run_dir / "checkpoints")}
+    assert sorted(runs[True]) == sorted(runs[False]) == ["step_3", "step_6", "step_9"]
+    for name in runs[True]:
+        sync, background = runs[False][name], runs[True][name]
+        assert background["global_hash"] == sync["global_hash"]
+        assert background["ranks"] == sync["ranks"] and background.get("replay") == sync.get("replay")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An uninterrupted synchronous run writing a checkpoint every 4 steps, all kept."""
+    run_dir = tmp_path_factory.mktemp("reference")
+    run_to_completion(TINY_GPT, run_dir, *FAST_GPT, "checkpoint.async=false", "checkpoint.every_steps=4", "checkpoint.keep_last=100")
+    return run_dir
+
+
+@pytest.mark.slow
+def test_async_run_stopped_by_a_signal_resumes_bitwise(reference: Path, tmp_path: Path) -> None:
+    attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, *ASYNC, "chaos.signal_rank=1", "chaos.signal_at_steps=[12]")
+    assert [a.returncode for a in attempts] == [75, 0]
+    # The stop waited for the write of step 12 in flight, committed it, then wrote the stop checkpoint.
+    assert "asynchronous checkpoint step 12 committed" in attempts[0].stderr
+    assert resumed_steps(attempts) == [13]
+    assert_bitwise_equal(reference, tmp_path, STEPS)
+    for step in (4, 8, 12, 16, 20, 24, 28):
+        ours, theirs = manifest(tmp_path, step), manifest(reference, step)
+        assert ours["global_hash"] == theirs["global_hash"] and ours["replay"] == theirs["replay"], step
+
+
+@pytest.mark.slow
+def test_sigkill_inside_the_background_write_leaves_the_previous_checkpoint(reference: Path, tmp_path: Path) -> None:
+    killed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, *ASYNC, "chaos.kill_in_checkpoint=12", "chaos.kill_point=after_shards")
+    assert killed.returncode not in (0, 75)
+    assert not (tmp_path / "checkpoints" / "step_12").exists()
+    attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, *ASYNC)
+    assert resumed_steps(attempts) == [8]
+    assert_bitwise_equal(reference, tmp_path, STEPS)
+
+
+def _rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of one rank among the launcher's children (RANK in its environment)."""
+    for task in Path(f"/proc/{launcher}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            try:
+                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if f"RANK={rank}".encode() in env:
+                return int(child)
+    return None
+
+
+@pytest.mark.slow
+def test_external_sigkill_of_one_rank_during_a_background_write(reference: Path, tmp_path: Path) -> None:
+    """SIGKILL rank 1 alone as soon as an asynchronous write is seen in flight, after a random extra delay."""
+    rnd = random.Random(os.getpid())
+    cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={tmp_path}"]
+    for item in (*FAST_GPT, *ASYNC[:1], "checkpoint.every_steps=2"):
+        cmd += ["--set", item]
+    launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        root = tmp_path / "checkpoints"
+        while not list(root.glob(".tmp_step_*")) or not list(root.glob("step_*")):
+            assert time.monotonic() < deadline and launcher.poll() is None, "no background write seen"
+            time.sleep(0.001)
+        time.sleep(rnd.uniform(0, 0.05))
+        victim = _rank_pid(launcher.pid, 1)
+        assert victim is not None, "rank 1 not found"
+        os.kill(victim, signal.SIGKILL)
+        assert launcher.wait(timeout=120) not in (0, 75)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, *ASYNC)
+    assert len(resumed_steps(attempts)) == 1
+    assert_bitwise_equal(reference, tmp_path, STEPS)

@@ -1,0 +1,99 @@
+"""In-process tests of checkpoint files: one hash pass guards both the state and the bytes.
+
+The state digests and the file hashes come from one pass over the tensor
+bytes (legato.hashing.Digests); a reader checks a file from its bytes alone
+(legato.manifest). Every flipped byte, wherever it lands, is caught and named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from legato import checkpoint as ckpt
+from legato import manifest as manifests
+from legato.hashing import Digests, digest
+
+
+def state() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {"w": torch.randn(300, 40, generator=g), "b": torch.randn(40, generator=g), "step": 7, "bf": torch.ones(8, dtype=torch.bfloat16)}
+
+
+def test_file_hash_reuses_the_state_digests_and_verifies_from_bytes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    value = state()
+    seen = Digests()
+    before = digest(value, seen)
+    hashed: list[int] = []
+    real = ckpt.xxhash.xxh3_128
+
+    class Counting:
+        """Counts the bytes the writer hashes itself: the storages must not be among them."""
+
+        def __init__(self) -> None:
+            self.h = real()
+
+        def update(self, data) -> None:
+            hashed.append(memoryview(data).nbytes)
+            self.h.update(data)
+
+        def digest(self) -> bytes:
+            return self.h.digest()
+
+        def hexdigest(self) -> str:
+            return self.h.hexdigest()
+
+    monkeypatch.setattr(ckpt.xxhash, "xxh3_128", Counting)
+    info = ckpt.write_files(tmp_path, {"a.pt": value}, (seen,))["a.pt"]
+    monkeypatch.undo()
+    assert [length for _, length in info["segments"]] == [value["w"].nbytes]  # the 48000-byte storage; small ones are regions
+    assert value["w"].nbytes not in hashed and sum(hashed) < info["bytes"] - value["w"].nbytes + 1000
+    manifests._verify_file(tmp_path / "a.pt", info)
+    loaded = ckpt.load_file(tmp_path / "a.pt")
+    assert digest(loaded) == before and torch.equal(loaded["w"], value["w"])
+
+
+def test_without_known_digests_the_file_hash_is_the_same(tmp_path: Path) -> None:
+    value = state()
+    seen = Digests()
+    digest(value, seen)
+    with_known = ckpt.write_files(tmp_path, {"a.pt": value}, (seen,))["a.pt"]
+    plain = ckpt.write_files(tmp_path, {"b.pt": value})["b.pt"]
+    assert plain["segments"] == [] and plain["bytes"] == with_known["bytes"]
+    manifests._verify_file(tmp_path / "a.pt", with_known)
+    manifests._verify_file(tmp_path / "b.pt", plain)
+
+
+@pytest.mark.parametrize("where", [0, 0.25, 0.5, 0.75, -1])
+def test_a_flipped_byte_anywhere_is_caught_naming_the_file(tmp_path: Path, where: float) -> None:
+    value = state()
+    seen = Digests()
+    digest(value, seen)
+    info = ckpt.write_files(tmp_path, {"rank1.pt": value}, (seen,))["rank1.pt"]
+    path = tmp_path / "rank1.pt"
+    data = bytearray(path.read_bytes())
+    data[int(where * len(data)) if where >= 0 else len(data) - 1] ^= 0x10
+    path.write_bytes(bytes(data))
+    with pytest.raises(ValueError, match=r"^rank1\.pt does not match its XXH3-128 in the manifest"):
+        manifests._verify_file(path, info)
+
+
+def test_truncated_file_and_forged_segments_are_refused(tmp_path: Path) -> None:
+    info = ckpt.write_files(tmp_path, {"m.pt": state()})["m.pt"]
+    path = tmp_path / "m.pt"
+    with pytest.raises(ValueError, match="malformed segments for m.pt"):
+        manifests._verify_file(path, {**info, "segments": [[10, info["bytes"]]]})
+    path.write_bytes(path.read_bytes()[:-1])
+    with pytest.raises(ValueError, match="m.pt does not match the manifest: it has .* bytes, the manifest says"):
+        manifests._verify_file(path, info)
+
+
+def test_digest_cache_follows_the_memory_not_the_name() -> None:
+    seen = Digests()
+    t = torch.arange(1000, dtype=torch.float32)
+    first = digest({"w": t}, seen)
+    assert digest({"other": t}, seen) != first  # names count
+    assert digest({"w": t.clone()}) == first  # the cache changes nothing but the work
+    assert digest({"w": t[1:]}, seen) != first  # a view is hashed itself, never mistaken for its storage

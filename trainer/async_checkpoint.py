@@ -1,0 +1,204 @@
+"""Asynchronous periodic checkpoints: training waits only for a memory copy, never for the disk.
+
+At the agreed step every rank copies its state into a staging buffer that is
+allocated once and reused (`legato.replay.Snapshot`, the same mechanism as the
+replay base; the copy is the only blocking part) and hands it to one
+background thread, which computes the state digests on the staged copy (the
+one hash pass), writes and fsyncs its files into `<root>/.tmp_step_<N>/` and
+last writes its report (`.report_rank<R>.json`, fsynced). Whether every rank's
+files are durable is agreed through the stop agreement's non-blocking
+all-reduce (legato.stop), so no step waits for it; once all are, rank 0 builds
+the manifest from the reports and publishes the directory with the same atomic
+rename as a synchronous checkpoint (legato.checkpoint). Until then the
+checkpoint lives only in a temporary directory: it is never selectable, never
+counted in `keep_last`, and pruning happens only after a publish.
+
+Every decision here (start, skip, commit, abandon) is taken at agreed steps
+from agreed values, so all ranks take it together. At most one checkpoint is
+in flight; one due meanwhile first waits for it (logged), so the steps that
+get a checkpoint never depend on timing. A stop or final checkpoint
+first `finish`es the one in flight (waits for it, one small blocking
+all-reduce, commits it). Nothing the worker reads is written to while it runs:
+`release` waits for the worker before a buffer it holds is reused.
+This module must never draw from an RNG, and its worker thread must never
+touch the process group.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from legato import checkpoint as ckpt
+from legato.files import fsync_dir, write_fsynced
+from legato.hashing import global_hash, rank_hash
+from legato.manifest import check_contained
+from legato.paths import TMP_STEP_PREFIX
+from legato.replay import Snapshot
+from legato.stop import Decision
+
+log = logging.getLogger(__name__)
+
+REPORT_PREFIX = ".report_rank"
+
+
+@dataclass
+class Job:
+    """What the worker writes for one checkpoint: the staged state and how to lay it out."""
+
+    step: int
+    staged: Snapshot
+    files: dict[str, Any]  # file name -> state: references into buffers nobody writes meanwhile
+    replay: Callable[[], dict | None]  # the replay base share (digests of the base and the step records)
+    meta: dict[str, Any]
+    holds: tuple[Snapshot, ...]  # every buffer the worker reads
+    blocking_s: float = 0.0
+
+
+@dataclass
+class _InFlight:
+    job: Job
+    tmp: Path
+    future: Future
+    started: float
+
+
+class AsyncCheckpointer:
+    """One rank's side of the asynchronous checkpoints of a Session."""
+
+    def __init__(self, root: Path, rank: int, world_size: int, group: dist.ProcessGroup | None, keep_last: int, kill: ckpt.KillPoint | None) -> None:
+        self.root, self.rank, self.world_size, self.group = root, rank, world_size, group
+        self.keep_last, self.kill = keep_last, kill
+        self.staging = Snapshot()
+        self.in_flight: _InFlight | None = None
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="legato-checkpoint")
+
+    @property
+    def busy(self) -> bool:
+        """Whether a checkpoint is in flight (agreed: the same on every rank at every step)."""
+        return self.in_flight is not None
+
+    def flags(self) -> dict[str, bool]:
+        """This rank's part of the next agreement: still writing, or failed."""
+        if self.in_flight is None:
+            return {"writing_local": False, "failed_local": False}
+        future = self.in_flight.future
+        return {"writing_local": not future.done(), "failed_local": future.done() and future.exception() is not None}
+
+    def stage(self, step: int, parts: dict[str, Any]) -> Snapshot:
+        """The blocking part: copy the live state into the reused staging buffer."""
+        assert self.in_flight is None, "stage() while a checkpoint is in flight"
+        self.staging.take(step, parts)
+        return self.staging
+
+    def start(self, job: Job) -> None:
+        tmp = self.root / f"{TMP_STEP_PREFIX}{job.step}"
+        for path in (self.root, tmp):
+            check_contained(self.root, path)
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(exist_ok=True)
+        future = self._executor.submit(self._write, job, tmp)
+        self.in_flight = _InFlight(job, tmp, future, time.perf_counter() - job.blocking_s)
+
+    def release(self, buffer: Snapshot) -> None:
+        """Before `buffer` is written to: wait until the worker no longer reads it."""
+        if self.in_flight is not None and any(buffer is held for held in self.in_flight.job.holds):
+            self._wait_local()
+
+    def settle(self, decision: Decision) -> ckpt.Committed | None:
+        """At an agreed boundary: commit the checkpoint in flight once every rank's files are durable."""
+        if self.in_flight is None or decision.checked_at is None or decision.checked_at <= self.in_flight.job.step:
+            return None  # that agreement was started before this checkpoint
+        if decision.failed:
+            self._abandon("a rank failed to write its files")
+            return None
+        if decision.writing:
+            return None
+        return self._commit()
+
+    def finish(self) -> ckpt.Committed | None:
+        """Collective, at an agreed step: wait for the checkpoint in flight and commit it (or abandon it)."""
+        if self.in_flight is None:
+            return None
+        failed = not self._wait_local()
+        if self.group is not None:
+            flag = torch.tensor([int(failed)], dtype=torch.int64)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
+            failed = bool(flag[0])
+        if failed:
+            self._abandon("a rank failed to write its files")
+            return None
+        return self._commit()
+
+    def wait_for_previous(self, step: int) -> ckpt.Committed | None:
+        """Collective: a checkpoint is due while one is in flight; wait for that one (the disk sets the pace)."""
+        assert self.in_flight is not None
+        log.warning(
+            "rank %d: periodic checkpoint at step %d waits for the one of step %d, still being written (at most one in flight)",
+            self.rank, step, self.in_flight.job.step,
+        )
+        return self.finish()
+
+    def close(self) -> None:
+        """Leave: wait for the worker (its directory stays temporary, never published) and stop the thread."""
+        if self.in_flight is not None:
+            log.warning("rank %d: leaving with the checkpoint of step %d unpublished", self.rank, self.in_flight.job.step)
+            self._wait_local()
+            self.in_flight = None
+        self._executor.shutdown(wait=True)
+
+    # -- internals ----------------------------------------------------------
+
+    def _wait_local(self) -> bool:
+        """Wait for this rank's worker; False (and the error logged) when its write failed."""
+        assert self.in_flight is not None
+        error = self.in_flight.future.exception()
+        if error is not None:
+            log.error("rank %d: writing checkpoint step %d failed: %s", self.rank, self.in_flight.job.step, error)
+        return error is None
+
+    def _write(self, job: Job, tmp: Path) -> None:
+        """The worker: one hash pass over the staged copy, then write, fsync, report."""
+        components = job.staged.digests()
+        replay = job.replay()
+        written = ckpt.write_files(tmp, job.files, tuple(h.seen for h in job.holds))
+        ckpt._maybe_kill(self.kill, job.step, "after_shards")
+        report = {"rank": self.rank, "hash": rank_hash(components), "components": components, "files": written, "replay": replay}
+        write_fsynced(tmp / f"{REPORT_PREFIX}{self.rank}.json", json.dumps(report, sort_keys=True).encode())
+        fsync_dir(tmp)
+
+    def _commit(self) -> ckpt.Committed | None:
+        flight, self.in_flight = self.in_flight, None
+        assert flight is not None
+        step, tmp = flight.job.step, flight.tmp
+        reports = [json.loads((tmp / f"{REPORT_PREFIX}{r}.json").read_text()) for r in range(self.world_size)] if self.rank == 0 else []
+        ghash = global_hash([r["hash"] for r in reports]) if reports else ""
+        if self.rank == 0:
+            listed = {name for r in reports for name in r["files"]}
+            for entry in tmp.iterdir():
+                if entry.name not in listed:  # the reports, and what a killed earlier attempt left at this step
+                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+            ckpt._publish(self.root, tmp, step, self.world_size, reports, ghash, flight.job.meta, self.kill)
+            ckpt._prune(self.root, self.keep_last, keep=step)
+        total = sum(f["bytes"] for r in reports for f in r["files"].values())
+        seconds = time.perf_counter() - flight.started
+        log.info("rank %d: asynchronous checkpoint step %d committed %.3fs after its step (%.3fs blocking)", self.rank, step, seconds, flight.job.blocking_s)
+        return ckpt.Committed(step, ckpt.step_dir(self.root, step), ghash, seconds, total)
+
+    def _abandon(self, why: str) -> None:
+        flight, self.in_flight = self.in_flight, None
+        assert flight is not None
+        log.error("rank %d: checkpoint step %d abandoned (%s); the previous checkpoint stands", self.rank, flight.job.step, why)
+        flight.future.exception()  # never remove a directory the worker still writes into
+        if self.rank == 0:
+            shutil.rmtree(flight.tmp, ignore_errors=True)
