@@ -14,7 +14,8 @@ exactly. A source opens an epoch's iterator at a position, and its
   iterator is opened, because opening draws from them (the workers' base
   seed, `RandomSampler`'s seed); a mid-epoch resume replays that opening from
   the recorded state and skips the consumed batches by their indices, never
-  loading their samples.
+  loading their samples. With workers, their global RNGs are seeded per
+  sample (legato.worker_rng) unless the Session's `worker_rng` is False.
 - anything with `state_dict`/`load_state_dict` (torchdata's
   `StatefulDataLoader`, a user loader, a `DataLoader` over an
   `IterableDataset` with state and no workers): its own state is saved.
@@ -43,6 +44,7 @@ from torch.utils.data import (
 from legato.determinism import derive_seed
 from legato.errors import UsageError
 from legato.sampler import ResumableDistributedSampler
+from legato.worker_rng import SeedPerSample
 
 LOADER_GENERATOR = "loader"
 SAMPLER_GENERATOR = "sampler"
@@ -140,7 +142,7 @@ class _Positioned:
 class TorchSource(Source):
     """The user's own torch DataLoader, its order untouched; resumes by replaying the epoch's opening and skipping indices."""
 
-    def __init__(self, loader: DataLoader) -> None:
+    def __init__(self, loader: DataLoader, worker_rng: bool) -> None:
         batches = loader.batch_sampler
         assert isinstance(batches, BatchSampler)
         self.loader = loader
@@ -158,6 +160,15 @@ class TorchSource(Source):
         if self.steps_per_epoch == 0:
             raise UsageError(f"The DataLoader yields no batch (batch size {loader.batch_size}, {len(self.user_sampler)} samples on this rank). Lower the batch size.")
         self._opened: dict[str, torch.Tensor] = {}
+        self.seeding: SeedPerSample | None = None
+        if worker_rng and loader.num_workers > 0:
+            user_fn = loader.worker_init_fn
+            if isinstance(user_fn, SeedPerSample):
+                user_fn = user_fn.user_fn
+            # The sampler's own seed where it has one (DistributedSampler), else this process's torch seed; saved either way.
+            seed = getattr(self.user_sampler, "seed", None)
+            self.seeding = SeedPerSample(seed if isinstance(seed, int) else torch.initial_seed(), user_fn)
+            loader.worker_init_fn = self.seeding
 
     def _rng_states(self) -> dict[str, torch.Tensor]:
         return {"torch": torch.get_rng_state(), **{name: g.get_state() for name, g in self.generators.items()}}
@@ -171,6 +182,8 @@ class TorchSource(Source):
         _set_epoch(self.user_sampler, epoch)
         _set_epoch(self.loader.dataset, epoch)
         self.positioned.skip = step_in_epoch * self.loader.batch_size
+        if self.seeding is not None:
+            self.seeding.epoch = epoch
         if not resuming:
             self._opened = self._rng_states()
             return iter(self.loader)
@@ -181,10 +194,13 @@ class TorchSource(Source):
         return batches
 
     def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
-        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "opened": dict(self._opened)}
+        seed = None if self.seeding is None else self.seeding.seed
+        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "opened": dict(self._opened), "worker_seed": seed}
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
         self._opened = dict(state["opened"])
+        if self.seeding is not None and state["worker_seed"] is not None:
+            self.seeding.seed = state["worker_seed"]
         return state["epoch"], state["step_in_epoch"]
 
 
@@ -211,7 +227,7 @@ class StatefulSource(Source):
         return state["epoch"], state["step_in_epoch"]
 
 
-def adopt(loader: Any) -> Source | None:
+def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
     """The data source for `loader` (None: the loop draws its own batches); a UsageError naming the fix when it cannot resume exactly."""
     if loader is None:
         return None
@@ -230,7 +246,7 @@ def adopt(loader: Any) -> Source | None:
         return StatefulSource(loader, loader)
     if isinstance(loader.dataset, IterableDataset):
         return _iterable(loader)
-    return _map_style(loader)
+    return _map_style(loader, worker_rng)
 
 
 def _iterable(loader: DataLoader) -> Source:
@@ -245,7 +261,7 @@ def _iterable(loader: DataLoader) -> Source:
     )
 
 
-def _map_style(loader: DataLoader) -> Source:
+def _map_style(loader: DataLoader, worker_rng: bool) -> Source:
     batches = loader.batch_sampler
     if not isinstance(batches, BatchSampler):
         what = "batch_size=None (no batching)" if batches is None else f"its own batch_sampler ({type(batches).__name__})"
@@ -265,4 +281,4 @@ def _map_style(loader: DataLoader) -> Source:
             "The DataLoader has persistent_workers=True: its workers carry their state from one epoch into the next, "
             "which a resumed run cannot rebuild. Set persistent_workers=False."
         )
-    return TorchSource(loader)
+    return TorchSource(loader, worker_rng)

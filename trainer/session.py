@@ -160,8 +160,9 @@ class Session:
         chaos: Chaos | None = None,
         training: dict | None = None,
         on_event: Callable[[dict], None] | None = None,
+        worker_rng: bool = True,
     ) -> None:
-        self.source = loaders.adopt(loader)
+        self.source = loaders.adopt(loader, worker_rng)
         self.run_dir = Path(run_dir)
         self.model = model
         self.optimizer = optimizer
