@@ -32,14 +32,14 @@ PORT = ROOT / "examples" / "port"
 TUTORIAL_B_SZ = ("len(next(iter(self.train_data))[0])", "self.train_data.batch_size")
 
 
-def launch(script: Path, out: Path, **env: str) -> list[subprocess.CompletedProcess]:
+def launch(script: Path, out: Path, *args: str, **env: str) -> list[subprocess.CompletedProcess]:
     out.mkdir(parents=True, exist_ok=True)
     port = free_port()
     procs = []
     for rank in range(2):
         full = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
         full["PYTHONPATH"] = str(ROOT)
-        procs.append(subprocess.Popen([sys.executable, str(script), str(out)], env=full, stderr=subprocess.PIPE, text=True))
+        procs.append(subprocess.Popen([sys.executable, str(script), str(out), *args], env=full, stderr=subprocess.PIPE, text=True))
     try:
         return [subprocess.CompletedProcess(p.args, p.wait(timeout=180), "", p.stderr.read()) for p in procs]
     finally:
@@ -86,29 +86,43 @@ def changed_lines(plain: Path, ported: Path) -> int:
     return sum(max(i2 - i1, j2 - j1) for tag, i1, i2, j1, j2 in ops if tag != "equal")
 
 
-def run_port(name: str, tmp_path: Path, signal_at: str, resumed_at: list[int], steps: int, plain_edit: tuple[str, str] | None = None) -> None:
+def run_port(
+    name: str,
+    tmp_path: Path,
+    signal_at: str,
+    resumed_at: list[int],
+    steps: int,
+    plain_edit: tuple[str, str] | None = None,
+    equal_args: tuple[str, ...] = (),
+    attempt_args: tuple[tuple[str, ...], ...] = ((), (), ()),
+) -> None:
+    """`equal_args` for the plain-vs-port runs, `attempt_args` for each of the 3 attempts of the resumed run (its reference takes the first)."""
     plain, ported = PORT / f"{name}_plain.py", PORT / f"{name}_legato.py"
     assert changed_lines(plain, ported) <= 10
     if plain_edit is not None:
         edited = tmp_path / plain.name
         edited.write_text(plain.read_text().replace(*plain_edit))
         plain = edited
-    assert codes(launch(plain, tmp_path / "plain")) == [0, 0]
-    reference = launch(ported, tmp_path / "reference")
-    assert codes(reference) == [0, 0], reference[0].stderr[-3000:]
+    assert codes(launch(plain, tmp_path / "plain", *equal_args)) == [0, 0]
+    same = launch(ported, tmp_path / "same", *equal_args)
+    assert codes(same) == [0, 0], same[0].stderr[-3000:]
     for rank in range(2):
-        assert result(tmp_path / "reference", rank) == result(tmp_path / "plain", rank)
+        assert result(tmp_path / "same", rank) == result(tmp_path / "plain", rank)
 
-    resumed = tmp_path / "resumed"
-    attempts = [launch(ported, resumed, LEGATO_CHAOS_SIGNAL_AT=signal_at, LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(3)]
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    if attempt_args[0] != equal_args:
+        assert codes(launch(ported, reference, *attempt_args[0])) == [0, 0]
+    else:
+        reference = tmp_path / "same"
+    attempts = [launch(ported, resumed, *args, LEGATO_CHAOS_SIGNAL_AT=signal_at, LEGATO_CHAOS_SIGNAL_RANK="1") for args in attempt_args]
     assert [codes(a) for a in attempts] == [[75, 75], [75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
     for later, step in zip(attempts[1:], resumed_at):
         voice = [line for line in later[0].stderr.splitlines() if line.startswith("legato: rank 0: resumed at step")]
         assert len(voice) == 1 and voice[0].startswith(f"legato: rank 0: resumed at step {step} ") and "verified" in voice[0], later[0].stderr[-3000:]
         assert "legato:" not in later[1].stderr
-    assert_same_run(tmp_path / "reference", resumed, steps)
+    assert_same_run(reference, resumed, steps)
     for rank in range(2):
-        assert result(resumed, rank)["params"] == result(tmp_path / "reference", rank)["params"]
+        assert result(resumed, rank)["params"] == result(reference, rank)["params"]
 
 
 def test_nanogpt_style_loop_without_a_loader(tmp_path: Path) -> None:
@@ -119,3 +133,12 @@ def test_nanogpt_style_loop_without_a_loader(tmp_path: Path) -> None:
 def test_ddp_tutorial_trainer_with_its_own_distributed_sampler(tmp_path: Path) -> None:
     """The user's DataLoader(sampler=DistributedSampler), epochs and batches; stops mid-epoch and at an epoch's end (16 steps each)."""
     run_port("ddp_tutorial", tmp_path, "5,31", [6, 32], 48, TUTORIAL_B_SZ)
+
+
+def test_imagenet_style_epochs_with_worker_augmentation_validation_and_step_lr(tmp_path: Path) -> None:
+    """Augmentation from the global RNGs in 2 workers, resumed mid-epoch and at an epoch's end (8 steps each), last attempt with 1 worker.
+
+    Without workers the port is bit for bit the plain loop; with them, each sample's augmentation is seeded from
+    (seed, epoch, index), which is what makes it independent of where the run was cut and of the worker count.
+    """
+    run_port("imagenet", tmp_path, "2,7", [3, 8], 24, equal_args=("0",), attempt_args=(("2",), ("2",), ("1",)))
