@@ -1,0 +1,136 @@
+"""Bring your own loader and own state, with real processes: 2 ranks, gloo, real SIGUSR2 (loops in byo_loops.py).
+
+Each run is stopped twice by a real signal planted through LEGATO_CHAOS_SIGNAL_AT
+(the last rank sends it to itself after those steps), relaunched after each
+stop, and must end bit for bit where an uninterrupted run ends: every step's
+loss bits, every component digest, the parameters. Loaders legato cannot
+resume exactly are refused before training, in one paragraph naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, manifest, trajectory
+from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
+
+import legato
+from legato.launch import free_port
+
+LOOPS = ROOT / "tests" / "byo_loops.py"
+STEPS = 30
+
+
+def launch(run_dir: Path, *args: str, **env: str) -> list[subprocess.CompletedProcess]:
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        full = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
+        procs.append(subprocess.Popen([sys.executable, str(LOOPS), str(run_dir), *args], env=full, stderr=subprocess.PIPE, text=True))
+    try:
+        return [subprocess.CompletedProcess(p.args, p.wait(timeout=180), "", p.stderr.read()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def codes(procs: list[subprocess.CompletedProcess]) -> list[int]:
+    return [p.returncode for p in procs]
+
+
+def assert_identical(reference: Path, resumed: Path) -> None:
+    assert manifest(resumed, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]
+    for rank in range(2):
+        assert trajectory(resumed, rank) == trajectory(reference, rank)
+        assert (resumed / f"params_rank{rank}.txt").read_text() == (reference / f"params_rank{rank}.txt").read_text()
+
+
+@pytest.mark.slow
+def test_own_loader_generator_worker_init_accumulation_and_owned_rngs_resume_exactly(tmp_path: Path) -> None:
+    """Also: a signal before the loop stops the run at step 0 without a checkpoint (exit 75), and the next launch starts over."""
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    first = launch(reference, "--loop", "owned")
+    assert codes(first) == [0, 0], first[0].stderr[-3000:]
+    early = launch(resumed, "--loop", "owned", "--signal-before-loop")
+    assert codes(early) == [75, 75], early[0].stderr[-3000:]
+    assert "legato: rank 0: stop signal during start-up; stopping at step 0" in early[0].stderr
+    assert not list((resumed / "checkpoints").glob("step_*"))
+    # Stops after steps 8 (mid-accumulation: 8 % 3 != 0) and 14 (mid-epoch: 12 steps an epoch).
+    attempts = [launch(resumed, "--loop", "owned", LEGATO_CHAOS_SIGNAL_AT="7,13", LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(3)]
+    assert [codes(a) for a in attempts] == [[75, 75], [75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
+    grads = torch.load(resumed / "checkpoints" / "step_8" / "rank1.pt", weights_only=True)["grads"]["grads"]
+    assert all(g is not None for g in grads)
+    assert "resumed at step 8" in attempts[1][0].stderr and "resumed at step 14" in attempts[2][0].stderr
+    assert_identical(reference, resumed)
+
+
+@pytest.mark.slow
+def test_iterable_dataset_with_its_own_state_resumes_exactly(tmp_path: Path) -> None:
+    """40 samples a rank, 10 steps an epoch of unknown length: stops mid-epoch (step 6) and at an epoch's end (step 20)."""
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    assert codes(launch(reference, "--loop", "iterable")) == [0, 0]
+    attempts = [launch(resumed, "--loop", "iterable", LEGATO_CHAOS_SIGNAL_AT="5,19", LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(3)]
+    assert [codes(a) for a in attempts] == [[75, 75], [75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
+    assert [json.loads(line)["epoch"] for line in (resumed / "trajectory" / "rank0.jsonl").read_text().splitlines()][19:21] == [1, 2]
+    assert_identical(reference, resumed)
+
+
+# -- refusals: before training, one paragraph naming the change -------------------------------------------
+
+
+class Unordered(Sampler[int]):
+    """A sampler whose order depends on how often it was iterated: nothing legato can replay."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __iter__(self):
+        self.calls += 1
+        return iter(range(self.calls % self.n, self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Pairs(Sampler[list[int]]):
+    def __iter__(self):
+        return iter([[0, 1], [2, 3]])
+
+    def __len__(self) -> int:
+        return 2
+
+
+class Stateless(IterableDataset):
+    def __iter__(self):
+        return iter(range(8))
+
+
+def _dataset() -> TensorDataset:
+    return TensorDataset(torch.arange(16.0).unsqueeze(1))
+
+
+REFUSED = {
+    "sampler": (lambda: DataLoader(_dataset(), batch_size=2, sampler=Unordered(16)), "has no set_epoch(epoch)"),
+    "batch_sampler": (lambda: DataLoader(_dataset(), batch_sampler=Pairs()), "its own batch_sampler (Pairs)"),
+    "iterable": (lambda: DataLoader(Stateless(), batch_size=2), "has no state_dict()/load_state_dict()"),
+    "persistent": (lambda: DataLoader(_dataset(), batch_size=2, num_workers=1, persistent_workers=True), "persistent_workers=True"),
+    "not_a_loader": (lambda: [torch.zeros(2)], "is not a torch DataLoader"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_loader_legato_cannot_resume_is_refused_before_training(tmp_path: Path, case: str) -> None:
+    build, words = REFUSED[case]
+    model = torch.nn.Linear(1, 1)
+    with pytest.raises(legato.UsageError) as caught:
+        legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=build(), total_steps=4)
+    message = str(caught.value)
+    assert words in message and "\n" not in message
+    assert not (tmp_path / "checkpoints").exists()
