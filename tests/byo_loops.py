@@ -11,6 +11,8 @@
 - `iterable`: a DataLoader over an IterableDataset that saves its own
   position (`state_dict`/`load_state_dict`), no workers, epochs of unknown
   length.
+- `zero`: the `iterable` loop with a ZeroRedundancyOptimizer (Adam, sharded
+  over the ranks) and a StepLR on it.
 
 `--signal-before-loop`: the last rank sends itself SIGUSR2 right after the
 Session is created, before the loop (stops are otherwise planted through
@@ -33,6 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, IterableDataset
 from torch.utils.data.distributed import DistributedSampler
@@ -86,7 +89,7 @@ class Stream(IterableDataset):
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--loop", choices=("owned", "iterable"), default="owned")
+    parser.add_argument("--loop", choices=("owned", "iterable", "zero"), default="owned")
     parser.add_argument("--signal-before-loop", action="store_true")
     args = parser.parse_args()
     dist.init_process_group("gloo")
@@ -98,6 +101,10 @@ def main() -> int:
     model = torch.nn.Sequential(torch.nn.Linear(7, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1))
     net = DDP(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    scheduler = None
+    if args.loop == "zero":
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+        scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.5)
     noise_t, noise_np, noise_py = torch.Generator().manual_seed(5), np.random.default_rng(6), random.Random(7)
     if args.loop == "owned":
         dataset = Augmented(96)
@@ -107,7 +114,7 @@ def main() -> int:
     else:
         loader = DataLoader(Stream(80, rank, world), batch_size=4)
         extras = {}
-    session = legato.Session(args.run_dir, model=net, optimizer=optimizer, loader=loader, total_steps=30, extras=extras)
+    session = legato.Session(args.run_dir, model=net, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=30, extras=extras)
     if args.signal_before_loop and rank == world - 1:
         os.kill(os.getpid(), signal.SIGUSR2)
     for x, y in session:
@@ -121,6 +128,8 @@ def main() -> int:
         if sync:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        if scheduler is not None:
+            scheduler.step()
         session.report(loss)
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     (args.run_dir / f"params_rank{rank}.txt").write_text(digest)

@@ -82,6 +82,18 @@ def test_iterable_dataset_with_its_own_state_resumes_exactly(tmp_path: Path) -> 
     assert_identical(reference, resumed)
 
 
+@pytest.mark.slow
+def test_zero_redundancy_optimizer_resumes_exactly_from_each_ranks_shard(tmp_path: Path) -> None:
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    assert codes(launch(reference, "--loop", "zero")) == [0, 0]
+    attempts = [launch(resumed, "--loop", "zero", LEGATO_CHAOS_SIGNAL_AT="9", LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(2)]
+    assert [codes(a) for a in attempts] == [[75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
+    shards = [torch.load(resumed / "checkpoints" / "step_10" / f"rank{r}.pt", weights_only=True)["optimizer"]["shard"] for r in range(2)]
+    assert all(s["state"] for s in shards), "each rank saves the Adam state of the parameters it owns"
+    assert "optimizer" not in torch.load(resumed / "checkpoints" / "step_10" / "train_state.pt", weights_only=True)
+    assert_identical(reference, resumed)
+
+
 # -- refusals: before training, one paragraph naming the change -------------------------------------------
 
 

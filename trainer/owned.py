@@ -155,3 +155,30 @@ class Carried:
         with torch.no_grad():
             for a, b in zip(live, saved):
                 a.copy_(b)
+
+
+class ShardedOptimizer:
+    """A ZeroRedundancyOptimizer as per-rank state: this rank's shard and the global parameter-group settings.
+
+    Its own state_dict() needs a consolidation (a collective gathering every shard on one rank); each
+    rank saving the shard it owns needs none, and resumes exactly at the same world size.
+    """
+
+    def __init__(self, zero: Any) -> None:
+        self.zero = zero
+
+    def state_dict(self) -> dict:
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in self.zero.param_groups]
+        return {"shard": self.zero.optim.state_dict(), "groups": groups}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.zero.optim.load_state_dict(state["shard"])
+        # The scheduler sets lr on the global groups; ZeRO copies them to the shard at its next step().
+        for group, saved in zip(self.zero.param_groups, state["groups"], strict=True):
+            group.update(saved)
+
+
+def is_sharded(optimizer: Any) -> bool:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return isinstance(optimizer, ZeroRedundancyOptimizer)

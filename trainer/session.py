@@ -40,7 +40,7 @@ from legato.components import Component
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.hashing import global_hash, rank_hash
 from legato.manifest import check_compatible, list_checkpoints, newest_valid
-from legato.owned import Carried, Gradients, as_stateful, is_rng
+from legato.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
 from legato.paths import RunPaths
 from legato.reduction import Pinning, pin_bucket_layout
 from legato.sampler import ResumableDistributedSampler, worker_init
@@ -432,7 +432,8 @@ class Session:
             # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
             # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
             Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
-            Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
+            # A ZeroRedundancyOptimizer's state is sharded: each rank saves the shard it owns.
+            Component("optimizer", ShardedOptimizer(self.optimizer)) if is_sharded(self.optimizer) else Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
         ]
         if self.scheduler is not None:
             rows.append(Component("scheduler", self.scheduler, table.TRAIN_STATE_FILE))
