@@ -146,3 +146,72 @@ def test_a_loader_legato_cannot_resume_is_refused_before_training(tmp_path: Path
     message = str(caught.value)
     assert words in message and "\n" not in message
     assert not (tmp_path / "checkpoints").exists()
+
+
+# -- owned state and misuse, in one process (world size 1, no process group) -------------------------------
+
+
+def _session(run_dir: Path, **kwargs) -> legato.Session:
+    model = torch.nn.Linear(2, 1)
+    kwargs.setdefault("total_steps", 4)
+    return legato.Session(run_dir, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+
+
+def test_rng_objects_are_extras_as_they_are_and_restore_exactly(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    from legato.owned import as_stateful
+
+    for obj, draw in ((torch.Generator().manual_seed(1), lambda g: torch.rand(3, generator=g).tolist()),
+                      (np.random.default_rng(2), lambda g: g.normal(size=3).tolist()),
+                      (random.Random(3), lambda g: [g.random() for _ in range(3)])):
+        state = as_stateful("extra.x", obj)
+        saved = torch.load(_roundtrip(tmp_path, state.state_dict()), weights_only=True)
+        expected = draw(obj)
+        state.load_state_dict(saved)
+        assert draw(obj) == expected
+    with pytest.raises(legato.UsageError, match="no state_dict"):
+        as_stateful("extra.x", object())
+
+
+def _roundtrip(tmp_path: Path, state: dict) -> Path:
+    path = tmp_path / "state.pt"
+    torch.save(state, path)
+    return path
+
+
+def test_a_carried_batch_is_restored_into_its_tensors_and_another_shape_is_refused(tmp_path: Path) -> None:
+    no_replay = legato.CheckpointPolicy(replay_steps=0)
+    session = _session(tmp_path, chaos=legato.Chaos(signal_at_steps=(2,)), checkpoint=no_replay)
+    session.carry(torch.zeros(3, 2))
+    for step in session:
+        session.carry(torch.full((3, 2), float(step + 1)))
+    assert session.exit_code == 75
+    again = _session(tmp_path, checkpoint=no_replay)
+    held = again.carry(torch.zeros(3, 2))
+    for _ in again:
+        break
+    assert torch.equal(held, torch.full((3, 2), 2.0)), "the batch carried out of step 2, copied into the loop's own tensor"
+    other = _session(tmp_path, checkpoint=no_replay)
+    other.carry(torch.zeros(4, 2))
+    with pytest.raises(legato.UsageError, match="shapes and dtypes"):
+        for _ in other:
+            break
+
+
+def test_misuse_is_refused_in_one_paragraph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(legato.UsageError, match="exactly one of total_steps= and total_epochs="):
+        _session(tmp_path, total_steps=None)
+    monkeypatch.setenv("LEGATO_CHAOS_SIGNAL_AT", "3,x")
+    with pytest.raises(legato.UsageError, match="LEGATO_CHAOS_SIGNAL_AT"):
+        _session(tmp_path)
+    monkeypatch.delenv("LEGATO_CHAOS_SIGNAL_AT")
+    session = _session(tmp_path)
+    with pytest.raises(legato.UsageError, match="inside `for epoch in session.epochs"):
+        next(iter(session.batches()))
+    late = _session(tmp_path / "late")
+    with pytest.raises(legato.UsageError, match="first called inside the loop"):
+        for _ in late:
+            late.carry(torch.zeros(1))

@@ -138,6 +138,12 @@ class _Positioned:
     def __len__(self) -> int:
         return len(self.sampler)
 
+    def __getattr__(self, name: str) -> Any:
+        # Code that reaches the sampler through loader.batch_sampler.sampler (set_epoch, seed) still finds it.
+        if name == "sampler":
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
 
 class TorchSource(Source):
     """The user's own torch DataLoader, its order untouched; resumes by replaying the epoch's opening and skipping indices."""

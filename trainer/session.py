@@ -6,11 +6,18 @@
         session.report(loss)
     sys.exit(session.exit_code)
 
+or, keeping the loop's epochs: `for epoch in session.epochs(): for batch in
+session.batches(): ...`. The loader is the user's own (legato.loaders adopts
+it without changing its order, or refuses it before training), legato's
+`resumable_loader()`, or none at all (the loop draws its own batches and
+iterating yields the step index; `carry()` registers a prefetched batch).
+
 Iterating restores the newest verified checkpoint (model, optimizer and loader
 state first, RNG last, then the state hash is recomputed on every rank and
 checked against the manifest), yields batches from the exact data position,
 and after each step logs the trajectory, takes part in the agreed stop and
-writes barrier checkpoints. All state goes through one table of components
+writes barrier checkpoints. The stop handler is installed when the Session is
+created. All state goes through one table of components
 (legato.components). With `replay_steps` K > 0 every checkpoint also carries
 a replay base at most K steps back, and a resume restores that base and runs
 the steps up to the checkpoint again through the user's loop, comparing loss
