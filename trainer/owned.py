@@ -16,6 +16,7 @@ Capturing never draws from a generator and never copies more than the state.
 from __future__ import annotations
 
 import random
+import sys
 from typing import Any
 
 import numpy as np
@@ -179,6 +180,6 @@ class ShardedOptimizer:
 
 
 def is_sharded(optimizer: Any) -> bool:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    return isinstance(optimizer, ZeroRedundancyOptimizer)
+    """Whether `optimizer` is a ZeroRedundancyOptimizer (without importing its module for every Session)."""
+    module = sys.modules.get("torch.distributed.optim")
+    return module is not None and isinstance(optimizer, module.ZeroRedundancyOptimizer)
