@@ -215,3 +215,44 @@ def test_misuse_is_refused_in_one_paragraph(tmp_path: Path, monkeypatch: pytest.
     with pytest.raises(legato.UsageError, match="first called inside the loop"):
         for _ in late:
             late.carry(torch.zeros(1))
+
+
+def _shuffled_run(run_dir: Path | None, stop_after: int | None = None) -> list[str]:
+    """A loop over DataLoader(shuffle=True) (RandomSampler seeded from the global RNG as each epoch starts) and dropout;
+    with `run_dir` None the plain loop, else the Session's. Returns every step's loss bits."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(40, 3, generator=torch.Generator().manual_seed(1)), torch.randn(40, 1, generator=torch.Generator().manual_seed(2)))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(data, batch_size=4, shuffle=True)
+    losses = []
+
+    def train(batch: list[torch.Tensor]) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item().hex())
+        return loss
+
+    if run_dir is None:
+        for _ in range(3):
+            for batch in loader:
+                train(batch)
+        return losses
+    chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
+    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=loader, total_epochs=3, chaos=chaos,
+                             checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    for batch in session:
+        session.report(train(batch))
+    return losses
+
+
+def test_a_random_sampler_seeded_from_the_global_rng_keeps_its_order_and_resumes_mid_epoch(tmp_path: Path) -> None:
+    """The epoch's opening (the iterator's base seed, then RandomSampler's seed, both from the global RNG) is replayed
+    from the state recorded when the epoch opened; the consumed batches are skipped by index."""
+    plain = _shuffled_run(None)
+    assert _shuffled_run(tmp_path / "same") == plain
+    first = _shuffled_run(tmp_path / "resumed", stop_after=14)  # epoch 1, batch 4 of 10
+    rest = _shuffled_run(tmp_path / "resumed")
+    assert first + rest == plain
