@@ -256,3 +256,54 @@ def test_a_random_sampler_seeded_from_the_global_rng_keeps_its_order_and_resumes
     first = _shuffled_run(tmp_path / "resumed", stop_after=14)  # epoch 1, batch 4 of 10
     rest = _shuffled_run(tmp_path / "resumed")
     assert first + rest == plain
+
+
+def test_worker_seeding_wraps_the_users_worker_init_fn_and_can_be_switched_off(tmp_path: Path) -> None:
+    from legato.worker_rng import SeedPerSample
+
+    def mine(worker_id: int) -> None:
+        pass
+
+    def loader() -> DataLoader:
+        return DataLoader(_dataset(), batch_size=2, num_workers=1, worker_init_fn=mine)
+
+    seeded = loader()
+    session = _session(tmp_path / "on", loader=seeded)
+    assert isinstance(seeded.worker_init_fn, SeedPerSample) and seeded.worker_init_fn.user_fn is mine
+    assert session.source.state_dict(0, 0)["worker_seed"] == seeded.worker_init_fn.seed
+    kept = loader()
+    _session(tmp_path / "off", loader=kept, worker_rng=False)
+    assert kept.worker_init_fn is mine
+
+
+class _GlobalAugment(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> tuple[float, float, float]:
+        import random
+
+        import numpy as np
+
+        return (torch.rand(1).item(), float(np.random.rand()), random.random())
+
+
+def test_per_sample_seeding_makes_a_samples_randomness_independent_of_load_order() -> None:
+    """What a worker does to its dataset copy, done here in-process (the global RNGs are put back afterwards)."""
+    from legato import rng
+    from legato.worker_rng import _reseeding
+
+    saved = rng.capture()
+    try:
+        ds = _GlobalAugment()
+        _reseeding(ds, seed=5, epoch=1)
+        forward = [ds[i] for i in range(6)]
+        backward = [ds[i] for i in reversed(range(6))][::-1]
+        assert forward == backward
+        other_epoch = _GlobalAugment()
+        _reseeding(other_epoch, seed=5, epoch=2)
+        assert [other_epoch[i] for i in range(6)] != forward
+        plain = _GlobalAugment()
+        assert [plain[i] for i in range(6)] != [plain[i] for i in range(6)], "the unseeded dataset is what the seeding fixes"
+    finally:
+        rng.restore(saved)
