@@ -374,10 +374,13 @@ class Session:
     def _end_step(self) -> None:
         self.step += 1
         self.step_in_epoch += 1
-        if self.steps_per_epoch is not None and self.step_in_epoch == self.steps_per_epoch and not self._epoch_mode:
-            self.epoch += 1
-            self.step_in_epoch = 0
+        if self.steps_per_epoch is not None and self.step_in_epoch == self.steps_per_epoch:
+            # In epochs() the epoch number moves on when the body is done (validation comes first); the
+            # finished iterator goes now either way, as the plain loop's does, with its workers.
             self._batches = None
+            if not self._epoch_mode:
+                self.epoch += 1
+                self.step_in_epoch = 0
         record = self._record_step() if self._snapshot is not None else None
         if self._replay is not None:
             self._replay_step(record)
