@@ -6,6 +6,7 @@
     legato cancel RUN_DIR                                stop the job and end the run
     legato logs RUN_DIR [--rank R] [--job J]             the tasks' output
     legato verify CONFIG [--interrupt-at 7,19 | --interruptions K --seed S]   prove bitwise resume
+    legato verify --command "torchrun ... train.py {run_dir}" --interrupt-at 7,19   the same for any script
     legato plot RUN_DIR                                  loss curve PNG with resume points
     legato repro show|diff|capture                       environment captures per job and attempt
     legato devcluster up|down|status [--nodes N]         a real SLURM on this machine: one node, or N network-namespace nodes
@@ -38,6 +39,7 @@ from legato.orchestrator.runstate import final_manifest
 from legato.orchestrator.status import current_job, current_session, read_progress, summarize
 from legato.orchestrator.supervisor import Supervisor, session_exit_code, start_session
 from legato.orchestrator.verify import Verdict, compare_runs, interruption_steps, nondeterminism, plan_runs
+from legato.orchestrator.verify_command import split_command, verify_command
 from legato.paths import RunPaths
 from legato.slurm import devcluster, multinode
 from legato.slurm.devcluster import Settings
@@ -84,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     verify.add_argument("--out", metavar="DIR", help="where the runs go (default runs/verify/<name>-<time>)")
     verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    verify.add_argument("--command", dest="run_command", metavar="CMD", help="verify this command instead of a config; {run_dir} stands for its run directory")
+    verify.add_argument("--signal-rank", type=int, default=0, help="with --command: the rank that gets the stop signal (default 0)")
 
     plot = sub.add_parser("plot", help="PNG of a run's loss curve with its resume points")
     plot.add_argument("run_dir")
@@ -307,6 +311,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         verdict = compare_runs(reference, run)
         png = plot_losses(run / "loss.png", {"reference": reference, "run": run}, _resume_steps(verdict), _div_step(verdict), _replays(verdict.resumes))
         return _report_verdict(verdict, args.json, png)
+    if args.run_command is not None:
+        return _verify_command(args)
     if args.config is None:
         raise UsageError("legato verify needs a CONFIG (or --compare REFERENCE RUN).")
     cfg, _ = redact_config(load_config(args.config, args.overrides))
@@ -333,6 +339,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
         _run_to_end(again)
         verdict.cause = nondeterminism(reference_cfg.run_dir, again.run_dir, verdict.world_size) or verdict.cause
     runs = {"reference": reference_cfg.run_dir, "interrupted": run_cfg.run_dir}
+    png = plot_losses(out / "loss.png", runs, _resume_steps(verdict), _div_step(verdict), _replays(verdict.resumes))
+    (out / "verdict.json").write_text(json.dumps(verdict.to_json(), indent=2) + "\n")
+    return _report_verdict(verdict, args.json, png)
+
+
+def _verify_command(args: argparse.Namespace) -> int:
+    steps = _parse_steps(args.interrupt_at)
+    if args.config is not None or not steps:
+        raise UsageError('legato verify --command takes no CONFIG and needs --interrupt-at STEPS, e.g. --command "python train.py {run_dir}" --interrupt-at 7,19.')
+    split_command(args.run_command)  # refuse a bad command before anything is created
+    out = Path(args.out or f"runs/verify/command-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if out.exists() and any(out.iterdir()):
+        raise UsageError(f"{out} is not empty; give --out a new directory so no earlier result is overwritten.")
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"legato: verify {args.run_command!r}: stop signal to rank {args.signal_rank} after steps {steps}")
+    verdict, why = verify_command(args.run_command, steps, out, args.signal_rank)
+    if verdict is None:
+        print(f"legato: no verdict: {why}")
+        return EXIT_FAILED
+    runs = {"reference": out / "reference", "interrupted": out / "interrupted"}
     png = plot_losses(out / "loss.png", runs, _resume_steps(verdict), _div_step(verdict), _replays(verdict.resumes))
     (out / "verdict.json").write_text(json.dumps(verdict.to_json(), indent=2) + "\n")
     return _report_verdict(verdict, args.json, png)

@@ -221,13 +221,15 @@ def likely_cause(r: RankReport, from_step: int) -> str:
         return (
             f"the batch of step {r.batch_step} differs from the one the interrupted attempt trained on: randomness drawn "
             "inside DataLoader workers from the global torch/numpy/python RNG (worker-side augmentation) depends on where "
-            "the run was cut; draw each sample's randomness from legato.sample_generator(seed, epoch, index)"
+            "the run was cut; pass your own DataLoader with Session(worker_rng=True), which seeds them per sample, or draw each "
+            "sample's randomness from legato.sample_generator(seed, epoch, index)"
         )
     if r.grads_step is not None and (r.loss_step is None or r.grads_step < r.loss_step):
         return (
             f"partial gradients: after step {r.grads_step} the gradients differ while its loss does not, so the .grad "
             "sums carried into that step were lost; the run stopped in the middle of a gradient accumulation (no_sync "
-            "micro-steps). Register the accumulated gradients with the session as an extra, or accumulate within one step"
+            "micro-steps). The session saves every .grad; gradients accumulated anywhere else must be registered with the "
+            "session as an extra, or accumulate within one step"
         )
     if r.held_at is not None:
         return (

@@ -6,11 +6,18 @@
         session.report(loss)
     sys.exit(session.exit_code)
 
+or, keeping the loop's epochs: `for epoch in session.epochs(): for batch in
+session.batches(): ...`. The loader is the user's own (legato.loaders adopts
+it without changing its order, or refuses it before training), legato's
+`resumable_loader()`, or none at all (the loop draws its own batches and
+iterating yields the step index; `carry()` registers a prefetched batch).
+
 Iterating restores the newest verified checkpoint (model, optimizer and loader
 state first, RNG last, then the state hash is recomputed on every rank and
 checked against the manifest), yields batches from the exact data position,
 and after each step logs the trajectory, takes part in the agreed stop and
-writes barrier checkpoints. All state goes through one table of components
+writes barrier checkpoints. The stop handler is installed when the Session is
+created. All state goes through one table of components
 (legato.components). With `replay_steps` K > 0 every checkpoint also carries
 a replay base at most K steps back, and a resume restores that base and runs
 the steps up to the checkpoint again through the user's loop, comparing loss
@@ -35,19 +42,20 @@ from torch.utils.data import DataLoader
 
 from legato import checkpoint as ckpt
 from legato import components as table
-from legato import replay, rng
+from legato import loaders, replay, rng
 from legato.async_checkpoint import AsyncCheckpointer, Job
 from legato.components import Component
 from legato.config import ASYNC_DEFAULT
-from legato.determinism import derive_seed
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.hashing import Digests, global_hash, rank_hash
 from legato.manifest import check_compatible, list_checkpoints, newest_valid
+from legato.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
 from legato.paths import RunPaths
 from legato.reduction import Pinning, pin_bucket_layout
 from legato.sampler import ResumableDistributedSampler, worker_init
 from legato.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.trajectory import TrajectoryWriter
+from legato.voice import say
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.stateful import Stateful
@@ -55,8 +63,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL_S = 1.0
-
-LOADER_GENERATOR = "loader"
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,10 @@ class StopPolicy:
     signals: tuple[str, ...] = ("USR2",)
 
 
+CHAOS_AT_ENV = "LEGATO_CHAOS_SIGNAL_AT"
+CHAOS_RANK_ENV = "LEGATO_CHAOS_SIGNAL_RANK"
+
+
 @dataclass(frozen=True)
 class Chaos:
     """Fault injection for tests and demos; all off by default."""
@@ -86,6 +96,20 @@ class Chaos:
     kill: ckpt.KillPoint | None = None
     consume_rng_after_restore: tuple[str, ...] = ()
     step_sleep_s: float = 0.0
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Chaos:
+        """Stops planted from outside an unmodified script: LEGATO_CHAOS_SIGNAL_AT="13,26", LEGATO_CHAOS_SIGNAL_RANK="1"."""
+        at, rank = environ.get(CHAOS_AT_ENV, "").strip(), environ.get(CHAOS_RANK_ENV, "0").strip()
+        try:
+            steps = tuple(int(s) for s in at.split(",") if s.strip())
+            signal_rank = int(rank)
+        except ValueError:
+            raise UsageError(
+                f"{CHAOS_AT_ENV}={at[:40]!r} / {CHAOS_RANK_ENV}={rank[:40]!r}: expected comma-separated step numbers and one rank "
+                f"number, such as {CHAOS_AT_ENV}=13,26 {CHAOS_RANK_ENV}=1. Fix or unset them."
+            ) from None
+        return cls(signal_rank=signal_rank, signal_at_steps=steps)
 
     def skips(self, component: str) -> bool:
         """Whether to leave `component` unrestored; short names (numpy, loader, cuda) name RNG components."""
@@ -136,45 +160,44 @@ class Session:
         *,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        loader: DataLoader,
-        total_steps: int,
+        loader: Any = None,
+        total_steps: int | None = None,
+        total_epochs: int | None = None,
         scheduler: Stateful | None = None,
         scaler: Stateful | None = None,
         extras: Mapping[str, Stateful] | None = None,
         checkpoint: CheckpointPolicy = CheckpointPolicy(),
         stop: StopPolicy = StopPolicy(),
-        chaos: Chaos = Chaos(),
+        chaos: Chaos | None = None,
         training: dict | None = None,
         on_event: Callable[[dict], None] | None = None,
+        worker_rng: bool = True,
     ) -> None:
-        sampler = loader.sampler
-        if not isinstance(sampler, ResumableDistributedSampler) or loader.generator is None or not loader.drop_last:
-            raise TypeError("Session needs a loader from resumable_loader(): a ResumableDistributedSampler, a generator and drop_last")
+        self.source = loaders.adopt(loader, worker_rng)
         self.run_dir = Path(run_dir)
         self.model = model
         self.optimizer = optimizer
         self.loader = loader
-        self.sampler = sampler
-        self.total_steps = total_steps
+        self.steps_per_epoch = None if self.source is None else self.source.steps_per_epoch
+        self.total_steps = _total_steps(total_steps, total_epochs, self.steps_per_epoch)
         self.scheduler = scheduler
         self.scaler = scaler
-        self.extras = dict(extras or {})
+        self.extras = {name: as_stateful(f"extra.{name}", obj) for name, obj in (extras or {}).items()}
         self.policy = checkpoint
-        self.chaos = chaos
+        # Without chaos from the caller, stops may be planted through the environment (tests, `legato verify --command`).
+        self.chaos = chaos if chaos is not None else Chaos.from_env()
+        # Stops planted from the environment land right after their step: the ranks agree at every step then.
+        agree_every = 1 if chaos is None and self.chaos.signal_at_steps and not checkpoint.agree_every_steps else checkpoint.agree_every_steps
         self.training = training
         self.on_event = on_event or (lambda event: None)
-        self.steps_per_epoch = sampler.per_rank // loader.batch_size
-        if self.steps_per_epoch == 0:
-            raise ValueError(f"batch size {loader.batch_size} is larger than a rank's share of the data ({sampler.per_rank})")
+        self.carried = Carried()
 
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
         # Control traffic gets its own gloo group: CPU tensors, and no interleaving with DDP's buckets.
         self.group = dist.new_group(backend="gloo") if distributed else None
-        self.generators = {LOADER_GENERATOR: loader.generator}
-        for name, obj in self.extras.items():
-            table.check_stateful(f"extra.{name}", obj)
+        self.generators = {} if self.source is None else dict(self.source.generators)
         self.components = self._component_table()
 
         self.step = 0
@@ -185,8 +208,7 @@ class Session:
         self.resumed: Resumed | None = None
         self.last_checkpoint: ckpt.Committed | None = None
 
-        self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
-        self._agreement = StopAgreement(self.group, checkpoint.agree_every_steps)
+        self._agreement = StopAgreement(self.group, agree_every)
         self._batches: Iterator | None = None
         self._loss: float | None = None
         self._lr: float | None = None
@@ -201,6 +223,11 @@ class Session:
         self._replay: replay.ReplayCheck | None = None
         self._resuming: tuple[Path, dict] | None = None
         self._async = AsyncCheckpointer(self.checkpoint_root, self.rank, self.world_size, self.group, checkpoint.keep_last, chaos.kill) if checkpoint.async_ else None
+        self._begun = False
+        self._epoch_mode = False
+        self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
+        # Installed now, not when the loop starts: a stop signal before the loop is kept, and honoured before the first step.
+        self._flag.install()
 
     # -- the loop -------------------------------------------------------
 
@@ -218,23 +245,57 @@ class Session:
         return self._replay is not None
 
     def __iter__(self) -> Iterator[Any]:
-        self._flag.install()
+        """Yields each step's batch (with no loader: the index of the step about to run), across epochs."""
+        try:
+            self._begin()
+            yield from self._steps()
+        finally:
+            self._close()
+
+    def epochs(self) -> Iterator[int]:
+        """Yields each epoch number, resumed ones included; the body iterates `batches()` and may validate after it.
+
+        A resume lands where the run stopped: in the middle of an epoch's batches, or after its last batch and
+        before what the body does after it (validation, a per-epoch scheduler step), which then runs again.
+        """
+        self._epoch_mode = True
         try:
             self._begin()
             while self.step < self.total_steps and not self.stopped:
-                if self._batches is None:
-                    self._batches = self._open_epoch()
-                batch = next(self._batches)
-                self._loss = None
-                self._lr = float(self.optimizer.param_groups[0]["lr"])
-                if self._snapshot is not None:
-                    tensors = replay.batch_tensors(batch)
-                    self._batch_fingerprint = replay.fingerprint(tensors)
-                    self._held.yielded(tensors)
-                yield batch
-                self._end_step()
+                yield self.epoch
+                if self.stopped:
+                    break
+                self.epoch, self.step_in_epoch, self._batches = self.epoch + 1, 0, None
         finally:
             self._close()
+
+    def batches(self, loader: Any = None) -> Iterator[Any]:
+        """This epoch's batches from the session's loader, from where the run stands (inside `epochs()`)."""
+        if not self._epoch_mode:
+            raise UsageError("session.batches() runs inside `for epoch in session.epochs():`. Iterate the session itself for a loop without epochs.")
+        if loader is not None and loader is not self.loader:
+            raise UsageError("session.batches(loader) was given another loader than the Session's. Pass the Session the loader you iterate.")
+        if self.source is None:
+            raise UsageError("session.batches() needs a loader: pass loader= to the Session, or iterate the session itself.")
+        yield from self._steps()
+
+    def _steps(self) -> Iterator[Any]:
+        while self.step < self.total_steps and not self.stopped and not self._epoch_over():
+            batch = self._next_batch()
+            if batch is _EPOCH_OVER:
+                return
+            self._loss = None
+            self._lr = float(self.optimizer.param_groups[0]["lr"])
+            if self._snapshot is not None:
+                tensors = replay.batch_tensors(batch)
+                self._batch_fingerprint = replay.fingerprint(tensors)
+                self._held.yielded(tensors)
+            yield batch
+            self._end_step()
+
+    def _epoch_over(self) -> bool:
+        """In epochs(): whether this epoch's batches are all done (its length is known)."""
+        return self._epoch_mode and self.steps_per_epoch is not None and self.step_in_epoch >= self.steps_per_epoch
 
     def report(self, loss: torch.Tensor | float) -> None:
         """Record this step's loss (exactly, as float.hex) and add it to the running accumulators."""
@@ -251,6 +312,10 @@ class Session:
     # -- internals -------------------------------------------------------
 
     def _begin(self) -> None:
+        self._begun = True
+        if self.carried.used:
+            # A batch carried before the loop: saved from now on, and restored into its tensors below.
+            self.components.insert(next(i for i, c in enumerate(self.components) if c.name == "data"), Component(CARRIED, self.carried))
         found = self._select_checkpoint()
         resume_step = 0
         if found is None:
@@ -269,30 +334,58 @@ class Session:
         if agree_at_start(self._flag, self.group):
             # A stop signal during start-up: stop before the first step; the newest checkpoint already holds this state.
             # Name the checkpoint's step, not a replay base's: it is where the next attempt starts.
-            log.info("rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank, resume_step)
+            say(log, self.rank, "rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank, resume_step)
             self.on_event({"event": "stop_agreed", "rank": self.rank, "step": resume_step, "signal_received_at": self._flag.received_at, "at_start": True})
             self.stopped = True
 
     def _replayable(self, manifest: dict) -> bool:
         return self._snapshot is not None and "replay" in manifest and manifest["step"] < self.total_steps
 
-    def _open_epoch(self) -> Iterator[Any]:
-        # Reseeding per epoch makes the workers' base seed a function of (seed, rank, epoch),
-        # not of how many iterators this process happened to create before.
-        self.loader.generator.manual_seed(derive_seed("loader", self.sampler.seed, self.rank, self.epoch))
-        dataset_set_epoch = getattr(self.loader.dataset, "set_epoch", None)
-        if dataset_set_epoch is not None:
-            dataset_set_epoch(self.epoch)
-        self.sampler.set_position(self.epoch, self.step_in_epoch * self.loader.batch_size)
-        return iter(self.loader)
+    def carry(self, batch: Any) -> Any:
+        """Register the batch the loop holds into the next step (a prefetched batch) and return it unchanged.
+
+        It is saved with every checkpoint; on a resume its tensors are overwritten in place with the saved ones.
+        """
+        if self._begun and not any(c.name == CARRIED for c in self.components):
+            raise UsageError(
+                "session.carry() was first called inside the loop, so the batch it holds is not in the checkpoints. "
+                "Call it once before the loop too, with the first prefetched batch: X, Y = session.carry(get_batch())."
+            )
+        self.carried.hold(batch)
+        return batch
+
+    def _next_batch(self) -> Any:
+        if self.source is None:
+            return self.step
+        if self._batches is None:
+            self._batches = self._open_epoch(resuming=False)
+        try:
+            return next(self._batches)
+        except StopIteration:
+            # An epoch of unknown length ended: the next one starts where the plain loop starts it.
+            if self.step_in_epoch == 0:
+                raise UsageError(f"The loader yielded no batch in epoch {self.epoch}. Pass a loader that yields at least one batch per epoch.") from None
+            if self._epoch_mode:
+                self._batches = None
+                return _EPOCH_OVER
+            self.epoch, self.step_in_epoch = self.epoch + 1, 0
+            self._batches = self._open_epoch(resuming=False)
+            return next(self._batches)
+
+    def _open_epoch(self, resuming: bool) -> Iterator[Any]:
+        assert self.source is not None
+        return self.source.open(self.epoch, self.step_in_epoch, resuming)
 
     def _end_step(self) -> None:
         self.step += 1
         self.step_in_epoch += 1
-        if self.step_in_epoch == self.steps_per_epoch:
-            self.epoch += 1
-            self.step_in_epoch = 0
+        if self.steps_per_epoch is not None and self.step_in_epoch == self.steps_per_epoch:
+            # In epochs() the epoch number moves on when the body is done (validation comes first); the
+            # finished iterator goes now either way, as the plain loop's does, with its workers.
             self._batches = None
+            if not self._epoch_mode:
+                self.epoch += 1
+                self.step_in_epoch = 0
         record = self._record_step() if self._snapshot is not None else None
         if self._replay is not None:
             self._replay_step(record)
@@ -321,7 +414,7 @@ class Session:
         self._report_progress()
         if reason == "signal":
             self.on_event({"event": "stop_agreed", "rank": self.rank, "step": self.step, "signal_received_at": self._flag.received_at})
-            log.info("rank %d: ranks agreed to stop after step %d", self.rank, self.step)
+            say(log, self.rank, "rank %d: ranks agreed to stop after step %d; run the same command again to resume", self.rank, self.step)
         if staged is not None:
             self._save_async(staged)
         elif reason is not None:
@@ -368,7 +461,8 @@ class Session:
             # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
             # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
             Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
-            Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
+            # A ZeroRedundancyOptimizer's state is sharded: each rank saves the shard it owns.
+            Component("optimizer", ShardedOptimizer(self.optimizer)) if is_sharded(self.optimizer) else Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
         ]
         if self.scheduler is not None:
             rows.append(Component("scheduler", self.scheduler, table.TRAIN_STATE_FILE))
@@ -377,7 +471,8 @@ class Session:
         rows += [
             Component("counters", _Counters(self), table.TRAIN_STATE_FILE),
             Component("metrics", _Metrics(self)),
-            *(Component(f"extra.{name}", obj) for name, obj in self.extras.items()),
+            Component("grads", Gradients(module)),
+            *(Component(f"extra.{name}", obj, restore_last=is_rng(obj)) for name, obj in self.extras.items()),
             Component("data", _DataPosition(self)),
             *(Component(name, obj, restore_last=True) for name, obj in rng.components(self.generators).items()),
         ]
@@ -464,7 +559,8 @@ class Session:
         table.restore(self.components, states, self.chaos.skips, last=False)
         # Mirror the uninterrupted run: it had this epoch's iterator open only mid-epoch.
         # At a boundary the loop opens it lazily, after the RNG restore, exactly as it did there.
-        self._batches = self._open_epoch() if self.step_in_epoch > 0 else None
+        mid_epoch = self.step_in_epoch > 0 and (self.steps_per_epoch is None or self.step_in_epoch < self.steps_per_epoch)
+        self._batches = self._open_epoch(resuming=True) if mid_epoch and self.source is not None else None
         # RNG goes last, right before the first resumed step: nothing may draw after it.
         table.restore(self.components, states, self.chaos.skips, last=True)
 
@@ -590,7 +686,7 @@ class Session:
         )
         if self.resumed.match:
             how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step}"
-            log.info("rank %d: resumed at step %d from %s, global hash %s verified%s", self.rank, self.step, path, recomputed, how)
+            say(log, self.rank, "rank %d: resumed at step %d from %s, global hash %s verified%s", self.rank, self.step, path, recomputed, how)
             return
         problems = []
         if mismatches:
@@ -621,6 +717,8 @@ class Session:
 
 
 REPLAY_PREFIX = "replay_"
+_EPOCH_OVER = object()
+CARRIED = "carried"
 
 
 def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
@@ -641,6 +739,16 @@ def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict
     except UsageError as exc:
         return str(exc)
     return str(path), manifest
+
+
+def _total_steps(total_steps: int | None, total_epochs: int | None, steps_per_epoch: int | None) -> int:
+    if (total_steps is None) == (total_epochs is None):
+        raise UsageError("The Session needs exactly one of total_steps= and total_epochs=, to know when the run is done. Pass one of them.")
+    if total_steps is not None:
+        return total_steps
+    if steps_per_epoch is None:
+        raise UsageError("total_epochs= needs a loader whose length is known (len(loader)); with this loader pass total_steps= instead.")
+    return total_epochs * steps_per_epoch
 
 
 def _strict(training: dict | None) -> bool:
@@ -685,14 +793,18 @@ class _DataPosition:
     def __init__(self, session: Session) -> None:
         self.session = session
 
-    def state_dict(self) -> dict[str, int]:
+    def state_dict(self) -> dict:
         s = self.session
-        return {"seed": s.sampler.seed, "epoch": s.epoch, "position": s.step_in_epoch * s.loader.batch_size}
+        if s.source is None:
+            return {"epoch": s.epoch, "step_in_epoch": s.step_in_epoch}
+        return s.source.state_dict(s.epoch, s.step_in_epoch)
 
     def load_state_dict(self, state: dict) -> None:
         s = self.session
-        s.sampler.load_state_dict(state)
-        s.epoch, s.step_in_epoch = state["epoch"], state["position"] // s.loader.batch_size
+        if s.source is None:
+            s.epoch, s.step_in_epoch = state["epoch"], state["step_in_epoch"]
+            return
+        s.epoch, s.step_in_epoch = s.source.load_state_dict(state)
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

@@ -1,0 +1,85 @@
+"""`legato verify --command "..."`: prove any user script bitwise, whatever launches it (torchrun, srun, a shell).
+
+The command is split with shlex and run without a shell; every `{run_dir}` in
+it becomes the run directory of one run. The reference run goes once,
+uninterrupted. The interrupted run gets the stop planted through
+LEGATO_CHAOS_SIGNAL_AT (the script's Session sends the signal to itself after
+those steps) and is relaunched after every exit 75 (`python -m
+legato.torchrun` turns torchrun's stop into 75). The two run directories are
+compared through what the Session wrote (trajectories, checkpoints) by
+`legato.orchestrator.verify.compare_runs`. Each launch's output goes to a log
+file inside the verify directory; nothing is written anywhere else.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+from pathlib import Path
+
+from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
+from legato.orchestrator.verify import Verdict, compare_runs, diagnose, nondeterminism
+
+PLACEHOLDER = "{run_dir}"
+CHAOS_VARS = ("LEGATO_CHAOS_SIGNAL_AT", "LEGATO_CHAOS_SIGNAL_RANK")
+_RESUMED = re.compile(r"rank 0: resumed at step (\d+) .* verified")
+
+
+def split_command(text: str) -> list[str]:
+    """The command's argv; a UsageError when it is empty, unparsable, or never names `{run_dir}`."""
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise UsageError(f"--command {text[:80]!r} cannot be split into arguments ({exc}). Quote it as you would in a shell.") from None
+    if not argv or not any(PLACEHOLDER in arg for arg in argv):
+        raise UsageError(
+            f"--command {text[:80]!r} does not name {PLACEHOLDER}. Write {PLACEHOLDER} where the script takes its run "
+            'directory, e.g. --command "python -m legato.torchrun --nproc-per-node 2 train.py {run_dir}".'
+        )
+    return argv
+
+
+def launch(argv: list[str], run_dir: Path, log: Path, env: dict[str, str], timeout_s: float) -> int:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with log.open("w") as out:
+        proc = subprocess.run([a.replace(PLACEHOLDER, str(run_dir)) for a in argv], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s)
+    return proc.returncode
+
+
+def run_interrupted(argv: list[str], out: Path, steps: list[int], signal_rank: int, timeout_s: float) -> tuple[int, list[dict]]:
+    """Launch until an exit other than 75; the last exit code and the verified resumes rank 0 announced."""
+    env = dict(os.environ, LEGATO_CHAOS_SIGNAL_AT=",".join(str(s) for s in steps), LEGATO_CHAOS_SIGNAL_RANK=str(signal_rank))
+    resumes: list[dict] = []
+    code = EXIT_STOPPED
+    for attempt in range(1, len(steps) + 3):
+        log = out / f"interrupted.attempt{attempt}.log"
+        code = launch(argv, out / "interrupted", log, env, timeout_s)
+        resumes += [{"step": int(m.group(1)), "match": True, "mismatches": {}, "replay": None} for m in _RESUMED.finditer(log.read_text(errors="replace"))]
+        if code != EXIT_STOPPED:
+            break
+    return code, resumes
+
+
+def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0, timeout_s: float = 3600) -> tuple[Verdict | None, str]:
+    """The verdict for `text` interrupted after `steps`, or None and why no comparison was possible."""
+    argv = split_command(text)
+    clean = {k: v for k, v in os.environ.items() if k not in CHAOS_VARS}
+    code = launch(argv, out / "reference", out / "reference.log", clean, timeout_s)
+    if code != EXIT_OK:
+        return None, f"the reference run exited {code} (see {out / 'reference.log'}); the command must train to its end first"
+    code, resumes = run_interrupted(argv, out, steps, signal_rank, timeout_s)
+    verdict = compare_runs(out / "reference", out / "interrupted")
+    verdict.resumes = resumes  # from rank 0's lines: a script's run directory has no ledger
+    if code != EXIT_OK:
+        verdict.identical = False
+        verdict.cause = f"the interrupted run's last launch exited {code} (see the interrupted.attempt*.log files in {out})"
+        return verdict, ""
+    if verdict.divergence is not None:
+        # A script's state may differ between any two of its processes (an unseeded RNG): a second
+        # uninterrupted run tells that apart from a resume that went wrong.
+        again = out / "again"
+        launch(argv, again, out / "again.log", clean, timeout_s)
+        verdict.cause = nondeterminism(out / "reference", again, verdict.world_size) or diagnose(verdict, True)
+    return verdict, ""

@@ -1,0 +1,309 @@
+"""Bring your own loader and own state, with real processes: 2 ranks, gloo, real SIGUSR2 (loops in byo_loops.py).
+
+Each run is stopped twice by a real signal planted through LEGATO_CHAOS_SIGNAL_AT
+(the last rank sends it to itself after those steps), relaunched after each
+stop, and must end bit for bit where an uninterrupted run ends: every step's
+loss bits, every component digest, the parameters. Loaders legato cannot
+resume exactly are refused before training, in one paragraph naming the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, manifest, trajectory
+from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
+
+import legato
+from legato.launch import free_port
+
+LOOPS = ROOT / "tests" / "byo_loops.py"
+STEPS = 30
+
+
+def launch(run_dir: Path, *args: str, **env: str) -> list[subprocess.CompletedProcess]:
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        full = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
+        procs.append(subprocess.Popen([sys.executable, str(LOOPS), str(run_dir), *args], env=full, stderr=subprocess.PIPE, text=True))
+    try:
+        return [subprocess.CompletedProcess(p.args, p.wait(timeout=180), "", p.stderr.read()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def codes(procs: list[subprocess.CompletedProcess]) -> list[int]:
+    return [p.returncode for p in procs]
+
+
+def assert_identical(reference: Path, resumed: Path) -> None:
+    assert manifest(resumed, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]
+    for rank in range(2):
+        assert trajectory(resumed, rank) == trajectory(reference, rank)
+        assert (resumed / f"params_rank{rank}.txt").read_text() == (reference / f"params_rank{rank}.txt").read_text()
+
+
+@pytest.mark.slow
+def test_own_loader_generator_worker_init_accumulation_and_owned_rngs_resume_exactly(tmp_path: Path) -> None:
+    """Also: a signal before the loop stops the run at step 0 without a checkpoint (exit 75), and the next launch starts over."""
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    first = launch(reference, "--loop", "owned")
+    assert codes(first) == [0, 0], first[0].stderr[-3000:]
+    early = launch(resumed, "--loop", "owned", "--signal-before-loop")
+    assert codes(early) == [75, 75], early[0].stderr[-3000:]
+    assert "legato: rank 0: stop signal during start-up; stopping at step 0" in early[0].stderr
+    assert not list((resumed / "checkpoints").glob("step_*"))
+    # Stops after steps 8 (mid-accumulation: 8 % 3 != 0) and 14 (mid-epoch: 12 steps an epoch).
+    attempts = [launch(resumed, "--loop", "owned", LEGATO_CHAOS_SIGNAL_AT="7,13", LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(3)]
+    assert [codes(a) for a in attempts] == [[75, 75], [75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
+    grads = torch.load(resumed / "checkpoints" / "step_8" / "rank1.pt", weights_only=True)["grads"]["grads"]
+    assert all(g is not None for g in grads)
+    assert "resumed at step 8" in attempts[1][0].stderr and "resumed at step 14" in attempts[2][0].stderr
+    assert_identical(reference, resumed)
+
+
+@pytest.mark.slow
+def test_iterable_dataset_with_its_own_state_resumes_exactly(tmp_path: Path) -> None:
+    """40 samples a rank, 10 steps an epoch of unknown length: stops mid-epoch (step 6) and at an epoch's end (step 20)."""
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    assert codes(launch(reference, "--loop", "iterable")) == [0, 0]
+    attempts = [launch(resumed, "--loop", "iterable", LEGATO_CHAOS_SIGNAL_AT="5,19", LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(3)]
+    assert [codes(a) for a in attempts] == [[75, 75], [75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
+    assert [json.loads(line)["epoch"] for line in (resumed / "trajectory" / "rank0.jsonl").read_text().splitlines()][19:21] == [1, 2]
+    assert_identical(reference, resumed)
+
+
+@pytest.mark.slow
+def test_zero_redundancy_optimizer_resumes_exactly_from_each_ranks_shard(tmp_path: Path) -> None:
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    assert codes(launch(reference, "--loop", "zero")) == [0, 0]
+    attempts = [launch(resumed, "--loop", "zero", LEGATO_CHAOS_SIGNAL_AT="9", LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(2)]
+    assert [codes(a) for a in attempts] == [[75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
+    shards = [torch.load(resumed / "checkpoints" / "step_10" / f"rank{r}.pt", weights_only=True)["optimizer"]["shard"] for r in range(2)]
+    assert all(s["state"] for s in shards), "each rank saves the Adam state of the parameters it owns"
+    assert "optimizer" not in torch.load(resumed / "checkpoints" / "step_10" / "train_state.pt", weights_only=True)
+    assert_identical(reference, resumed)
+
+
+# -- refusals: before training, one paragraph naming the change -------------------------------------------
+
+
+class Unordered(Sampler[int]):
+    """A sampler whose order depends on how often it was iterated: nothing legato can replay."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.calls = n, 0
+
+    def __iter__(self):
+        self.calls += 1
+        return iter(range(self.calls % self.n, self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class Pairs(Sampler[list[int]]):
+    def __iter__(self):
+        return iter([[0, 1], [2, 3]])
+
+    def __len__(self) -> int:
+        return 2
+
+
+class Stateless(IterableDataset):
+    def __iter__(self):
+        return iter(range(8))
+
+
+def _dataset() -> TensorDataset:
+    return TensorDataset(torch.arange(16.0).unsqueeze(1))
+
+
+REFUSED = {
+    "sampler": (lambda: DataLoader(_dataset(), batch_size=2, sampler=Unordered(16)), "has no set_epoch(epoch)"),
+    "batch_sampler": (lambda: DataLoader(_dataset(), batch_sampler=Pairs()), "its own batch_sampler (Pairs)"),
+    "iterable": (lambda: DataLoader(Stateless(), batch_size=2), "has no state_dict()/load_state_dict()"),
+    "persistent": (lambda: DataLoader(_dataset(), batch_size=2, num_workers=1, persistent_workers=True), "persistent_workers=True"),
+    "not_a_loader": (lambda: [torch.zeros(2)], "is not a torch DataLoader"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_a_loader_legato_cannot_resume_is_refused_before_training(tmp_path: Path, case: str) -> None:
+    build, words = REFUSED[case]
+    model = torch.nn.Linear(1, 1)
+    with pytest.raises(legato.UsageError) as caught:
+        legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=build(), total_steps=4)
+    message = str(caught.value)
+    assert words in message and "\n" not in message
+    assert not (tmp_path / "checkpoints").exists()
+
+
+# -- owned state and misuse, in one process (world size 1, no process group) -------------------------------
+
+
+def _session(run_dir: Path, **kwargs) -> legato.Session:
+    model = torch.nn.Linear(2, 1)
+    kwargs.setdefault("total_steps", 4)
+    return legato.Session(run_dir, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+
+
+def test_rng_objects_are_extras_as_they_are_and_restore_exactly(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    from legato.owned import as_stateful
+
+    for obj, draw in ((torch.Generator().manual_seed(1), lambda g: torch.rand(3, generator=g).tolist()),
+                      (np.random.default_rng(2), lambda g: g.normal(size=3).tolist()),
+                      (random.Random(3), lambda g: [g.random() for _ in range(3)])):
+        state = as_stateful("extra.x", obj)
+        saved = torch.load(_roundtrip(tmp_path, state.state_dict()), weights_only=True)
+        expected = draw(obj)
+        state.load_state_dict(saved)
+        assert draw(obj) == expected
+    with pytest.raises(legato.UsageError, match="no state_dict"):
+        as_stateful("extra.x", object())
+
+
+def _roundtrip(tmp_path: Path, state: dict) -> Path:
+    path = tmp_path / "state.pt"
+    torch.save(state, path)
+    return path
+
+
+def test_a_carried_batch_is_restored_into_its_tensors_and_another_shape_is_refused(tmp_path: Path) -> None:
+    no_replay = legato.CheckpointPolicy(replay_steps=0)
+    session = _session(tmp_path, chaos=legato.Chaos(signal_at_steps=(2,)), checkpoint=no_replay)
+    session.carry(torch.zeros(3, 2))
+    for step in session:
+        session.carry(torch.full((3, 2), float(step + 1)))
+    assert session.exit_code == 75
+    again = _session(tmp_path, checkpoint=no_replay)
+    held = again.carry(torch.zeros(3, 2))
+    for _ in again:
+        break
+    assert torch.equal(held, torch.full((3, 2), 2.0)), "the batch carried out of step 2, copied into the loop's own tensor"
+    other = _session(tmp_path, checkpoint=no_replay)
+    other.carry(torch.zeros(4, 2))
+    with pytest.raises(legato.UsageError, match="shapes and dtypes"):
+        for _ in other:
+            break
+
+
+def test_misuse_is_refused_in_one_paragraph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(legato.UsageError, match="exactly one of total_steps= and total_epochs="):
+        _session(tmp_path, total_steps=None)
+    monkeypatch.setenv("LEGATO_CHAOS_SIGNAL_AT", "3,x")
+    with pytest.raises(legato.UsageError, match="LEGATO_CHAOS_SIGNAL_AT"):
+        _session(tmp_path)
+    monkeypatch.delenv("LEGATO_CHAOS_SIGNAL_AT")
+    session = _session(tmp_path)
+    with pytest.raises(legato.UsageError, match="inside `for epoch in session.epochs"):
+        next(iter(session.batches()))
+    late = _session(tmp_path / "late")
+    with pytest.raises(legato.UsageError, match="first called inside the loop"):
+        for _ in late:
+            late.carry(torch.zeros(1))
+
+
+def _shuffled_run(run_dir: Path | None, stop_after: int | None = None) -> list[str]:
+    """A loop over DataLoader(shuffle=True) (RandomSampler seeded from the global RNG as each epoch starts) and dropout;
+    with `run_dir` None the plain loop, else the Session's. Returns every step's loss bits."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(40, 3, generator=torch.Generator().manual_seed(1)), torch.randn(40, 1, generator=torch.Generator().manual_seed(2)))
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = DataLoader(data, batch_size=4, shuffle=True)
+    losses = []
+
+    def train(batch: list[torch.Tensor]) -> torch.Tensor:
+        loss = torch.nn.functional.mse_loss(model(batch[0]), batch[1])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item().hex())
+        return loss
+
+    if run_dir is None:
+        for _ in range(3):
+            for batch in loader:
+                train(batch)
+        return losses
+    chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
+    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=loader, total_epochs=3, chaos=chaos,
+                             checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    for batch in session:
+        session.report(train(batch))
+    return losses
+
+
+def test_a_random_sampler_seeded_from_the_global_rng_keeps_its_order_and_resumes_mid_epoch(tmp_path: Path) -> None:
+    """The epoch's opening (the iterator's base seed, then RandomSampler's seed, both from the global RNG) is replayed
+    from the state recorded when the epoch opened; the consumed batches are skipped by index."""
+    plain = _shuffled_run(None)
+    assert _shuffled_run(tmp_path / "same") == plain
+    first = _shuffled_run(tmp_path / "resumed", stop_after=14)  # epoch 1, batch 4 of 10
+    rest = _shuffled_run(tmp_path / "resumed")
+    assert first + rest == plain
+
+
+def test_worker_seeding_wraps_the_users_worker_init_fn_and_can_be_switched_off(tmp_path: Path) -> None:
+    from legato.worker_rng import SeedPerSample
+
+    def mine(worker_id: int) -> None:
+        pass
+
+    def loader() -> DataLoader:
+        return DataLoader(_dataset(), batch_size=2, num_workers=1, worker_init_fn=mine)
+
+    seeded = loader()
+    session = _session(tmp_path / "on", loader=seeded)
+    assert isinstance(seeded.worker_init_fn, SeedPerSample) and seeded.worker_init_fn.user_fn is mine
+    assert session.source.state_dict(0, 0)["worker_seed"] == seeded.worker_init_fn.seed
+    kept = loader()
+    _session(tmp_path / "off", loader=kept, worker_rng=False)
+    assert kept.worker_init_fn is mine
+
+
+class _GlobalAugment(torch.utils.data.Dataset):
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> tuple[float, float, float]:
+        import random
+
+        import numpy as np
+
+        return (torch.rand(1).item(), float(np.random.rand()), random.random())
+
+
+def test_per_sample_seeding_makes_a_samples_randomness_independent_of_load_order() -> None:
+    """What a worker does to its dataset copy, done here in-process (the global RNGs are put back afterwards)."""
+    from legato import rng
+    from legato.worker_rng import _reseeding
+
+    saved = rng.capture()
+    try:
+        ds = _GlobalAugment()
+        _reseeding(ds, seed=5, epoch=1)
+        forward = [ds[i] for i in range(6)]
+        backward = [ds[i] for i in reversed(range(6))][::-1]
+        assert forward == backward
+        other_epoch = _GlobalAugment()
+        _reseeding(other_epoch, seed=5, epoch=2)
+        assert [other_epoch[i] for i in range(6)] != forward
+        plain = _GlobalAugment()
+        assert [plain[i] for i in range(6)] != [plain[i] for i in range(6)], "the unseeded dataset is what the seeding fixes"
+    finally:
+        rng.restore(saved)

@@ -1,0 +1,290 @@
+"""The user's own data pipeline, made resumable at any batch without changing its order.
+
+`adopt(loader)` turns what a user hands the Session into a data source, or
+refuses it (UsageError) before training when legato could not resume it
+exactly. A source opens an epoch's iterator at a position, and its
+`state_dict` says where the next batch comes from:
+
+- `resumable_loader()` loaders (legato's own sampler): as before.
+- a torch `DataLoader` with a `BatchSampler` over a sampler whose order is a
+  function of the epoch (anything with `set_epoch`, such as torch's
+  `DistributedSampler`) or of the RNG it draws when an epoch starts
+  (`RandomSampler`, `SequentialSampler`, ...). Its order is left alone. The
+  global torch RNG and the loader's generators are recorded when an epoch's
+  iterator is opened, because opening draws from them (the workers' base
+  seed, `RandomSampler`'s seed); a mid-epoch resume replays that opening from
+  the recorded state and skips the consumed batches by their indices, never
+  loading their samples. With workers, their global RNGs are seeded per
+  sample (legato.worker_rng) unless the Session's `worker_rng` is False.
+- anything with `state_dict`/`load_state_dict` (torchdata's
+  `StatefulDataLoader`, a user loader, a `DataLoader` over an
+  `IterableDataset` with state and no workers): its own state is saved.
+
+This module must never draw from an RNG except inside the `iter(loader)` call
+the plain loop makes too, and then only from the state that loop saw.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.utils.data import (
+    BatchSampler,
+    DataLoader,
+    IterableDataset,
+    RandomSampler,
+    SequentialSampler,
+    SubsetRandomSampler,
+    WeightedRandomSampler,
+)
+
+from legato.determinism import derive_seed
+from legato.errors import UsageError
+from legato.sampler import ResumableDistributedSampler
+from legato.worker_rng import SeedPerSample
+
+LOADER_GENERATOR = "loader"
+SAMPLER_GENERATOR = "sampler"
+# Samplers whose order is decided by the RNG they draw as an epoch's iteration starts.
+_RNG_ORDERED = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+def _stateful(obj: Any) -> bool:
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+
+
+def _set_epoch(obj: Any, epoch: int) -> None:
+    set_epoch = getattr(obj, "set_epoch", None)
+    if callable(set_epoch):
+        set_epoch(epoch)
+
+
+class Source:
+    """Where batches come from; the Session keeps (epoch, step_in_epoch) and asks the source to open there."""
+
+    steps_per_epoch: int | None = None  # None: an epoch ends when its iterator does
+    generators: dict[str, torch.Generator]
+
+    def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
+        raise NotImplementedError
+
+    def load_state_dict(self, state: dict) -> tuple[int, int]:
+        raise NotImplementedError
+
+
+class LegatoSource(Source):
+    """A `resumable_loader()`: reseeds its generator per epoch and positions its sampler."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        sampler = loader.sampler
+        assert isinstance(sampler, ResumableDistributedSampler)
+        if loader.generator is None or not loader.drop_last:
+            raise UsageError(
+                "The loader has legato's ResumableDistributedSampler but no generator= or drop_last=False. "
+                "Build it with legato.resumable_loader(), or pass your own DataLoader with torch's DistributedSampler."
+            )
+        self.loader, self.sampler = loader, sampler
+        self.generators = {LOADER_GENERATOR: loader.generator}
+        self.steps_per_epoch = sampler.per_rank // loader.batch_size
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"batch size {loader.batch_size} is larger than a rank's share of the data ({sampler.per_rank})")
+
+    def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
+        # Reseeding per epoch makes the workers' base seed a function of (seed, rank, epoch),
+        # not of how many iterators this process happened to create before.
+        self.loader.generator.manual_seed(derive_seed("loader", self.sampler.seed, self.sampler.rank, epoch))
+        _set_epoch(self.loader.dataset, epoch)
+        self.sampler.set_position(epoch, step_in_epoch * self.loader.batch_size)
+        return iter(self.loader)
+
+    def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
+        return {"seed": self.sampler.seed, "epoch": epoch, "position": step_in_epoch * self.loader.batch_size}
+
+    def load_state_dict(self, state: dict) -> tuple[int, int]:
+        self.sampler.load_state_dict(state)
+        return state["epoch"], state["position"] // self.loader.batch_size
+
+
+class _Positioned:
+    """Stands in for the user's sampler inside the loader's BatchSampler: the same indices, from a position on."""
+
+    def __init__(self, sampler: Any) -> None:
+        self.sampler = sampler
+        self.skip = 0
+        self._started: Iterator[int] | None = None
+
+    def prime(self) -> None:
+        """Start the sampler's iteration now (it draws its RNG as it starts), unless the loader already did."""
+        if self._started is None and self.skip:
+            self._started = self._start()
+
+    def _start(self) -> Iterator[int]:
+        indices = iter(self.sampler)
+        skip, self.skip = self.skip, 0
+        if skip:
+            next(itertools.islice(indices, skip - 1, None), None)
+        return indices
+
+    def __iter__(self) -> Iterator[int]:
+        started, self._started = self._started, None
+        return started if started is not None else self._start()
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+    def __getattr__(self, name: str) -> Any:
+        # Code that reaches the sampler through loader.batch_sampler.sampler (set_epoch, seed) still finds it.
+        if name == "sampler":
+            raise AttributeError(name)
+        return getattr(self.sampler, name)
+
+
+class TorchSource(Source):
+    """The user's own torch DataLoader, its order untouched; resumes by replaying the epoch's opening and skipping indices."""
+
+    def __init__(self, loader: DataLoader, worker_rng: bool) -> None:
+        batches = loader.batch_sampler
+        assert isinstance(batches, BatchSampler)
+        self.loader = loader
+        # A loader adopted before (a second Session over it) already holds the stand-in.
+        self.user_sampler = batches.sampler.sampler if isinstance(batches.sampler, _Positioned) else batches.sampler
+        self.positioned = _Positioned(self.user_sampler)
+        batches.sampler = self.positioned
+        self.generators = {}
+        if loader.generator is not None:
+            self.generators[LOADER_GENERATOR] = loader.generator
+        own = getattr(self.user_sampler, "generator", None)
+        if isinstance(own, torch.Generator) and own is not loader.generator:
+            self.generators[SAMPLER_GENERATOR] = own
+        self.steps_per_epoch = len(loader)
+        if self.steps_per_epoch == 0:
+            raise UsageError(f"The DataLoader yields no batch (batch size {loader.batch_size}, {len(self.user_sampler)} samples on this rank). Lower the batch size.")
+        self._opened: dict[str, torch.Tensor] = {}
+        self.seeding: SeedPerSample | None = None
+        if worker_rng and loader.num_workers > 0:
+            user_fn = loader.worker_init_fn
+            if isinstance(user_fn, SeedPerSample):
+                user_fn = user_fn.user_fn
+            # The sampler's own seed where it has one (DistributedSampler), else this process's torch seed; saved either way.
+            seed = getattr(self.user_sampler, "seed", None)
+            self.seeding = SeedPerSample(seed if isinstance(seed, int) else torch.initial_seed(), user_fn)
+            loader.worker_init_fn = self.seeding
+
+    def _rng_states(self) -> dict[str, torch.Tensor]:
+        return {"torch": torch.get_rng_state(), **{name: g.get_state() for name, g in self.generators.items()}}
+
+    def _set_rng_states(self, states: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(states["torch"])
+        for name, g in self.generators.items():
+            g.set_state(states[name])
+
+    def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
+        _set_epoch(self.user_sampler, epoch)
+        _set_epoch(self.loader.dataset, epoch)
+        self.positioned.skip = step_in_epoch * self.loader.batch_size
+        if self.seeding is not None:
+            self.seeding.epoch = epoch
+        if not resuming:
+            self._opened = self._rng_states()
+            return iter(self.loader)
+        # Replay the opening exactly as the interrupted run made it; the Session restores the RNGs afterwards.
+        self._set_rng_states(self._opened)
+        batches = iter(self.loader)
+        self.positioned.prime()
+        return batches
+
+    def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
+        seed = None if self.seeding is None else self.seeding.seed
+        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "opened": dict(self._opened), "worker_seed": seed}
+
+    def load_state_dict(self, state: dict) -> tuple[int, int]:
+        self._opened = dict(state["opened"])
+        if self.seeding is not None and state["worker_seed"] is not None:
+            self.seeding.seed = state["worker_seed"]
+        return state["epoch"], state["step_in_epoch"]
+
+
+class StatefulSource(Source):
+    """A loader (or the IterableDataset behind one) that saves and restores its own position."""
+
+    def __init__(self, loader: Any, holder: Any) -> None:
+        self.loader, self.holder = loader, holder
+        self.generators = {}
+        generator = getattr(loader, "generator", None)
+        if isinstance(generator, torch.Generator):
+            self.generators[LOADER_GENERATOR] = generator
+
+    def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
+        _set_epoch(getattr(self.loader, "sampler", None), epoch)
+        _set_epoch(getattr(self.loader, "dataset", self.loader), epoch)
+        return iter(self.loader)
+
+    def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
+        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "loader": self.holder.state_dict()}
+
+    def load_state_dict(self, state: dict) -> tuple[int, int]:
+        self.holder.load_state_dict(state["loader"])
+        return state["epoch"], state["step_in_epoch"]
+
+
+def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
+    """The data source for `loader` (None: the loop draws its own batches); a UsageError naming the fix when it cannot resume exactly."""
+    if loader is None:
+        return None
+    if not isinstance(loader, DataLoader):
+        if _stateful(loader) and callable(getattr(loader, "__iter__", None)):
+            return StatefulSource(loader, loader)
+        raise UsageError(
+            f"The loader is a {type(loader).__name__}, which legato cannot resume: it is not a torch DataLoader and has no "
+            "state_dict()/load_state_dict(). Pass a torch DataLoader, give your loader both methods (torchdata's "
+            "StatefulDataLoader has them), or pass no loader and draw batches in the loop, registering any batch "
+            "you keep between steps with session.carry()."
+        )
+    if isinstance(loader.sampler, ResumableDistributedSampler):
+        return LegatoSource(loader)
+    if _stateful(loader):
+        return StatefulSource(loader, loader)
+    if isinstance(loader.dataset, IterableDataset):
+        return _iterable(loader)
+    return _map_style(loader, worker_rng)
+
+
+def _iterable(loader: DataLoader) -> Source:
+    dataset = loader.dataset
+    if _stateful(dataset) and loader.num_workers == 0:
+        return StatefulSource(loader, dataset)
+    why = "has no state_dict()/load_state_dict()" if not _stateful(dataset) else f"is read by {loader.num_workers} workers, whose copies hold the position"
+    raise UsageError(
+        f"The DataLoader reads an IterableDataset ({type(dataset).__name__}) that {why}, so legato cannot know which sample "
+        "comes next after a resume. Give the dataset state_dict()/load_state_dict() and use num_workers=0, or use "
+        "torchdata's StatefulDataLoader, or a map-style dataset with a sampler."
+    )
+
+
+def _map_style(loader: DataLoader, worker_rng: bool) -> Source:
+    batches = loader.batch_sampler
+    if not isinstance(batches, BatchSampler):
+        what = "batch_size=None (no batching)" if batches is None else f"its own batch_sampler ({type(batches).__name__})"
+        raise UsageError(
+            f"The DataLoader uses {what}, which legato cannot position in the middle of an epoch. Pass sampler= and "
+            "batch_size= instead, or give the loader state_dict()/load_state_dict() (torchdata's StatefulDataLoader)."
+        )
+    sampler = batches.sampler.sampler if isinstance(batches.sampler, _Positioned) else batches.sampler
+    if not (callable(getattr(sampler, "set_epoch", None)) or type(sampler) in _RNG_ORDERED):
+        raise UsageError(
+            f"The DataLoader's sampler ({type(sampler).__name__}) has no set_epoch(epoch) and is none of torch's own samplers, "
+            "so legato cannot replay its order after a resume. Give it a set_epoch(epoch) method after which its order is a "
+            "function of the epoch (as torch's DistributedSampler), or use torch's DistributedSampler or RandomSampler."
+        )
+    if loader.persistent_workers:
+        raise UsageError(
+            "The DataLoader has persistent_workers=True: its workers carry their state from one epoch into the next, "
+            "which a resumed run cannot rebuild. Set persistent_workers=False."
+        )
+    return TorchSource(loader, worker_rng)

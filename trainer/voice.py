@@ -1,0 +1,34 @@
+"""Rank 0's voice: the few lines a person must see reach stderr even when the script configured no logging.
+
+A resume and its verification, and a stop, are news a person running a plain
+script has to see. `say` logs them as usual when logging would show them at
+INFO; otherwise, on rank 0 only, it emits them through its own stderr
+handler (`legato: ...`). It must never print for other ranks, and never show
+a line twice.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+_VOICE = "legato.voice"
+
+
+def _voice() -> logging.Logger:
+    voice = logging.getLogger(_VOICE)
+    if not voice.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("legato: %(message)s"))
+        voice.addHandler(handler)
+        voice.setLevel(logging.INFO)
+        voice.propagate = False
+    return voice
+
+
+def say(logger: logging.Logger, rank: int, message: str, *args: object) -> None:
+    """Log `message` at INFO; on rank 0, to stderr as well when logging would not show it."""
+    if rank != 0 or (logger.isEnabledFor(logging.INFO) and logger.hasHandlers()):
+        logger.info(message, *args)
+        return
+    _voice().info(message, *args)

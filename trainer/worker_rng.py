@@ -1,0 +1,78 @@
+"""Worker randomness made exact: per-sample seeding of the global RNGs inside DataLoader workers.
+
+torchvision-style transforms draw from the global python, numpy and torch
+RNGs. In a worker those streams start at `base_seed + worker_id` and advance
+with every sample the worker happened to load, so after a mid-epoch resume
+(or with another worker count) a sample gets other random numbers. Here each
+worker's copy of the dataset gets a `__getitem__` that first seeds all three
+from (seed, epoch, index): a sample's randomness then depends on nothing but
+which sample of which epoch it is. The user's own `worker_init_fn` still runs,
+after this setup. This must never touch the main process's RNGs: everything
+here runs inside the workers.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+from legato.determinism import derive_seed
+
+
+def seed_globals(seed: int, epoch: int, key: Any) -> None:
+    """Seed python, numpy and torch global RNGs for one sample (or one batched fetch)."""
+    s = derive_seed("sample", seed, epoch, key)
+    random.seed(s)
+    np.random.seed(s % 2**32)
+    torch.manual_seed(s)
+
+
+class SeedPerSample:
+    """A DataLoader `worker_init_fn`: per-sample seeding of the worker's dataset copy, then the user's own function."""
+
+    def __init__(self, seed: int, user_fn: Callable[[int], None] | None) -> None:
+        self.seed = seed
+        self.epoch = 0  # set before each epoch's iterator starts its workers, which take a copy of this object
+        self.user_fn = user_fn
+
+    def __call__(self, worker_id: int) -> None:
+        import multiprocessing
+
+        from legato.lifeline import die_with_parent
+
+        rank_process = multiprocessing.parent_process()
+        die_with_parent(rank_process.pid if rank_process else None)
+        # Stop signals are for the rank; the rank agrees a stop with the others and ends its workers.
+        for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        info = torch.utils.data.get_worker_info()
+        if info is not None:
+            _reseeding(info.dataset, self.seed, self.epoch)
+        if self.user_fn is not None:
+            self.user_fn(worker_id)
+
+
+def _reseeding(dataset: Any, seed: int, epoch: int) -> None:
+    """Swap this worker's dataset copy to a subclass that seeds before every sample it loads."""
+    base = type(dataset)
+    namespace: dict[str, Any] = {"__module__": base.__module__, "__qualname__": base.__qualname__}
+
+    def __getitem__(self: Any, index: Any) -> Any:
+        seed_globals(seed, epoch, index)
+        return base.__getitem__(self, index)
+
+    namespace["__getitem__"] = __getitem__
+    if hasattr(base, "__getitems__"):
+
+        def __getitems__(self: Any, indices: list) -> Any:
+            # A batched fetch: one seed for the whole call, from its first index.
+            seed_globals(seed, epoch, ("batch", indices[0] if indices else None))
+            return base.__getitems__(self, indices)
+
+        namespace["__getitems__"] = __getitems__
+    dataset.__class__ = type(base.__name__, (base,), namespace)
