@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -49,6 +50,28 @@ def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout
         cmd += ["--set", item]
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def run_ranks(cmd: list[str], world_size: int = 2, timeout: float = 180, **env: str) -> list[subprocess.CompletedProcess]:
+    """Start `cmd` as every rank of a torchrun-style world (RANK, WORLD_SIZE, MASTER_*) and wait for them all."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world_size):
+        full = dict(os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
+        procs.append(subprocess.Popen(cmd, env=full, stderr=subprocess.PIPE, text=True))
+    try:
+        return [subprocess.CompletedProcess(p.args, p.wait(timeout=timeout), "", p.stderr.read()) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
+def codes(procs: list[subprocess.CompletedProcess]) -> list[int]:
+    return [p.returncode for p in procs]
 
 
 def run_to_completion(config: Path, run_dir: Path, *sets: str, max_attempts: int = 6) -> list[subprocess.CompletedProcess]:

@@ -10,39 +10,23 @@ resume exactly are refused before training, in one paragraph naming the fix.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, manifest, trajectory
+from conftest import ROOT, codes, manifest, run_ranks, trajectory
 from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
 
 import legato
-from legato.launch import free_port
 
 LOOPS = ROOT / "tests" / "byo_loops.py"
 STEPS = 30
 
 
 def launch(run_dir: Path, *args: str, **env: str) -> list[subprocess.CompletedProcess]:
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        full = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
-        procs.append(subprocess.Popen([sys.executable, str(LOOPS), str(run_dir), *args], env=full, stderr=subprocess.PIPE, text=True))
-    try:
-        return [subprocess.CompletedProcess(p.args, p.wait(timeout=180), "", p.stderr.read()) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-
-
-def codes(procs: list[subprocess.CompletedProcess]) -> list[int]:
-    return [p.returncode for p in procs]
+    return run_ranks([sys.executable, str(LOOPS), str(run_dir), *args], **env)
 
 
 def assert_identical(reference: Path, resumed: Path) -> None:

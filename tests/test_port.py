@@ -14,16 +14,13 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, manifest, model_state, trajectory
-
-from legato.launch import free_port
+from conftest import ROOT, codes, manifest, model_state, run_ranks, trajectory
 
 pytestmark = pytest.mark.slow
 
@@ -34,22 +31,7 @@ TUTORIAL_B_SZ = ("len(next(iter(self.train_data))[0])", "self.train_data.batch_s
 
 def launch(script: Path, out: Path, *args: str, **env: str) -> list[subprocess.CompletedProcess]:
     out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        full = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
-        full["PYTHONPATH"] = str(ROOT)
-        procs.append(subprocess.Popen([sys.executable, str(script), str(out), *args], env=full, stderr=subprocess.PIPE, text=True))
-    try:
-        return [subprocess.CompletedProcess(p.args, p.wait(timeout=180), "", p.stderr.read()) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-
-
-def codes(procs: list[subprocess.CompletedProcess]) -> list[int]:
-    return [p.returncode for p in procs]
+    return run_ranks([sys.executable, str(script), str(out), *args], PYTHONPATH=str(ROOT), **env)
 
 
 def result(out: Path, rank: int) -> dict:

@@ -13,15 +13,12 @@ whose checkpoint carries the replay base of step 4 (replay_steps 4).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
-
-from legato.launch import free_port
+from conftest import FAST_GPT, ROOT, TINY_GPT, codes, run_ranks, run_trainer
 
 pytestmark = pytest.mark.slow
 
@@ -37,22 +34,7 @@ FAULTS = {
 
 
 def launch(run_dir: Path, loop: str, *args: str) -> list[subprocess.CompletedProcess]:
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONWARNINGS="ignore")
-        cmd = [sys.executable, str(LOOPS), str(run_dir), "--loop", loop, "--steps", str(STEPS), *args]
-        procs.append(subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True))
-    try:
-        return [subprocess.CompletedProcess(p.args, p.wait(timeout=180), "", p.stderr.read()) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-
-
-def codes(procs: list[subprocess.CompletedProcess]) -> list[int]:
-    return [p.returncode for p in procs]
+    return run_ranks([sys.executable, str(LOOPS), str(run_dir), "--loop", loop, "--steps", str(STEPS), *args])
 
 
 def records(run_dir: Path, rank: int) -> list[dict]:
