@@ -206,8 +206,8 @@ def diagnose(v: Verdict, complete: bool) -> str:
 
 
 def _reduction_order(v: Verdict, d: Divergence, resumed_at: int) -> bool:
-    """Same loss and RNG streams but another update, with 3+ ranks, and a layout that was not pinned (or unknown at the first resumed step)."""
-    if v.world_size < 3 or d.loss_differs or not d.components or not set(d.components) <= {"model", "optimizer"}:
+    """Same loss and RNG streams but another update (parameters, optimizer state, saved gradients), with 3+ ranks, and a layout that was not pinned (or unknown at the first resumed step)."""
+    if v.world_size < 3 or d.loss_differs or not d.components or not set(d.components) <= {"model", "optimizer", "grads"}:
         return False
     return bool(v.unpinned_layouts) or d.step == resumed_at + 1
 

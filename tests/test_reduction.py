@@ -76,5 +76,5 @@ def test_planted_layout_fault_is_caught_and_named_reduction_order(tmp_path: Path
     assert code == 1, out[-3000:]
     assert not verdict["identical"] and verdict["resumes"][0]["match"]
     assert "reduction order" in verdict["cause"] and "chaos: DDP's own layout" in verdict["cause"], verdict["cause"]
-    assert verdict["divergence"]["step"] > 3 and set(verdict["divergence"]["components"]) <= {"model", "optimizer"}
+    assert verdict["divergence"]["step"] > 3 and set(verdict["divergence"]["components"]) <= {"model", "optimizer", "grads"}
     assert [u["run"] for u in verdict["unpinned_layouts"]] == ["run"]

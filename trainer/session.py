@@ -222,7 +222,7 @@ class Session:
         self._batch_fingerprint: str | None = None
         self._replay: replay.ReplayCheck | None = None
         self._resuming: tuple[Path, dict] | None = None
-        self._async = AsyncCheckpointer(self.checkpoint_root, self.rank, self.world_size, self.group, checkpoint.keep_last, chaos.kill) if checkpoint.async_ else None
+        self._async = AsyncCheckpointer(self.checkpoint_root, self.rank, self.world_size, self.group, checkpoint.keep_last, self.chaos.kill) if checkpoint.async_ else None
         self._begun = False
         self._epoch_mode = False
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
