@@ -15,7 +15,11 @@ For every size, rounds of each variant alternate and the median is printed:
 - hash throughput per core: XXH3-128, SHA-256 and (when the blake3 package is installed) BLAKE3 on one
   thread, against a memory copy.
 
-    python benchmarks/bench_checkpoint_async.py [--mb 64 256] [--rounds 5] [--dir /tmp]
+With `--device cuda` the state lives on the GPU: the memory copy and legato's
+blocking part are then the device-to-pinned-host copy, and the training steps
+run on the GPU.
+
+    python benchmarks/bench_checkpoint_async.py [--mb 64 256] [--rounds 5] [--dir /tmp] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -48,11 +52,11 @@ except ImportError:
     blake3 = None
 
 
-def make_state(megabytes: int) -> dict:
+def make_state(megabytes: int, device: torch.device) -> dict:
     hidden = int((megabytes * 2**20 / 4 / 3) ** 0.5)  # params + two Adam moments = 3 copies
-    model = torch.nn.Linear(hidden, hidden, bias=False)
+    model = torch.nn.Linear(hidden, hidden, bias=False, device=device)
     opt = torch.optim.AdamW(model.parameters())
-    model(torch.randn(2, hidden)).sum().backward()
+    model(torch.randn(2, hidden, device=device)).sum().backward()
     opt.step()
     return {"model": model.state_dict(), "optimizer": opt.state_dict()}
 
@@ -135,16 +139,18 @@ def dcp_async(state: dict, path: Path) -> tuple[float, float]:
     return blocking, time.perf_counter() - start
 
 
-def step_cost(writer: AsyncCheckpointer, state: dict, step: int) -> tuple[float, float]:
+def step_cost(writer: AsyncCheckpointer, state: dict, step: int, device: torch.device) -> tuple[float, float]:
     """Seconds per step of a small matmul loop, idle and while an async write of `state` is in flight."""
     torch.manual_seed(0)
-    w = torch.randn(512, 512)
-    x = torch.randn(256, 512)
+    w = torch.randn(512, 512, device=device)
+    x = torch.randn(256, 512, device=device)
 
     def steps(n: int) -> float:
         start = time.perf_counter()
         for _ in range(n):
             (x @ w).relu_().sum()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         return (time.perf_counter() - start) / n
 
     idle = steps(50)
@@ -177,8 +183,8 @@ def hash_speeds(size: int = 256 * 2**20) -> dict[str, float]:
     return out
 
 
-def bench_size(megabytes: int, directory: Path, rounds: int) -> dict[str, float]:
-    state = make_state(megabytes)
+def bench_size(megabytes: int, directory: Path, rounds: int, device: torch.device) -> dict[str, float]:
+    state = make_state(megabytes, device)
     size = nbytes(state)
     raw = memoryview(os.urandom(size))
     buffer = Snapshot()
@@ -211,7 +217,7 @@ def bench_size(megabytes: int, directory: Path, rounds: int) -> dict[str, float]
             blocking, total = dcp_async(state, directory / f"dcpa{r}")
         memory["DCP async_save"] = max(memory.get("DCP async_save", 0), rss.extra)
         results["DCP async_save: blocking"], results["DCP async_save: total"] = blocking, total
-        idle, busy = step_cost(writer, state, 1000 + r)
+        idle, busy = step_cost(writer, state, 1000 + r, device)
         results["step, idle"], results["step, async write in flight"] = idle, busy
         published = sorted((directory / "legato_async").glob("step_*"))[-1]
         results["restore: legato (verify + load + digest)"] = timed(_legato_restore, published)
@@ -247,16 +253,19 @@ def main() -> None:
     parser.add_argument("--mb", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--dir", type=Path, default=None)
+    parser.add_argument("--device", type=torch.device, default=torch.device("cpu"), help="where the state lives: cpu or cuda")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     dist.init_process_group("gloo", rank=0, world_size=1)
     print(f"machine: {os.cpu_count()} CPUs, torch {torch.__version__}, {torch.get_num_threads()} torch thread, world size 1")
+    if args.device.type == "cuda":
+        print(f"state on {torch.cuda.get_device_name(args.device)} (CUDA {torch.version.cuda}); copies go to pinned host memory")
     print("hash throughput, GB/s on one core:", ", ".join(f"{k} {v:.2f}" for k, v in hash_speeds().items()))
     results = {}
     for mb in args.mb:
         with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-            results[mb] = bench_size(mb, Path(tmp), args.rounds)
+            results[mb] = bench_size(mb, Path(tmp), args.rounds, args.device)
     names = [n for n in results[args.mb[0]] if not n.startswith("_")]
     print(f"\nmedians of {args.rounds} rounds, seconds (step rows: seconds per step)")
     print(f"{'':44}" + "".join(f"{f'{mb} MiB':>12}" for mb in args.mb))

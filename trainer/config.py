@@ -94,6 +94,9 @@ class TrainSection:
     warmup_steps: int = _opt(5, minimum=0, maximum=STEPS_MAX)
     num_workers: int = _opt(0, minimum=0, maximum=256)
     amp: bool = _opt(False)
+    amp_dtype: str = _opt("auto", choices=("auto", "bfloat16", "float16"), doc="autocast dtype with amp; auto is float16 on CUDA (with GradScaler), bfloat16 on CPU")
+    device: str = _opt("auto", choices=("auto", "cpu", "cuda"), doc="auto trains on CUDA when the machine has it")
+    backend: str = _opt("auto", choices=("auto", "nccl", "gloo"), doc="auto is NCCL when each local rank has its own GPU, else gloo")
     collective_timeout_s: int = _opt(300, minimum=1, maximum=SECONDS_MAX)
     options: dict = _opt({}, doc="settings passed through to the task or entrypoint")
 

@@ -32,6 +32,7 @@ class RunContext:
     device: torch.device
     seeds: Seeds
     on_event: Callable[[dict], None] = field(default=lambda event: None)
+    amp_dtype: torch.dtype = torch.bfloat16  # autocast dtype with train.amp (legato.devices decides it)
 
     @property
     def run_dir(self) -> Path:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from legato.config import Config
 from legato.context import RunContext
 from legato.determinism import seed_everything
+from legato.devices import resolve_placement
 from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
 from legato.paths import RunPaths
 from legato.rank_env import RankEnv
@@ -145,18 +146,19 @@ def _run(cfg: Config, env: RankEnv, on_event: Callable[[dict], None]) -> int:
     log.info("rank %d: %s torch threads", env.rank, threads.describe())
     entrypoint = resolve_entrypoint(cfg)
     seeds = seed_everything(cfg.determinism.seed, env.rank, cfg.determinism.mode)
-    use_cuda = torch.cuda.is_available()
-    device = torch.device("cuda", env.local_rank) if use_cuda else torch.device("cpu")
-    if use_cuda:
-        torch.cuda.set_device(device)
-    if env.world_size > 1:
+    placement = resolve_placement(cfg.train, env.local_rank, env.local_world_size)
+    log.info("rank %d trains on %s", env.rank, placement.describe())
+    if placement.device.type == "cuda":
+        torch.cuda.set_device(placement.device)
+    # A backend named in the config gets its process group even for one rank, so one GPU exercises NCCL and DDP.
+    if env.world_size > 1 or cfg.train.backend != "auto":
         dist.init_process_group(
-            "nccl" if use_cuda else "gloo",
+            placement.backend,
             init_method=f"tcp://{env.master_addr}:{env.master_port}",
             rank=env.rank,
             world_size=env.world_size,
             timeout=datetime.timedelta(seconds=cfg.train.collective_timeout_s),
         )
-    ctx = RunContext(cfg, env.rank, env.world_size, env.local_rank, device, seeds, on_event)
+    ctx = RunContext(cfg, env.rank, env.world_size, env.local_rank, placement.device, seeds, on_event, placement.amp_dtype)
     code = entrypoint(ctx)
     return EXIT_OK if code is None else int(code)

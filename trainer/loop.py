@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from legato.context import RunContext
@@ -25,15 +26,14 @@ def train(ctx: RunContext) -> int:
     cfg = ctx.cfg.train
     task = build_task(cfg.task, ctx.options, ctx.cfg.determinism.seed)
     model = task.model.to(ctx.device)
-    net = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) if ctx.world_size > 1 else model
+    net = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) if dist.is_initialized() else model
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.warmup_steps, cfg.steps))
-    amp_dtype = torch.float16 if ctx.device.type == "cuda" else torch.bfloat16
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.amp) if cfg.amp else None
     session = ctx.session(model=net, optimizer=optimizer, loader=ctx.loader(task.dataset), scheduler=scheduler, scaler=scaler)
     for batch in session:
         batch = [t.to(ctx.device, non_blocking=True) for t in batch]
-        with torch.autocast(ctx.device.type, dtype=amp_dtype, enabled=cfg.amp):
+        with torch.autocast(ctx.device.type, dtype=ctx.amp_dtype, enabled=cfg.amp):
             loss = task.loss(net, batch)
         optimizer.zero_grad(set_to_none=True)
         if scaler is not None:

@@ -1,0 +1,109 @@
+"""The CUDA path on a real GPU: bitwise resumes under `legato verify`, planted faults named, fast mode told apart.
+
+Every test here needs a CUDA device and is skipped with the reason on machines without one (CI has none);
+`scripts/gpu_check.sh` runs them on a GPU machine, and docs/gpu.md records what they printed there. They drive
+the real `legato verify` (real processes, real stop signals, NCCL or gloo over CUDA tensors) on the bundled
+tiny GPT and MLP in strict mode, and compare bits only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import FAST_GPT, MLP, ROOT, TINY_GPT
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run scripts/gpu_check.sh on a GPU machine)"),
+]
+
+# One rank with an NCCL process group (so DDP and NCCL run, on the one GPU), or two ranks on the one GPU with gloo
+# moving the CUDA tensors (NCCL refuses two ranks on one GPU).
+NCCL_1 = ("local.tasks=1", "train.backend=nccl")
+GLOO_2 = ("local.tasks=2", "train.backend=gloo")
+MLP_FAST = ("train.steps=30", "checkpoint.every_steps=0", "checkpoint.hash_every_steps=3", "checkpoint.agree_every_steps=1",
+            "checkpoint.replay_steps=4", "chaos.signal_at_steps=[]")
+
+
+def verify(tmp_path: Path, config: Path, *sets: str, interrupt_at: str = "7,19") -> tuple[int, dict, str]:
+    base = FAST_GPT if config == TINY_GPT else MLP_FAST
+    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "verify", str(config), "--out", str(tmp_path / "verify"), "--json",
+           "--interrupt-at", interrupt_at, "--set", "train.device=cuda"]
+    for item in (*base, *sets):
+        cmd += ["--set", item]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    out = proc.stdout + proc.stderr
+    start = proc.stdout.find("\n{") + 1 if "\n{" in proc.stdout else proc.stdout.find("{")
+    assert start >= 0, out[-3000:]
+    return proc.returncode, json.loads(proc.stdout[start:]), out
+
+
+CASES = {
+    "gpt-nccl-1": (TINY_GPT, NCCL_1),
+    "gpt-gloo-2": (TINY_GPT, GLOO_2),
+    "mlp-nccl-1": (MLP, NCCL_1),
+    "mlp-gloo-2": (MLP, GLOO_2),
+    "gpt-bf16-autocast": (TINY_GPT, (*GLOO_2, "train.amp=true", "train.amp_dtype=bfloat16")),
+    "gpt-fp16-gradscaler": (TINY_GPT, (*NCCL_1, "train.amp=true", "train.amp_dtype=float16")),
+    "gpt-loader-workers": (TINY_GPT, (*GLOO_2, "train.num_workers=2")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_strict_cuda_run_resumes_bitwise_across_two_signals(tmp_path: Path, case: str) -> None:
+    config, sets = CASES[case]
+    code, verdict, out = verify(tmp_path, config, *sets)
+    assert code == 0, out[-4000:]
+    assert verdict["identical"] and [r["step"] for r in verdict["resumes"]] == [8, 20], verdict
+    assert all(r["match"] for r in verdict["resumes"]) and verdict["reference_final_hash"] == verdict["run_final_hash"]
+    log = "\n".join(p.read_text() for p in (tmp_path / "verify").rglob("*.err"))
+    assert "cuda:0" in log, "the ranks did not report training on the GPU"
+
+
+FAULTS = {
+    "cuda-rng": (("chaos.skip_restore=[cuda]",), ("rng.cuda", "CUDA generator")),
+    "scaler": (("train.amp=true", "train.amp_dtype=float16", "chaos.skip_restore=[scaler]"), ("the scaler state is missing",)),
+    "model": (("chaos.skip_restore=[model]",), ("the model weights were not restored",)),
+}
+
+
+@pytest.mark.parametrize("fault", sorted(FAULTS))
+def test_planted_fault_on_cuda_is_named(tmp_path: Path, fault: str) -> None:
+    sets, needles = FAULTS[fault]
+    code, verdict, out = verify(tmp_path, TINY_GPT, *GLOO_2, *sets, interrupt_at="12")
+    assert code == 1, out[-4000:]
+    assert not verdict["identical"]
+    for needle in needles:
+        assert needle in verdict["cause"], verdict["cause"]
+
+
+def test_fast_mode_non_determinism_is_told_apart_from_a_resume_fault(tmp_path: Path) -> None:
+    """Fast mode lets CUDA pick non-deterministic kernels (the embedding's backward adds with atomics): verify either
+    proves the resume (the kernels happened to agree) or blames the computation, never the resume."""
+    code, verdict, out = verify(tmp_path, TINY_GPT, *NCCL_1, "determinism.mode=fast")
+    if code == 0:
+        assert verdict["identical"], verdict
+        return
+    assert code == 1, out[-4000:]
+    cause = verdict["cause"]
+    assert "non-deterministic" in cause or "before any resume" in cause, cause
+    assert "did not restore" not in cause, cause
+
+
+def test_environment_capture_on_a_gpu_machine_names_the_gpu_and_redacts_secrets(tmp_path: Path) -> None:
+    secrets = {"WANDB_API_KEY": "wandb-secret-0123456789abcdef", "HF_TOKEN": "hf_secretTOKENvalue0123456789", "MY_PASSWORD": "hunter2-long-secret"}
+    out = tmp_path / "capture"
+    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "repro", "capture", str(out)], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env=dict(os.environ, **secrets))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    text = "\n".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
+    assert "Driver Version" in text and torch.version.cuda in text and torch.cuda.get_device_name(0) in text
+    assert '"nccl": "' in text and '"cudnn": ' in text
+    for value in secrets.values():
+        assert value not in text
