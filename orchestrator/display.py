@@ -89,6 +89,7 @@ class LiveView:
             "requeued": lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
             "requeue_failed": lambda: f"{tag}could not requeue: {e['reason']}",
             "rank_lost": lambda: f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}",
+            "leftover_cancel": lambda: f"job {e['job_id']} still ran after the run failed; cancelled it",
             "lost_rank_cancel": lambda: f"job {e['job_id']} still ran {e['grace_s']:.0f}s after it lost a rank; cancelled it",
             "resubmitted": lambda: (
                 f"job {e['previous_job_id']} ended ({e['reason']}) without requeuing itself; resubmitted as job {e['job_id']}"

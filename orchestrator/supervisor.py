@@ -100,6 +100,7 @@ class Supervisor:
             session = self._report_new()
             code = session_exit_code(session)
             if code is not None:
+                self._cancel_leftover_job(session)
                 return code
             job_id = current_job(session)
             if job_id is None:
@@ -248,6 +249,19 @@ class Supervisor:
         self._preempted.add(key)
         handle.signal_tasks(parse_signal(self.cfg.slurm.signal), pids)
         self.ledger.append("preempt_sent", job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
+
+    def _cancel_leftover_job(self, session: list[dict]) -> None:
+        """A run that failed while its job still runs (rank 0 refused a setting during start-up while the other ranks
+        wait for it in a collective) would leave those ranks waiting until the collective timeout: cancel the job."""
+        job_id = current_job(session)
+        ends = [e["event"] for e in session if e["event"] in TERMINAL]
+        if job_id is None or ends[-1] != "failed":
+            return
+        handle = self._handle(job_id)
+        if not handle.state().active:
+            return
+        self.ledger.append("leftover_cancel", job_id=job_id)
+        handle.cancel()
 
     def _end_after_lost_rank(self, session: list[dict], handle: JobHandle) -> None:
         """A job attempt whose rank 0 recorded `rank_lost` has nothing left to do; one task hanging on its way out

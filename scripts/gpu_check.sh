@@ -5,9 +5,9 @@
 #
 #   scripts/gpu_check.sh [OUT_DIR]
 #
-# It uses the machine's own CUDA build of torch: $PYTHON (default python3) must import a torch that sees a GPU.
-# legato is installed into .venv-gpu, a virtual environment that sees that Python's packages, so no torch is
-# downloaded. Without network, put wheels of what is missing (submitit) in a folder and set PIP_FIND_LINKS to it.
+# It uses the machine's own CUDA build of torch: $PYTHON (default python3) must import a torch that sees a GPU,
+# and legato is installed (editable) into that Python's environment, so no torch is downloaded. Without network,
+# put wheels of what is missing (submitit) in a folder and set PIP_FIND_LINKS to it.
 # WORKERS (default 6) tests run at once on the one GPU; BENCH_MB (default "64 256 1024") sets the state sizes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -19,11 +19,11 @@ if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1
     echo "error: $PY has no torch that sees a CUDA device. Run this on a GPU machine, with PYTHON naming a Python whose torch is a CUDA build." >&2
     exit 2
 fi
-[ -x .venv-gpu/bin/python ] || "$PY" -m venv --system-site-packages .venv-gpu || exit 2
 pip_args=(--quiet --no-build-isolation)
 [ -n "${PIP_FIND_LINKS:-}" ] && pip_args+=(--no-index --find-links "$PIP_FIND_LINKS")
-.venv-gpu/bin/python -m pip install "${pip_args[@]}" -e . pytest pytest-xdist || exit 2
-PYBIN=.venv-gpu/bin/python
+"$PY" -m pip install "${pip_args[@]}" -e . || exit 2
+"$PY" -c 'import pytest, xdist' 2>/dev/null || "$PY" -m pip install "${pip_args[@]}" pytest pytest-xdist || exit 2
+PYBIN=$PY
 
 {
     date -u

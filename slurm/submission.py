@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,10 +22,13 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from legato.config import Config
 from legato.errors import UsageError
+from legato.launch_env import determinism_environ
 from legato.paths import RunPaths
+from legato.processes import run_command
 from legato.slurm.startmask import launcher
 
 NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" means a year
+GPU_LIST_TIMEOUT_S = 10
 
 
 def submit(cfg: Config, task: Callable[[], Any], exclude: tuple[str, ...] = ()) -> str:
@@ -54,12 +59,31 @@ def _python(cfg: Config) -> str:
 
 def _local_executor(cfg: Config, folder: Path) -> submitit.LocalExecutor:
     executor = submitit.LocalExecutor(folder=folder, python=_python(cfg))
+    gpus = visible_gpus()
     executor.update_parameters(
         tasks_per_node=cfg.local.tasks,
         timeout_min=cfg.local.timeout_min or NO_LIMIT_MIN,
         signal_delay_s=cfg.slurm.signal_lead_s,
+        gpus_per_node=len(gpus),
+        visible_gpus=gpus,
     )
     return executor
+
+
+def visible_gpus() -> tuple[int, ...]:
+    """The GPUs this process may use, by index: submitit's LocalExecutor sets CUDA_VISIBLE_DEVICES for its tasks
+    to exactly the GPUs it is given (none unless told), so the local job sees what the supervisor sees.
+
+    Read from CUDA_VISIBLE_DEVICES when set (indices only; submitit takes no UUIDs), else from `nvidia-smi -L`,
+    never from torch: the supervisor does not import it.
+    """
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return tuple(int(item) for item in visible.split(",") if item.strip().isdigit())
+    if shutil.which("nvidia-smi") is None:
+        return ()
+    listed = run_command(["nvidia-smi", "-L"], timeout=GPU_LIST_TIMEOUT_S)
+    return tuple(range(sum(line.startswith("GPU ") for line in (listed.output or "").splitlines())))
 
 
 def _slurm_executor(cfg: Config, folder: Path, exclude: tuple[str, ...]) -> submitit.SlurmExecutor:
@@ -75,7 +99,7 @@ def _slurm_executor(cfg: Config, folder: Path, exclude: tuple[str, ...]) -> subm
         "ntasks_per_node": s.tasks_per_node,
         "cpus_per_task": s.cpus_per_task,
         "job_name": cfg.run.name,
-        "setup": [f"export PYTHONHASHSEED={_hash_seed()}", *s.setup],
+        "setup": [*(f"export {name}={shlex.quote(value)}" for name, value in determinism_environ(os.environ).items()), *s.setup],
         # submitit writes its own --signal from a class attribute; ours wins, with the lead we were given.
         "additional_parameters": {"signal": f"{s.signal}@{s.signal_lead_s}", "requeue": True, **extra},
     }
@@ -90,15 +114,11 @@ def _slurm_executor(cfg: Config, folder: Path, exclude: tuple[str, ...]) -> subm
     return executor
 
 
-def _hash_seed() -> str:
-    return os.environ.get("PYTHONHASHSEED", "0")
-
-
 @contextlib.contextmanager
 def _job_environment(cfg: Config) -> Iterator[None]:
-    """The environment the job inherits: strict determinism needs a fixed hash seed, and the local
-    controller sends the configured stop signal at its time limit."""
-    wanted = {"PYTHONHASHSEED": _hash_seed(), "SUBMITIT_PREEMPT_SIGNAL": cfg.slurm.signal}
+    """The environment the job inherits: strict determinism needs a fixed hash seed and cuBLAS workspace, and the
+    local controller sends the configured stop signal at its time limit."""
+    wanted = {**determinism_environ(os.environ), "SUBMITIT_PREEMPT_SIGNAL": cfg.slurm.signal}
     saved = {k: os.environ.get(k) for k in wanted}
     os.environ.update(wanted)
     try:

@@ -8,12 +8,15 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
 from filelock import FileLock
 from test_supervisor import legato
+
+from legato.paths import RunPaths
 
 GOOD = TINY_GPT.read_text()
 
@@ -137,3 +140,30 @@ def test_local_launcher_refuses_cleanly(tmp_path: Path, case: str) -> None:
     assert_usage_error(proc, "is a file, not a directory" if case == "run_dir_is_a_file" else "binary or UTF-16")
     if case == "run_dir_is_a_file":
         assert (tmp_path / "taken").read_text() == "precious"
+
+
+def test_a_refusal_on_one_rank_ends_the_job_instead_of_leaving_the_others_waiting(tmp_path: Path) -> None:
+    """Rank 0 refuses a setting during start-up while rank 1 waits for it in a collective (as a strict-mode CUDA
+    setting once did on a GPU): the run ends with exit 2 and the supervisor cancels the job at once instead of
+    leaving rank 1 waiting for the collective timeout (an hour here)."""
+    (tmp_path / "one_refuses.py").write_text(
+        "import torch.distributed as dist\n"
+        "from legato.errors import UsageError\n\n\n"
+        "def main(ctx):\n"
+        "    if ctx.rank == 0:\n"
+        "        raise UsageError('planted: rank 0 refuses a setting.')\n"
+        "    dist.barrier()\n"
+    )
+    run_dir = tmp_path / "run"
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "run", str(TINY_GPT), "--set", f"run.dir={run_dir}",
+                           "--set", "train.entrypoint=one_refuses:main", "--set", "train.collective_timeout_s=3600"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "planted: rank 0 refuses a setting." in proc.stdout + proc.stderr
+    events = [json.loads(line)["event"] for line in RunPaths(run_dir).ledger.read_text().splitlines()]
+    assert "leftover_cancel" in events, events
+    deadline = time.monotonic() + 120
+    while subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True).returncode == 0:
+        assert time.monotonic() < deadline, "the job's ranks still run after the run failed"
+        time.sleep(1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import os
 import random
 
 import numpy as np
@@ -150,3 +151,32 @@ def test_port_depends_on_job_and_restart() -> None:
     assert port("100", 0) == port("100", 0)
     assert len({port("100", 0), port("100", 1), port("101", 0)}) == 3
     assert all(10000 <= port(str(j), r) < 30000 for j in range(50) for r in range(3))
+
+
+def test_local_jobs_are_given_the_gpus_the_supervisor_sees(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """submitit's LocalExecutor hides every GPU it is not handed. This machine has no GPU, so a stand-in `nvidia-smi`
+    lists two (the only fake here); CUDA_VISIBLE_DEVICES, when set, wins."""
+    from legato.slurm.submission import visible_gpus
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 (UUID: GPU-a)'\necho 'GPU 1: NVIDIA H100 (UUID: GPU-b)'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert visible_gpus() == (0, 1)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    assert visible_gpus() == (3,)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert visible_gpus() == ()
+
+
+def test_placement_refuses_what_the_machine_cannot_honour() -> None:
+    from legato.devices import resolve_placement
+
+    cpu = resolve_placement(load_config(None, ["train.backend=gloo"]).train, 1, 2)
+    assert (str(cpu.device), cpu.backend, cpu.amp_dtype) == ("cpu", "gloo", torch.bfloat16)
+    if torch.cuda.is_available():
+        pytest.skip("the refusals below are for a machine without CUDA")
+    for sets, words in ((["train.device=cuda"], "no usable CUDA device"), (["train.backend=nccl"], "NCCL moves CUDA tensors only")):
+        with pytest.raises(UsageError, match=words):
+            resolve_placement(load_config(None, sets).train, 0, 1)

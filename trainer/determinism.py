@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 from legato.errors import UsageError
+from legato.launch_env import CUBLAS_WORKSPACE
 
 log = logging.getLogger(__name__)
 
-CUBLAS_WORKSPACE = ":4096:8"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ from pathlib import Path
 from legato.config import load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.job import resolve_entrypoint
+from legato.launch_env import determinism_environ
 from legato.lifeline import LAUNCHER_PID
 from legato.manifest import check_tree
 from legato.paths import RunPaths
@@ -97,7 +98,7 @@ def _rank_command(config: Path, overrides: list[str]) -> list[str]:
 
 def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     env = dict(os.environ)
-    env.setdefault("PYTHONHASHSEED", "0")
+    env.update(determinism_environ(os.environ))
     env.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
