@@ -25,6 +25,8 @@ from conftest import ROOT, codes, manifest, model_state, run_ranks, trajectory
 pytestmark = pytest.mark.slow
 
 PORT = ROOT / "examples" / "port"
+# Global RNGs that nanoGPT and the DDP tutorial never seed (the ImageNet example seeds all three): see assert_same_run.
+UNSEEDED = ("rng.python", "rng.numpy")
 # The tutorial draws a batch each epoch only to print its size; the port reads it from the loader (see README).
 TUTORIAL_B_SZ = ("len(next(iter(self.train_data))[0])", "self.train_data.batch_size")
 
@@ -38,18 +40,24 @@ def result(out: Path, rank: int) -> dict:
     return json.loads((out / f"result_rank{rank}.json").read_text())
 
 
-def assert_same_run(reference: Path, resumed: Path, steps: int) -> None:
+def assert_same_run(reference: Path, resumed: Path, steps: int, unseeded: tuple[str, ...] = ()) -> None:
     """Same model tensors, same loss_hex at every step and the same digest of every component on every rank.
 
-    Except python's and numpy's global RNGs: these scripts never seed them (nor draw from them), so they
-    differ between any two processes, two plain runs included; legato restores them all the same.
+    `unseeded` names the global RNGs a script never seeds (nanoGPT and the DDP tutorial leave python's and
+    numpy's alone, as the originals do): they start from os.urandom in every process, two plain runs included,
+    so no run can match another there, and legato must not seed them for the user (`legato verify --command`
+    names them instead). The scripts never draw from them either, so the resumed run is checked against itself:
+    each attempt restored them, so every checkpoint holds the state the first attempt started with (an attempt
+    that kept its own fresh state would show it at its first checkpoint).
     """
-    unseeded = {"rng.python", "rng.numpy"}
     ref_model, res_model = model_state(reference, steps), model_state(resumed, steps)
     assert all(torch.equal(ref_model[k], res_model[k]) for k in ref_model) and ref_model.keys() == res_model.keys()
     for rank in range(2):
         ref, res = manifest(reference, steps)["ranks"][rank]["components"], manifest(resumed, steps)["ranks"][rank]["components"]
         assert {k: v for k, v in res.items() if k not in unseeded} == {k: v for k, v in ref.items() if k not in unseeded}
+        for name in unseeded:
+            kept = {manifest(resumed, int(d.name[5:]))["ranks"][rank]["components"][name] for d in (resumed / "checkpoints").glob("step_*")}
+            assert kept == {res[name]}, f"{name} on rank {rank} changed between the attempts' checkpoints"
         ref_traj, res_traj = trajectory(reference, rank), trajectory(resumed, rank)
         assert [r["step"] for r in res_traj] == list(range(1, steps + 1))
         assert [(r["loss_hex"], r["lr"], r["epoch"]) for r in res_traj] == [(r["loss_hex"], r["lr"], r["epoch"]) for r in ref_traj]
@@ -77,6 +85,7 @@ def run_port(
     plain_edit: tuple[str, str] | None = None,
     equal_args: tuple[str, ...] = (),
     attempt_args: tuple[tuple[str, ...], ...] = ((), (), ()),
+    unseeded: tuple[str, ...] = (),
 ) -> None:
     """`equal_args` for the plain-vs-port runs, `attempt_args` for each of the 3 attempts of the resumed run (its reference takes the first)."""
     plain, ported = PORT / f"{name}_plain.py", PORT / f"{name}_legato.py"
@@ -102,19 +111,19 @@ def run_port(
         voice = [line for line in later[0].stderr.splitlines() if line.startswith("legato: rank 0: resumed at step")]
         assert len(voice) == 1 and voice[0].startswith(f"legato: rank 0: resumed at step {step} ") and "verified" in voice[0], later[0].stderr[-3000:]
         assert "legato:" not in later[1].stderr
-    assert_same_run(reference, resumed, steps)
+    assert_same_run(reference, resumed, steps, unseeded)
     for rank in range(2):
         assert result(resumed, rank)["params"] == result(reference, rank)["params"]
 
 
 def test_nanogpt_style_loop_without_a_loader(tmp_path: Path) -> None:
     """Batches from get_batch() and the global RNG, one prefetched into the next step with session.carry()."""
-    run_port("nanogpt", tmp_path, "7,16", [8, 17], 25)
+    run_port("nanogpt", tmp_path, "7,16", [8, 17], 25, unseeded=UNSEEDED)
 
 
 def test_ddp_tutorial_trainer_with_its_own_distributed_sampler(tmp_path: Path) -> None:
     """The user's DataLoader(sampler=DistributedSampler), epochs and batches; stops mid-epoch and at an epoch's end (16 steps each)."""
-    run_port("ddp_tutorial", tmp_path, "5,31", [6, 32], 48, TUTORIAL_B_SZ)
+    run_port("ddp_tutorial", tmp_path, "5,31", [6, 32], 48, TUTORIAL_B_SZ, unseeded=UNSEEDED)
 
 
 def test_imagenet_style_epochs_with_worker_augmentation_validation_and_step_lr(tmp_path: Path) -> None:

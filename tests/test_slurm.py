@@ -9,14 +9,19 @@ from __future__ import annotations
 import json
 import os
 import random
+import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, manifest, run_trainer
+from test_port import PORT, UNSEEDED, assert_same_run, launch
 from test_supervisor import ledger, legato, status, wait_for
+
+from legato.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -162,3 +167,52 @@ def test_job_state_without_accounting_falls_back_and_never_stays_unknown(cluster
     finally:
         assert legato("devcluster", "up", timeout=300).returncode == 0
     assert subprocess.run(["sacct", "-n"], capture_output=True).returncode == 0
+
+
+SRUN_JOB = """#!/bin/bash
+#SBATCH --job-name=legato-srun --nodes=1 --ntasks=2 --cpus-per-task=1 --requeue --open-mode=append
+#SBATCH --output={out} --chdir={root}
+# One srun step per attempt: each task is one rank, its rank from what srun sets; exit 75 from every rank is
+# "stopped at a checkpoint, requeue me".
+export MASTER_ADDR=127.0.0.1 MASTER_PORT={port} PYTHONWARNINGS=ignore LEGATO_CHAOS_SIGNAL_AT=7 LEGATO_CHAOS_SIGNAL_RANK=1
+srun bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID exec "$@"' rank {python} {script} {run_dir}
+rc=$?
+echo "attempt ${{SLURM_RESTART_COUNT:-0}} exited $rc"
+if [ $rc -eq 75 ]; then exec scontrol requeue "$SLURM_JOB_ID"; fi
+exit $rc
+"""
+
+
+def test_srun_runs_a_user_script_that_stops_requeues_and_resumes_exactly(cluster, tmp_path: Path) -> None:
+    """The ported nanoGPT loop under `srun` (2 tasks, one node), its own sbatch script: a real SIGUSR2 after step 7
+    (planted, the rank sends it to itself), exit 75 from both ranks, `scontrol requeue`, the second run of the same
+    job resumes at step 8 and ends bit for bit where a run without a stop ends."""
+    run_dir, out = tmp_path / "run", tmp_path / "slurm.out"
+    run_dir.mkdir()
+    values = {"out": out, "root": ROOT, "python": sys.executable, "script": PORT / "nanogpt_legato.py", "run_dir": run_dir}
+    script = tmp_path / "job.sh"
+    script.write_text(SRUN_JOB.format(port=free_port(), **{k: shlex.quote(str(v)) for k, v in values.items()}))
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        reference = tmp_path / "reference"
+        assert [p.returncode for p in launch(PORT / "nanogpt_legato.py", reference)] == [0, 0]
+        show = _wait_finished(job_id, timeout=240)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    log = out.read_text()
+    assert "JobState=COMPLETED" in show and "Restarts=1" in show, show + log[-3000:]
+    assert "attempt 0 exited 75" in log and "attempt 1 exited 0" in log, log[-3000:]
+    resumed = [line for line in log.splitlines() if line.startswith("legato: rank 0: resumed at step")]
+    assert len(resumed) == 1 and resumed[0].startswith("legato: rank 0: resumed at step 8 ") and "verified" in resumed[0], log[-3000:]
+    assert_same_run(reference, run_dir, 25, UNSEEDED)
+
+
+def _wait_finished(job_id: str, timeout: float) -> str:
+    """`scontrol show job` once the job has ended for good (a requeued job passes through PENDING again)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        show = subprocess.run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True).stdout
+        if any(f"JobState={state}" in show for state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")):
+            return show
+        time.sleep(1)
+    raise AssertionError(f"job {job_id} did not finish in {timeout} s: {show}")

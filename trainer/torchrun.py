@@ -7,23 +7,59 @@ This runs torchrun itself (same arguments, same agent) and, when a rank
 exited 75 and every other failed rank exited 75 too or was ended by the
 agent's own SIGTERM (the agent ends the others as soon as one exits; a rank
 exits 75 only after the checkpoint is published on every rank), says so in
-one line and exits 75; anything else is torchrun's own outcome. It must never change what torchrun does to workers.
+one line and exits 75; anything else is torchrun's own outcome.
 
 One launch per attempt: run the same command again after a 75 (a loop in the
 job script, or the scheduler's requeue). `--max-restarts N` instead makes the
 agent restart the workers in place after a stop, which resumes them at once.
+In-place restarts need a rendezvous whose store does not outlive an attempt:
+torchrun's agent shares its TCP store with the workers, and the restarted
+workers' gloo then reads the previous attempt's addresses from it and fails
+with "Connection refused". So with `--max-restarts` > 0 this sets
+`TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (rank 0 of each attempt hosts a fresh
+store) and refuses the static rendezvous, which always shares it. Apart from
+that it must never change what torchrun does to workers.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
+import os
 import signal
 import sys
 
-from legato.errors import EXIT_OK, EXIT_STOPPED
+from legato.errors import EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.voice import say
 
 log = logging.getLogger(__name__)
+
+# torchrun's switch for dynamic rendezvous: "1" gives each attempt's workers their own store instead of the agent's.
+UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+
+
+def _static_rendezvous(args: argparse.Namespace) -> bool:
+    """Whether torchrun will use its static rendezvous (it switches a one-node launch without an address to c10d)."""
+    from torch.distributed.run import parse_min_max_nnodes
+
+    if args.standalone or args.rdzv_backend != "static":
+        return False
+    return bool(args.rdzv_endpoint) or args.master_port is not None or parse_min_max_nnodes(args.nnodes)[1] > 1
+
+
+def prepare_in_place_restarts(args: argparse.Namespace, environ: dict[str, str] | os._Environ) -> None:
+    """For `--max-restarts` > 0: refuse the static rendezvous, and give each attempt a store of its own."""
+    if args.max_restarts <= 0:
+        return
+    if _static_rendezvous(args):
+        raise UsageError(
+            f"--max-restarts {args.max_restarts} restarts the workers in place, but torchrun's static rendezvous "
+            "(what --master-port selects, and the default on several nodes) keeps one TCP store for every attempt, and the "
+            "restarted workers' gloo reads the previous attempt's addresses from it and fails with \"Connection refused\". "
+            "On one node drop --master-port (or add --standalone); on several nodes use --rdzv-backend c10d "
+            "--rdzv-endpoint HOST:PORT; or keep --max-restarts 0 and run the same command again after each exit 75."
+        )
+    environ[UNSHARED_STORE] = "1"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,6 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.run import parse_args, run
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        prepare_in_place_restarts(args, os.environ)
+    except UsageError as exc:
+        say(log, 0, "%s", exc)
+        return EXIT_USAGE
     try:
         run(args)
     except ChildFailedError as exc:
