@@ -139,10 +139,13 @@ def test_hard_kill_is_resubmitted_from_the_last_periodic_checkpoint(cluster, tmp
     assert data["final_global_hash"] == short_reference
 
 
-def test_requeue_budget_ends_a_job_that_keeps_hitting_its_limit(cluster, tmp_path: Path) -> None:
+def test_requeue_budget_ends_a_job_that_keeps_stopping(cluster, tmp_path: Path) -> None:
+    """Two real stop signals (rank 1 signals itself after steps 5 and 10) against a budget of one requeue: the first
+    stop requeues the job through SLURM, the second ends the run with the reason. The time-limit path to the same
+    budget rule is test_time_limit_requeues_one_job_until_done's; stops by signal keep this one short."""
     run_dir = tmp_path / "run"
-    # Enough steps that no machine finishes within two attempts of 60 to 90 s.
-    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", "slurm.max_requeues=1", "--set", "train.steps=30000", timeout=600)
+    sets = ("slurm.max_requeues=1", "train.steps=400", "checkpoint.agree_every_steps=1", "chaos.signal_rank=1", "chaos.signal_at_steps=[5, 10]")
+    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", *(a for item in sets for a in ("--set", item)), timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:]
     data = status(run_dir)
     assert data["state"] == "failed" and len(data["attempts"]) == 2
