@@ -105,6 +105,21 @@ def test_async_and_sync_checkpoints_hold_the_same_state_in_process(tmp_path: Pat
         assert background["ranks"] == sync["ranks"] and background.get("replay") == sync.get("replay")
 
 
+def test_the_writer_thread_runs_at_low_priority_and_the_training_thread_keeps_its_own(tmp_path: Path) -> None:
+    from legato.async_checkpoint import WRITER_NICE, AsyncCheckpointer
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = nice()
+    writer = AsyncCheckpointer(tmp_path, 0, 1, None, keep_last=1, kill=None)
+    try:
+        assert writer._executor.submit(nice).result(60) == max(before, WRITER_NICE)
+        assert nice() == before
+    finally:
+        writer.close()
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An uninterrupted synchronous run writing a checkpoint every 4 steps, all kept."""
