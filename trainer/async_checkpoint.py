@@ -4,8 +4,8 @@ At the agreed step every rank copies its state into a staging buffer that is
 allocated once and reused (`legato.replay.Snapshot`, the same mechanism as the
 replay base; the copy is the only blocking part) and hands it to one
 background thread (at the lowest CPU priority, so that on a busy machine the
-steps keep their cores and the write fills idle time), which computes the state digests on the staged copy (the
-one hash pass), writes and fsyncs its files into `<root>/.tmp_step_<N>/` and
+steps keep their cores and the write fills idle time), which computes the
+state digests on the staged copy (the one hash pass), writes and fsyncs its files into `<root>/.tmp_step_<N>/` and
 last writes its report (`.report_rank<R>.json`, fsynced). Whether every rank's
 files are durable is agreed through the stop agreement's non-blocking
 all-reduce (legato.stop), so no step waits for it; once all are, rank 0 builds
