@@ -4,7 +4,8 @@ In-process (one rank, no group): a checkpoint in flight is never selectable,
 never counted in keep_last, never lets pruning remove the newest verified one,
 and one due meanwhile waits for it and says so. The background writer is held
 back with an event so that "in flight" is a state the test controls, not a
-race it hopes to win. Real processes (2 ranks, gloo, real signals): an
+race it hopes to win. The writer thread runs at nice 19 while the training
+thread keeps its priority. Real processes (2 ranks, gloo, real signals): an
 asynchronous run stopped by a signal resumes bit for bit, its checkpoints hold
 exactly the states a synchronous run writes at the same steps, and a SIGKILL
 during a background write (every rank inside the writer, or one rank from
