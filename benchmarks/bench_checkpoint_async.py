@@ -9,7 +9,9 @@ For every size, rounds of each variant alternate and the median is printed:
   commit); legato sync (digest pass + barrier checkpoint);
 - torch.save + fsync; DCP save; DCP async_save (blocking part and total);
 - raw sequential write + fsync of the same number of bytes (the disk's floor);
-- the per-step cost of a small training loop while an async write is in flight;
+- the per-step cost of a small training loop while an async write is in flight, with the other core
+  idle and with it kept busy by a spinning process (two ranks on two cores, or a busy node: the
+  writer thread then competes with the steps for CPU, and its low priority decides who waits);
 - restore: legato (verify files, load, digest) vs torch.load;
 - peak extra memory (RSS sampled every millisecond) of legato async and DCP async_save;
 - hash throughput per core: XXH3-128, SHA-256 and (when the blake3 package is installed) BLAKE3 on one
@@ -29,6 +31,8 @@ import hashlib
 import os
 import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -164,6 +168,17 @@ def step_cost(writer: AsyncCheckpointer, state: dict, step: int, device: torch.d
     return idle, (busy / count if count else idle)
 
 
+def step_cost_busy(writer: AsyncCheckpointer, state: dict, step: int) -> tuple[float, float]:
+    """`step_cost` while another process spins on a core (stopped by its pid afterwards)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.2)
+        return step_cost(writer, state, step)
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
 def hash_speeds(size: int = 256 * 2**20) -> dict[str, float]:
     data = torch.randint(0, 255, (size,), dtype=torch.uint8)
     buf = memoryview(data.numpy())
@@ -219,6 +234,8 @@ def bench_size(megabytes: int, directory: Path, rounds: int, device: torch.devic
         results["DCP async_save: blocking"], results["DCP async_save: total"] = blocking, total
         idle, busy = step_cost(writer, state, 1000 + r, device)
         results["step, idle"], results["step, async write in flight"] = idle, busy
+        idle, busy = step_cost_busy(writer, state, 2000 + r)
+        results["step, other core busy, idle"], results["step, other core busy, write in flight"] = idle, busy
         published = sorted((directory / "legato_async").glob("step_*"))[-1]
         results["restore: legato (verify + load + digest)"] = timed(_legato_restore, published)
         results["restore: torch.load"] = timed(torch.load, directory / "ts.pt", weights_only=True)
@@ -280,7 +297,8 @@ def main() -> None:
             f"{r['legato async: blocking'] / r['legato sync (barrier checkpoint)']:.3f}; sync / torch.save+fsync "
             f"{r['legato sync (barrier checkpoint)'] / r['torch.save + fsync']:.2f}; async total / raw write+fsync "
             f"{r['legato async: total'] / r['raw write + fsync']:.2f}; step slowdown while writing "
-            f"{r['step, async write in flight'] / r['step, idle']:.2f}x; peak extra memory / state: {mem}"
+            f"{r['step, async write in flight'] / r['step, idle']:.2f}x (other core busy: "
+            f"{r['step, other core busy, write in flight'] / r['step, other core busy, idle']:.2f}x); peak extra memory / state: {mem}"
         )
         # What a checkpoint costs the training: sync blocks for all of it; async blocks for the copy, and the
         # steps that run during the background write are slower (both share the cores).

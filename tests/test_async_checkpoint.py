@@ -4,7 +4,8 @@ In-process (one rank, no group): a checkpoint in flight is never selectable,
 never counted in keep_last, never lets pruning remove the newest verified one,
 and one due meanwhile waits for it and says so. The background writer is held
 back with an event so that "in flight" is a state the test controls, not a
-race it hopes to win. Real processes (2 ranks, gloo, real signals): an
+race it hopes to win. The writer thread runs at nice 19 while the training
+thread keeps its priority. Real processes (2 ranks, gloo, real signals): an
 asynchronous run stopped by a signal resumes bit for bit, its checkpoints hold
 exactly the states a synchronous run writes at the same steps, and a SIGKILL
 during a background write (every rank inside the writer, or one rank from
@@ -103,6 +104,21 @@ def test_async_and_sync_checkpoints_hold_the_same_state_in_process(tmp_path: Pat
         sync, background = runs[False][name], runs[True][name]
         assert background["global_hash"] == sync["global_hash"]
         assert background["ranks"] == sync["ranks"] and background.get("replay") == sync.get("replay")
+
+
+def test_the_writer_thread_runs_at_low_priority_and_the_training_thread_keeps_its_own(tmp_path: Path) -> None:
+    from legato.async_checkpoint import WRITER_NICE, AsyncCheckpointer
+
+    def nice() -> int:
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    before = nice()
+    writer = AsyncCheckpointer(tmp_path, 0, 1, None, keep_last=1, kill=None)
+    try:
+        assert writer._executor.submit(nice).result(60) == max(before, WRITER_NICE)
+        assert nice() == before
+    finally:
+        writer.close()
 
 
 @pytest.fixture(scope="module")
