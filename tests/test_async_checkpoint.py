@@ -106,6 +106,16 @@ def test_async_and_sync_checkpoints_hold_the_same_state_in_process(tmp_path: Pat
         assert background["ranks"] == sync["ranks"] and background.get("replay") == sync.get("replay")
 
 
+def test_unset_async_is_off_for_a_model_on_the_cpu(tmp_path: Path) -> None:
+    """The default (async_ None) follows where the model lives: on for a GPU (tests/test_cuda.py proves that run), off
+    here, where the two measured a tie; an explicit True still switches it on."""
+    unset = legato.CheckpointPolicy(every_steps=3, hash_every_steps=1, agree_every_steps=1, replay_steps=0)
+    assert unset.async_ is None
+    assert small_run(tmp_path / "unset", 3, unset)._async is None
+    on = legato.CheckpointPolicy(every_steps=3, hash_every_steps=1, agree_every_steps=1, replay_steps=0, async_=True)
+    assert small_run(tmp_path / "on", 3, on)._async is not None
+
+
 def test_the_writer_thread_runs_at_low_priority_and_the_training_thread_keeps_its_own(tmp_path: Path) -> None:
     from legato.async_checkpoint import WRITER_NICE, AsyncCheckpointer
 

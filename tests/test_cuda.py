@@ -52,6 +52,8 @@ CASES = {
     "gpt-bf16-autocast": (TINY_GPT, (*GLOO_2, "train.amp=true", "train.amp_dtype=bfloat16")),
     "gpt-fp16-gradscaler": (TINY_GPT, (*NCCL_1, "train.amp=true", "train.amp_dtype=float16")),
     "gpt-loader-workers": (TINY_GPT, (*GLOO_2, "train.num_workers=2")),
+    # checkpoint.async unset: on for a model on a GPU, so the periodic checkpoints are written in the background.
+    "gpt-async-by-default": (TINY_GPT, (*GLOO_2, "checkpoint.every_steps=5")),
 }
 
 
@@ -63,7 +65,9 @@ def test_strict_cuda_run_resumes_bitwise_across_two_signals(tmp_path: Path, case
     assert verdict["identical"] and [r["step"] for r in verdict["resumes"]] == [8, 20], verdict
     assert all(r["match"] for r in verdict["resumes"]) and verdict["reference_final_hash"] == verdict["run_final_hash"]
     log = "\n".join(p.read_text() for p in (tmp_path / "verify").rglob("*.err"))
-    assert "cuda:0" in log, "the ranks did not report training on the GPU"
+    assert "trains on cuda:0" in log, "the ranks did not report training on the GPU"
+    if case == "gpt-async-by-default":
+        assert "asynchronous checkpoint step 5 committed" in log, "the periodic checkpoints were not written in the background"
 
 
 FAULTS = {

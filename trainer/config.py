@@ -101,9 +101,6 @@ class TrainSection:
     options: dict = _opt({}, doc="settings passed through to the task or entrypoint")
 
 
-ASYNC_DEFAULT = False  # see README, Asynchronous checkpoints: measured on this machine
-
-
 @dataclass
 class CheckpointSection:
     every_steps: int = _opt(0, minimum=0, maximum=STEPS_MAX, doc="periodic checkpoint every N steps, 0 for off")
@@ -113,7 +110,9 @@ class CheckpointSection:
     hash_every_steps: int = _opt(10, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps")
     agree_every_steps: int = _opt(0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a second apart")
     replay_steps: int = _opt(32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and compares; 0 for off")
-    async_: bool = _opt(ASYNC_DEFAULT, key="async", doc="periodic checkpoints copy the state and write it in the background; stop and final ones stay synchronous")
+    async_: bool | None = _opt(
+        None, key="async", doc="periodic checkpoints copy the state and write it in the background; unset: on when the model is on a GPU"
+    )
 
 
 @dataclass

@@ -45,7 +45,6 @@ from legato import components as table
 from legato import loaders, replay, rng
 from legato.async_checkpoint import AsyncCheckpointer, Job
 from legato.components import Component
-from legato.config import ASYNC_DEFAULT
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.hashing import Digests, global_hash, rank_hash
 from legato.manifest import check_compatible, list_checkpoints, newest_valid
@@ -74,7 +73,10 @@ class CheckpointPolicy:
     hash_every_steps: int = 10
     agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
     replay_steps: int = 32  # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
-    async_: bool = ASYNC_DEFAULT  # periodic checkpoints written in the background (legato.async_checkpoint)
+    # Periodic checkpoints written in the background (legato.async_checkpoint). None: on when the model lives on a
+    # GPU, where the device-to-pinned-host copy blocks about 0.01x a synchronous write (docs/gpu.md), off on the CPU,
+    # where the two measured a tie end to end (docs/benchmarks.md) and the copy would only cost host memory.
+    async_: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -222,7 +224,7 @@ class Session:
         self._batch_fingerprint: str | None = None
         self._replay: replay.ReplayCheck | None = None
         self._resuming: tuple[Path, dict] | None = None
-        self._async = AsyncCheckpointer(self.checkpoint_root, self.rank, self.world_size, self.group, checkpoint.keep_last, self.chaos.kill) if checkpoint.async_ else None
+        self._async = AsyncCheckpointer(self.checkpoint_root, self.rank, self.world_size, self.group, checkpoint.keep_last, self.chaos.kill) if _async_wanted(checkpoint, model) else None
         self._begun = False
         self._epoch_mode = False
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
@@ -805,6 +807,12 @@ class _DataPosition:
             s.epoch, s.step_in_epoch = state["epoch"], state["step_in_epoch"]
             return
         s.epoch, s.step_in_epoch = s.source.load_state_dict(state)
+
+
+def _async_wanted(policy: CheckpointPolicy, model: torch.nn.Module) -> bool:
+    if policy.async_ is not None:
+        return policy.async_
+    return any(p.is_cuda for p in model.parameters())
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
