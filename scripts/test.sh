@@ -3,6 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# Two workers: most end-to-end tests wait on processes, signals and the scheduler, not on the CPU.
-# conftest.py keeps each module, and all SLURM tests, on one worker.
-exec .venv/bin/python -m pytest -q -n "${LEGATO_TEST_WORKERS:-2}" --dist loadgroup --durations=30 "$@"
+# Three workers on two cores: most end-to-end tests wait on processes, signals and the scheduler, not on the
+# CPU (a full run with two workers kept the cores 62% busy). conftest.py keeps each module, and all SLURM
+# tests, on one worker.
+exec .venv/bin/python -m pytest -q -n "${LEGATO_TEST_WORKERS:-3}" --dist loadgroup --durations=30 "$@"
