@@ -10,6 +10,7 @@ shell command from config strings.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import shlex
 import shutil
@@ -26,6 +27,8 @@ from legato.launch_env import determinism_environ
 from legato.paths import RunPaths
 from legato.processes import run_command
 from legato.slurm.startmask import launcher
+
+log = logging.getLogger(__name__)
 
 NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" means a year
 GPU_LIST_TIMEOUT_S = 10
@@ -79,7 +82,11 @@ def visible_gpus() -> tuple[int, ...]:
     """
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
-        return tuple(int(item) for item in visible.split(",") if item.strip().isdigit())
+        names = [item.strip() for item in visible.split(",") if item.strip()]
+        if not all(name.isdigit() for name in names):
+            log.warning("CUDA_VISIBLE_DEVICES=%s names GPUs by UUID; submitit's local executor takes indices only, so the "
+                        "local job sees only the indexed ones. Name the GPUs by index to train on all of them.", visible)
+        return tuple(int(name) for name in names if name.isdigit())
     if shutil.which("nvidia-smi") is None:
         return ()
     listed = run_command(["nvidia-smi", "-L"], timeout=GPU_LIST_TIMEOUT_S)

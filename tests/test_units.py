@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import random
 
@@ -153,7 +154,7 @@ def test_port_depends_on_job_and_restart() -> None:
     assert all(10000 <= port(str(j), r) < 30000 for j in range(50) for r in range(3))
 
 
-def test_local_jobs_are_given_the_gpus_the_supervisor_sees(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_jobs_are_given_the_gpus_the_supervisor_sees(tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """submitit's LocalExecutor hides every GPU it is not handed. This machine has no GPU, so a stand-in `nvidia-smi`
     lists two (the only fake here); CUDA_VISIBLE_DEVICES, when set, wins."""
     from legato.slurm.submission import visible_gpus
@@ -168,6 +169,10 @@ def test_local_jobs_are_given_the_gpus_the_supervisor_sees(tmp_path, monkeypatch
     assert visible_gpus() == (3,)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert visible_gpus() == ()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-61f49e3f,2")
+    with caplog.at_level(logging.WARNING, logger="legato"):
+        assert visible_gpus() == (2,)
+    assert "names GPUs by UUID" in caplog.text
 
 
 def test_placement_refuses_what_the_machine_cannot_honour() -> None:
