@@ -43,12 +43,12 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import xxhash
 
-from legato import checkpoint as ckpt
-from legato.async_checkpoint import AsyncCheckpointer, Job
-from legato.hashing import Digests, digest, rank_hash
-from legato.launch import free_port
-from legato.manifest import read_manifest
-from legato.replay import Snapshot
+from legato.runtime.launch import free_port
+from legato.session.replay import Snapshot
+from legato.state.hashing import Digests, digest, rank_hash
+from legato.store import checkpoint as ckpt
+from legato.store.async_checkpoint import AsyncCheckpointer, Job
+from legato.store.manifest import read_manifest
 
 try:  # only for the comparison row; legato itself uses XXH3-128
     import blake3

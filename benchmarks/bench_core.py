@@ -31,11 +31,11 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from legato import checkpoint as ckpt
-from legato.hashing import digest, rank_hash
-from legato.launch import free_port
-from legato.session import CheckpointPolicy, Session, resumable_loader
-from legato.stop import StopAgreement
+from legato.dist.stop import StopAgreement
+from legato.runtime.launch import free_port
+from legato.session.session import CheckpointPolicy, Session, resumable_loader
+from legato.state.hashing import digest, rank_hash
+from legato.store import checkpoint as ckpt
 
 
 def _model() -> torch.nn.Module:

@@ -27,8 +27,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from legato.launch import free_port
-from legato.reduction import pin_bucket_layout
+from legato.dist.reduction import pin_bucket_layout
+from legato.runtime.launch import free_port
 
 VARIANTS = ("plain (control)", "pinned")
 

@@ -30,9 +30,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from legato import components as table
-from legato.replay import Snapshot, batch_tensors, fingerprint, step_record
-from legato.session import Chaos, CheckpointPolicy, Session, resumable_loader
+from legato.session.replay import Snapshot, batch_tensors, fingerprint, step_record
+from legato.session.session import Chaos, CheckpointPolicy, Session, resumable_loader
+from legato.state import components as table
 
 KS = (2, 4, 8, 16)
 

@@ -238,7 +238,7 @@ def _check_entrypoint(cfg: Config) -> None:
     """Import the user's entrypoint here, so a missing module or a wrong signature is refused before anything is submitted."""
     if cfg.train.entrypoint is None:
         return
-    from legato.job import resolve_entrypoint
+    from legato.runtime.job import resolve_entrypoint
 
     resolve_entrypoint(cfg)
 

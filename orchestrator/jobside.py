@@ -36,15 +36,15 @@ import submitit
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
 from legato.files import write_atomic
-from legato.lifeline import die_with_parent
-from legato.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.repro import CaptureRequest, capture
 from legato.paths import RunPaths
-from legato.rank_env import RankEnv
+from legato.runtime.lifeline import die_with_parent
+from legato.runtime.rank_env import RankEnv
+from legato.runtime.threads import resolve_threads
 from legato.slurm.jobs import requeue
-from legato.threads import resolve_threads
+from legato.store.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class TrainTask:
     command: tuple[str, ...] = ()  # the (redacted) command line that started the run
 
     def __call__(self) -> dict:
-        from legato.job import run_rank  # the job trains; the supervisor that pickles this task never imports torch
+        from legato.runtime.job import run_rank  # the job trains; the supervisor that pickles this task never imports torch
 
         cfg = load_config(self.config_path)
         _take_signals(cfg)
@@ -218,7 +218,7 @@ def _code_paths(cfg: Config) -> tuple[Path, ...]:
 def _take_signals(cfg: Config) -> None:
     """Undo submitit's job-side handlers (its stop handler must not run the show, and SIGTERM should end a task),
     and take the stop signals: a stop signal held since the task started is remembered from here on."""
-    from legato.stop import StopFlag, parse_signal, stop_signals  # torch: the supervisor imports this module too
+    from legato.dist.stop import StopFlag, parse_signal, stop_signals  # torch: the supervisor imports this module too
 
     stops = tuple(parse_signal(name) for name in stop_signals(cfg.slurm.signal, cfg.slurm.handle_sigterm))
     submitit_signal = submitit.JobEnvironment._usr_sig()

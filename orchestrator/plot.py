@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from legato.paths import RunPaths
-from legato.trajectory import read_trajectory
+from legato.store.trajectory import read_trajectory
 
 
 def losses(run_dir: Path, rank: int = 0) -> tuple[list[int], list[float]]:

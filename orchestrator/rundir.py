@@ -20,13 +20,13 @@ from pathlib import Path
 import yaml
 from filelock import FileLock, Timeout
 
-from legato import manifest
 from legato.config import Config, config_from_dict, load_config, training_identity, training_settings
 from legato.errors import UsageError
 from legato.files import write_atomic
 from legato.orchestrator.redact import Redactor
 from legato.paths import RunPaths
-from legato.threads import resolve_threads
+from legato.runtime.threads import resolve_threads
+from legato.store import manifest
 from legato.treediff import changed_leaves
 
 
@@ -134,7 +134,7 @@ def _check_checkpoints(cfg: Config) -> None:
 
 
 def expected_threads(cfg: Config) -> int:
-    """The torch thread count each rank of this config's job will use (the rule of `legato.threads`)."""
+    """The torch thread count each rank of this config's job will use (the rule of `legato.runtime.threads`)."""
     if cfg.executor == "slurm":
         # Submission always passes --cpus-per-task, so SLURM sets SLURM_CPUS_PER_TASK in the job.
         return resolve_threads(cfg.determinism.threads, cfg.slurm.tasks_per_node, {"SLURM_CPUS_PER_TASK": str(cfg.slurm.cpus_per_task)}).count

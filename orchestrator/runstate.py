@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from legato.manifest import list_checkpoints, read_manifest_file
 from legato.paths import RunPaths
+from legato.store.manifest import list_checkpoints, read_manifest_file
 
 
 def final_manifest(run_dir: Path) -> dict | None:

@@ -30,7 +30,7 @@ from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import TERMINAL, current_job, current_session, read_progress
-from legato.signals import parse_signal
+from legato.runtime.signals import parse_signal
 from legato.slurm.jobs import JobHandle, JobState, failed_nodes
 from legato.slurm.submission import submit
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 from legato.config import KEEP_LAST_MAX, Config, config_from_dict
 from legato.errors import UsageError
-from legato.manifest import checkpoint_step, list_checkpoints, newest_valid, read_manifest_file
 from legato.orchestrator.ledger import Ledger
 from legato.paths import RunPaths
-from legato.trajectory import read_trajectory
+from legato.store.manifest import checkpoint_step, list_checkpoints, newest_valid, read_manifest_file
+from legato.store.trajectory import read_trajectory
 
 RNG_WORDS = {"rng.python": "python's", "rng.numpy": "numpy's", "rng.torch": "torch's CPU", "rng.gen.loader": "the data loader's"}
 

@@ -23,8 +23,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from legato import processes
 from legato.errors import UsageError
+from legato.runtime import processes
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from legato import processes
+from legato.runtime import processes
 
 UNKNOWN_GRACE_S = 120.0
 REQUEUE_TIMEOUT_S = 60.0

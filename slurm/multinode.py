@@ -29,8 +29,8 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from legato import processes
 from legato.errors import UsageError
+from legato.runtime import processes
 from legato.slurm import netns
 from legato.slurm.devcluster import PARTITION, Daemon, Settings, _install, _node_line, _stop
 

@@ -22,8 +22,8 @@ import ipaddress
 import logging
 from pathlib import Path
 
-from legato import processes
 from legato.errors import UsageError
+from legato.runtime import processes
 
 log = logging.getLogger(__name__)
 

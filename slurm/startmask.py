@@ -7,7 +7,7 @@ the process. A blocked signal stays pending, and the signal mask survives
 exec, so submitit starts each task as `python -I -S startmask.py SIGNUMS`
 followed by its own arguments: this script blocks SIGNUMS and execs the real
 interpreter. The trainer's stop handler unblocks them once it is installed
-(`legato.stop.StopFlag.install`), and a signal held since start-up is
+(`legato.dist.stop.StopFlag.install`), and a signal held since start-up is
 delivered to it then. The script imports only builtins (it runs under -S)
 and never does anything but block and exec.
 """

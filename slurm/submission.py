@@ -23,9 +23,9 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 
 from legato.config import Config
 from legato.errors import UsageError
-from legato.launch_env import determinism_environ
 from legato.paths import RunPaths
-from legato.processes import run_command
+from legato.runtime.launch_env import determinism_environ
+from legato.runtime.processes import run_command
 from legato.slurm.startmask import launcher
 
 log = logging.getLogger(__name__)

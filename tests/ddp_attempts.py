@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from legato.reduction import pin_bucket_layout
+from legato.dist.reduction import pin_bucket_layout
 
 STEPS, CUT = 4, 2
 

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
 import legato
-from legato import checkpoint as ckpt
-from legato.manifest import list_checkpoints, newest_valid, read_manifest
+from legato.store import checkpoint as ckpt
+from legato.store.manifest import list_checkpoints, newest_valid, read_manifest
 
 STEPS = 30
 ASYNC = ("checkpoint.async=true", "checkpoint.every_steps=4", "checkpoint.keep_last=100")
@@ -117,7 +117,7 @@ def test_unset_async_is_off_for_a_model_on_the_cpu(tmp_path: Path) -> None:
 
 
 def test_the_writer_thread_runs_at_low_priority_and_the_training_thread_keeps_its_own(tmp_path: Path) -> None:
-    from legato.async_checkpoint import WRITER_NICE, AsyncCheckpointer
+    from legato.store.async_checkpoint import WRITER_NICE, AsyncCheckpointer
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

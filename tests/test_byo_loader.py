@@ -146,7 +146,7 @@ def test_rng_objects_are_extras_as_they_are_and_restore_exactly(tmp_path: Path) 
 
     import numpy as np
 
-    from legato.owned import as_stateful
+    from legato.state.owned import as_stateful
 
     for obj, draw in ((torch.Generator().manual_seed(1), lambda g: torch.rand(3, generator=g).tolist()),
                       (np.random.default_rng(2), lambda g: g.normal(size=3).tolist()),
@@ -243,7 +243,7 @@ def test_a_random_sampler_seeded_from_the_global_rng_keeps_its_order_and_resumes
 
 
 def test_worker_seeding_wraps_the_users_worker_init_fn_and_can_be_switched_off(tmp_path: Path) -> None:
-    from legato.worker_rng import SeedPerSample
+    from legato.state.worker_rng import SeedPerSample
 
     def mine(worker_id: int) -> None:
         pass
@@ -274,8 +274,8 @@ class _GlobalAugment(torch.utils.data.Dataset):
 
 def test_per_sample_seeding_makes_a_samples_randomness_independent_of_load_order() -> None:
     """What a worker does to its dataset copy, done here in-process (the global RNGs are put back afterwards)."""
-    from legato import rng
-    from legato.worker_rng import _reseeding
+    from legato.state import rng
+    from legato.state.worker_rng import _reseeding
 
     saved = rng.capture()
     try:

@@ -1,8 +1,8 @@
 """In-process tests of checkpoint files: one hash pass guards both the state and the bytes.
 
 The state digests and the file hashes come from one pass over the tensor
-bytes (legato.hashing.Digests); a reader checks a file from its bytes alone
-(legato.manifest). Every flipped byte, wherever it lands, is caught and named.
+bytes (legato.state.hashing.Digests); a reader checks a file from its bytes alone
+(legato.store.manifest). Every flipped byte, wherever it lands, is caught and named.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from legato import checkpoint as ckpt
-from legato import manifest as manifests
-from legato.hashing import Digests, digest
+from legato.state.hashing import Digests, digest
+from legato.store import checkpoint as ckpt
+from legato.store import manifest as manifests
 
 
 def state() -> dict:

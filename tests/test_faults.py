@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
-from legato.manifest import manifest_checksum
+from legato.store.manifest import manifest_checksum
 
 STEPS = 30
 

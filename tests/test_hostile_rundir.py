@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
 
-from legato import checkpoint as ckpt
-from legato import manifest as manifests
 from legato.errors import UsageError
+from legato.store import checkpoint as ckpt
+from legato.store import manifest as manifests
 
 STRACE = shutil.which("strace")
 TRACED = "trace=open,openat,openat2,creat,mkdir,mkdirat,rename,renameat,renameat2,unlink,unlinkat,rmdir,link,linkat,symlink,symlinkat,truncate"

@@ -32,7 +32,7 @@ def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("legato-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"legato", wheel.name.split("-py")[0] + ".dist-info"}
-    assert {"legato/session.py", "legato/orchestrator/cli.py", "legato/slurm/devcluster.py", "legato/tasks/tiny_gpt.py"} <= set(names)
+    assert {"legato/session/session.py", "legato/orchestrator/cli.py", "legato/slurm/devcluster.py", "legato/tasks/tiny_gpt.py"} <= set(names)
 
 
 @pytest.mark.parametrize(

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, assert_bitwise_equal
 
-from legato.launch import free_port
+from legato.runtime.launch import free_port
 
 EXAMPLE = ROOT / "examples" / "own_loop.py"
 

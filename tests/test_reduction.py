@@ -18,7 +18,7 @@ import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, run_trainer
 from test_verify import verify
 
-from legato.launch import free_port
+from legato.runtime.launch import free_port
 
 pytestmark = pytest.mark.slow
 

@@ -21,7 +21,7 @@ from conftest import ROOT, manifest, run_trainer
 from test_port import PORT, UNSEEDED, assert_same_run, launch
 from test_supervisor import ledger, legato, status, wait_for
 
-from legato.launch import free_port
+from legato.runtime.launch import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 

@@ -11,8 +11,8 @@ import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, manifest
 
 from legato.errors import UsageError
-from legato.manifest import check_compatible
-from legato.threads import resolve_threads
+from legato.runtime.threads import resolve_threads
+from legato.store.manifest import check_compatible
 
 
 def test_thread_count_comes_from_config_then_slurm_then_affinity() -> None:

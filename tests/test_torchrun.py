@@ -23,7 +23,7 @@ import pytest
 from conftest import ROOT
 from test_port import UNSEEDED, assert_same_run
 
-from legato.launch import free_port
+from legato.runtime.launch import free_port
 
 pytestmark = pytest.mark.slow
 

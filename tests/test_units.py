@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from legato import rng
 from legato.config import load_config
-from legato.determinism import seed_everything
 from legato.errors import UsageError
-from legato.hashing import digest, global_hash, rank_hash
-from legato.sampler import ResumableDistributedSampler, sample_generator
+from legato.state import rng
+from legato.state.determinism import seed_everything
+from legato.state.hashing import digest, global_hash, rank_hash
+from legato.state.sampler import ResumableDistributedSampler, sample_generator
 
 
 def test_digest_sees_every_bit_and_dtype() -> None:
@@ -128,7 +128,7 @@ def test_signal_caught_before_the_session_counts_for_the_session() -> None:
     import os
     import signal
 
-    from legato.stop import StopFlag
+    from legato.dist.stop import StopFlag
 
     early = StopFlag((signal.SIGUSR2,))
     early.install()
@@ -176,7 +176,7 @@ def test_local_jobs_are_given_the_gpus_the_supervisor_sees(tmp_path, monkeypatch
 
 
 def test_placement_refuses_what_the_machine_cannot_honour() -> None:
-    from legato.devices import resolve_placement
+    from legato.runtime.devices import resolve_placement
 
     cpu = resolve_placement(load_config(None, ["train.backend=gloo"]).train, 1, 2)
     assert (str(cpu.device), cpu.backend, cpu.amp_dtype) == ("cpu", "gloo", torch.bfloat16)

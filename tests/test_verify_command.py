@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from legato.launch import free_port
+from legato.runtime.launch import free_port
 
 PORT = ROOT / "examples" / "port"
 

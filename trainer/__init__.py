@@ -23,17 +23,17 @@ from typing import TYPE_CHECKING, Any
 from legato.errors import EXIT_OK, EXIT_STOPPED, EXIT_USAGE, ResumeMismatchError, UsageError
 
 _LAZY = {
-    "RunContext": "legato.context",
-    "Seeds": "legato.determinism",
-    "derive_seed": "legato.determinism",
-    "seed_everything": "legato.determinism",
-    "ResumableDistributedSampler": "legato.sampler",
-    "sample_generator": "legato.sampler",
-    "Chaos": "legato.session",
-    "CheckpointPolicy": "legato.session",
-    "Session": "legato.session",
-    "StopPolicy": "legato.session",
-    "resumable_loader": "legato.session",
+    "RunContext": "legato.runtime.context",
+    "Seeds": "legato.state.determinism",
+    "derive_seed": "legato.state.determinism",
+    "seed_everything": "legato.state.determinism",
+    "ResumableDistributedSampler": "legato.state.sampler",
+    "sample_generator": "legato.state.sampler",
+    "Chaos": "legato.session.session",
+    "CheckpointPolicy": "legato.session.session",
+    "Session": "legato.session.session",
+    "StopPolicy": "legato.session.session",
+    "resumable_loader": "legato.session.session",
 }
 
 __all__ = [
@@ -56,10 +56,10 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from legato.context import RunContext
-    from legato.determinism import Seeds, derive_seed, seed_everything
-    from legato.sampler import ResumableDistributedSampler, sample_generator
-    from legato.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
+    from legato.runtime.context import RunContext
+    from legato.session.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
+    from legato.state.determinism import Seeds, derive_seed, seed_everything
+    from legato.state.sampler import ResumableDistributedSampler, sample_generator
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,5 @@
 import sys
 
-from legato.launch import main
+from legato.runtime.launch import main
 
 sys.exit(main())

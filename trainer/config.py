@@ -25,7 +25,7 @@ from typing import Any
 
 from legato import safeyaml
 from legato.errors import UsageError
-from legato.signals import normalize_signal
+from legato.runtime.signals import normalize_signal
 
 
 def _opt(default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = "") -> Any:

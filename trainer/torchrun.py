@@ -30,7 +30,7 @@ import signal
 import sys
 
 from legato.errors import EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
-from legato.voice import say
+from legato.session.voice import say
 
 log = logging.getLogger(__name__)
 

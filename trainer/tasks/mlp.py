@@ -13,7 +13,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from legato.sampler import sample_generator
+from legato.state.sampler import sample_generator
 from legato.tasks import Task
 
 

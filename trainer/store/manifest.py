@@ -3,7 +3,7 @@ and decide whether one can continue this run. The training identity rule lives h
 
 Reads only JSON and file bytes, never imports torch and never unpickles
 anything, so `legato status` and the supervisor can use it cheaply. Writing
-checkpoints is `legato.checkpoint`'s job.
+checkpoints is `legato.store.checkpoint`'s job.
 """
 
 from __future__ import annotations

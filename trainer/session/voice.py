@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import sys
 
-_VOICE = "legato.voice"
+_VOICE = "legato.session.voice"
 
 
 def _voice() -> logging.Logger:

@@ -7,7 +7,7 @@
     sys.exit(session.exit_code)
 
 or, keeping the loop's epochs: `for epoch in session.epochs(): for batch in
-session.batches(): ...`. The loader is the user's own (legato.loaders adopts
+session.batches(): ...`. The loader is the user's own (legato.state.loaders adopts
 it without changing its order, or refuses it before training), legato's
 `resumable_loader()`, or none at all (the loop draws its own batches and
 iterating yields the step index; `carry()` registers a prefetched batch).
@@ -18,10 +18,10 @@ checked against the manifest), yields batches from the exact data position,
 and after each step logs the trajectory, takes part in the agreed stop and
 writes barrier checkpoints. The stop handler is installed when the Session is
 created. All state goes through one table of components
-(legato.components). With `replay_steps` K > 0 every checkpoint also carries
+(legato.state.components). With `replay_steps` K > 0 every checkpoint also carries
 a replay base at most K steps back, and a resume restores that base and runs
 the steps up to the checkpoint again through the user's loop, comparing loss
-bits and digests (legato.replay), which proves the resume on the run itself.
+bits and digests (legato.session.replay), which proves the resume on the run itself.
 The session never reaches into the orchestrator; it reports what happens
 through plain-dict events.
 """
@@ -40,21 +40,22 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-from legato import checkpoint as ckpt
-from legato import components as table
-from legato import loaders, replay, rng
-from legato.async_checkpoint import AsyncCheckpointer, Job
-from legato.components import Component
+from legato.dist.reduction import Pinning, pin_bucket_layout
+from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
-from legato.hashing import Digests, global_hash, rank_hash
-from legato.manifest import check_compatible, list_checkpoints, newest_valid
-from legato.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
 from legato.paths import RunPaths
-from legato.reduction import Pinning, pin_bucket_layout
-from legato.sampler import ResumableDistributedSampler, worker_init
-from legato.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
-from legato.trajectory import TrajectoryWriter
-from legato.voice import say
+from legato.session import replay
+from legato.session.voice import say
+from legato.state import components as table
+from legato.state import loaders, rng
+from legato.state.components import Component
+from legato.state.hashing import Digests, global_hash, rank_hash
+from legato.state.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
+from legato.state.sampler import ResumableDistributedSampler, worker_init
+from legato.store import checkpoint as ckpt
+from legato.store.async_checkpoint import AsyncCheckpointer, Job
+from legato.store.manifest import check_compatible, list_checkpoints, newest_valid
+from legato.store.trajectory import TrajectoryWriter
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.stateful import Stateful
@@ -73,7 +74,7 @@ class CheckpointPolicy:
     hash_every_steps: int = 10
     agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
     replay_steps: int = 32  # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
-    # Periodic checkpoints written in the background (legato.async_checkpoint). None: on when the model lives on a
+    # Periodic checkpoints written in the background (legato.store.async_checkpoint). None: on when the model lives on a
     # GPU, where the device-to-pinned-host copy blocks about 0.01x a synchronous write (docs/gpu.md), off on the CPU,
     # where the two measured a tie end to end (docs/benchmarks.md) and the copy would only cost host memory.
     async_: bool | None = None

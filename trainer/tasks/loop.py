@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from legato.context import RunContext
+from legato.runtime.context import RunContext
 from legato.tasks import build_task
 
 

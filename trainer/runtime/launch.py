@@ -4,7 +4,7 @@ Starts N real processes (gloo on CPU), forwards the stop signal to all of
 them, and exits with the job's code: 0 training complete, 75 stopped at a
 committed checkpoint (run the same command again to resume), 2 bad input.
 When one rank fails, the others are killed rather than left in a collective;
-when the launcher dies (even by SIGKILL), its ranks die with it (legato.lifeline).
+when the launcher dies (even by SIGKILL), its ranks die with it (legato.runtime.lifeline).
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ from pathlib import Path
 
 from legato.config import load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
-from legato.job import resolve_entrypoint
-from legato.launch_env import determinism_environ
-from legato.lifeline import LAUNCHER_PID
-from legato.manifest import check_tree
 from legato.paths import RunPaths
-from legato.signals import parse_signal
+from legato.runtime.job import resolve_entrypoint
+from legato.runtime.launch_env import determinism_environ
+from legato.runtime.lifeline import LAUNCHER_PID
+from legato.runtime.signals import parse_signal
+from legato.store.manifest import check_tree
 
 POLL_S = 0.05
 KILL_GRACE_S = 5.0
@@ -90,7 +90,7 @@ def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signa
 
 
 def _rank_command(config: Path, overrides: list[str]) -> list[str]:
-    cmd = [sys.executable, "-m", "legato.rank", str(config)]
+    cmd = [sys.executable, "-m", "legato.runtime.rank", str(config)]
     for item in overrides:
         cmd += ["--set", item]
     return cmd

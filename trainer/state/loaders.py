@@ -15,7 +15,7 @@ exactly. A source opens an epoch's iterator at a position, and its
   seed, `RandomSampler`'s seed); a mid-epoch resume replays that opening from
   the recorded state and skips the consumed batches by their indices, never
   loading their samples. With workers, their global RNGs are seeded per
-  sample (legato.worker_rng) unless the Session's `worker_rng` is False.
+  sample (legato.state.worker_rng) unless the Session's `worker_rng` is False.
 - anything with `state_dict`/`load_state_dict` (torchdata's
   `StatefulDataLoader`, a user loader, a `DataLoader` over an
   `IterableDataset` with state and no workers): its own state is saved.
@@ -41,10 +41,10 @@ from torch.utils.data import (
     WeightedRandomSampler,
 )
 
-from legato.determinism import derive_seed
 from legato.errors import UsageError
-from legato.sampler import ResumableDistributedSampler
-from legato.worker_rng import SeedPerSample
+from legato.state.determinism import derive_seed
+from legato.state.sampler import ResumableDistributedSampler
+from legato.state.worker_rng import SeedPerSample
 
 LOADER_GENERATOR = "loader"
 SAMPLER_GENERATOR = "sampler"

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from legato import components as table
 from legato.errors import UsageError
-from legato.replay import batch_tensors
+from legato.session.replay import batch_tensors
+from legato.state import components as table
 
 
 class TorchGenerator:

@@ -12,7 +12,7 @@ One hash pass: a file's hash is XXH3-128 over its regions, where the big
 regions are the tensor storages torch.save streams from the very memory the
 state digests were computed on; the writer takes those digests instead of
 hashing the bytes again, and the manifest lists the regions (`segments`) so
-that a reader checks the file from its bytes alone (legato.manifest). torch's
+that a reader checks the file from its bytes alone (legato.store.manifest). torch's
 own zip CRC32 is switched off for the same reason: the file hash covers it.
 
 Loading uses `torch.load(weights_only=True)` only: nothing in a checkpoint is
@@ -42,11 +42,11 @@ import xxhash
 from torch.utils.serialization import config as serialization_config
 
 from legato.files import fsync_dir, write_fsynced
-from legato.hashing import Digests, global_hash
-from legato.manifest import FORMAT, HASH_KEY, check_contained, checkpoint_step, list_checkpoints, manifest_checksum, region_record
 from legato.paths import CHECKPOINT_MANIFEST as MANIFEST
 from legato.paths import STEP_PREFIX
 from legato.paths import TMP_STEP_PREFIX as TMP_PREFIX
+from legato.state.hashing import Digests, global_hash
+from legato.store.manifest import FORMAT, HASH_KEY, check_contained, checkpoint_step, list_checkpoints, manifest_checksum, region_record
 
 log = logging.getLogger(__name__)
 

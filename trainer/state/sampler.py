@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import torch
 from torch.utils.data import Sampler
 
-from legato.determinism import derive_seed
+from legato.state.determinism import derive_seed
 
 
 class ResumableDistributedSampler(Sampler[int]):
@@ -76,7 +76,7 @@ def worker_init(worker_id: int) -> None:
 
     import numpy as np
 
-    from legato.lifeline import die_with_parent
+    from legato.runtime.lifeline import die_with_parent
 
     rank_process = multiprocessing.parent_process()
     die_with_parent(rank_process.pid if rank_process else None)

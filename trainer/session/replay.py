@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from legato.hashing import Digests, digest, rank_hash
+from legato.state.hashing import Digests, digest, rank_hash
 
 FINGERPRINT_BYTES = 1 << 14  # per tensor: an evenly strided sample beyond this, to stay cheap on big batches
 

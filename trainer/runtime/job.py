@@ -22,15 +22,15 @@ import torch
 import torch.distributed as dist
 
 from legato.config import Config
-from legato.context import RunContext
-from legato.determinism import seed_everything
-from legato.devices import resolve_placement
+from legato.dist.stop import StopFlag, stop_signals
 from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
 from legato.paths import RunPaths
-from legato.rank_env import RankEnv
-from legato.signals import parse_signal
-from legato.stop import StopFlag, stop_signals
-from legato.threads import resolve_threads
+from legato.runtime.context import RunContext
+from legato.runtime.devices import resolve_placement
+from legato.runtime.rank_env import RankEnv
+from legato.runtime.signals import parse_signal
+from legato.runtime.threads import resolve_threads
+from legato.state.determinism import seed_everything
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 def resolve_entrypoint(cfg: Config) -> Callable[[RunContext], int | None]:
     """The function to call on each rank: the user's `pkg.mod:fn` or the bundled loop."""
     if cfg.train.entrypoint is None:
-        from legato.loop import train
+        from legato.tasks.loop import train
 
         return train
     module_name, _, func_name = cfg.train.entrypoint.partition(":")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from legato.signals import parse_signal
+from legato.runtime.signals import parse_signal
 
 log = logging.getLogger(__name__)
 

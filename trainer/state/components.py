@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from legato import checkpoint as ckpt
 from legato.errors import UsageError
-from legato.hashing import Digests, digest
+from legato.state.hashing import Digests, digest
+from legato.store import checkpoint as ckpt
 
 if TYPE_CHECKING:
     # Only for the type: importing torch.distributed.checkpoint costs 2 s per rank on a busy CPU.

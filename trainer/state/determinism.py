@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from legato.errors import UsageError
-from legato.launch_env import CUBLAS_WORKSPACE
+from legato.runtime.launch_env import CUBLAS_WORKSPACE
 
 log = logging.getLogger(__name__)
 

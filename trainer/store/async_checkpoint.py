@@ -1,16 +1,16 @@
 """Asynchronous periodic checkpoints: training waits only for a memory copy, never for the disk.
 
 At the agreed step every rank copies its state into a staging buffer that is
-allocated once and reused (`legato.replay.Snapshot`, the same mechanism as the
+allocated once and reused (`legato.session.replay.Snapshot`, the same mechanism as the
 replay base; the copy is the only blocking part) and hands it to one
 background thread (at the lowest CPU priority, so that on a busy machine the
 steps keep their cores and the write fills idle time), which computes the
 state digests on the staged copy (the one hash pass), writes and fsyncs its files into `<root>/.tmp_step_<N>/` and
 last writes its report (`.report_rank<R>.json`, fsynced). Whether every rank's
 files are durable is agreed through the stop agreement's non-blocking
-all-reduce (legato.stop), so no step waits for it; once all are, rank 0 builds
+all-reduce (legato.dist.stop), so no step waits for it; once all are, rank 0 builds
 the manifest from the reports and publishes the directory with the same atomic
-rename as a synchronous checkpoint (legato.checkpoint). Until then the
+rename as a synchronous checkpoint (legato.store.checkpoint). Until then the
 checkpoint lives only in a temporary directory: it is never selectable, never
 counted in `keep_last`, and pruning happens only after a publish.
 
@@ -42,13 +42,13 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from legato import checkpoint as ckpt
+from legato.dist.stop import Decision
 from legato.files import fsync_dir, write_fsynced
-from legato.hashing import global_hash, rank_hash
-from legato.manifest import check_contained
 from legato.paths import TMP_STEP_PREFIX
-from legato.replay import Snapshot
-from legato.stop import Decision
+from legato.session.replay import Snapshot
+from legato.state.hashing import global_hash, rank_hash
+from legato.store import checkpoint as ckpt
+from legato.store.manifest import check_contained
 
 log = logging.getLogger(__name__)
 

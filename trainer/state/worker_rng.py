@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from legato.determinism import derive_seed
+from legato.state.determinism import derive_seed
 
 
 def seed_globals(seed: int, epoch: int, key: Any) -> None:
@@ -43,7 +43,7 @@ class SeedPerSample:
     def __call__(self, worker_id: int) -> None:
         import multiprocessing
 
-        from legato.lifeline import die_with_parent
+        from legato.runtime.lifeline import die_with_parent
 
         rank_process = multiprocessing.parent_process()
         die_with_parent(rank_process.pid if rank_process else None)

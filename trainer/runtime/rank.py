@@ -6,10 +6,10 @@ import sys
 
 from legato.config import load_config
 from legato.errors import EXIT_USAGE, UsageError
-from legato.job import run_rank
-from legato.launch import parse_args
-from legato.lifeline import die_with_launcher
-from legato.rank_env import RankEnv
+from legato.runtime.job import run_rank
+from legato.runtime.launch import parse_args
+from legato.runtime.lifeline import die_with_launcher
+from legato.runtime.rank_env import RankEnv
 
 
 def main() -> int:

@@ -16,11 +16,11 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from legato import checkpoint as ckpt
 from legato.config import Config, training_settings
-from legato.determinism import Seeds
-from legato.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
-from legato.stop import stop_signals
+from legato.dist.stop import stop_signals
+from legato.session.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
+from legato.state.determinism import Seeds
+from legato.store import checkpoint as ckpt
 
 
 @dataclass
@@ -32,7 +32,7 @@ class RunContext:
     device: torch.device
     seeds: Seeds
     on_event: Callable[[dict], None] = field(default=lambda event: None)
-    amp_dtype: torch.dtype = torch.bfloat16  # autocast dtype with train.amp (legato.devices decides it)
+    amp_dtype: torch.dtype = torch.bfloat16  # autocast dtype with train.amp (legato.runtime.devices decides it)
 
     @property
     def run_dir(self) -> Path:
