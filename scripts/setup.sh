@@ -10,4 +10,7 @@ TORCH_SPEC=${LEGATO_TORCH_SPEC:-torch==2.13.0}
 if ! .venv/bin/python -c 'import torch' 2>/dev/null; then
     .venv/bin/pip install -q "$TORCH_SPEC"
 fi
-.venv/bin/pip install -q -e '.[test]'
+# strict: the editable install is a tree of links on sys.path, so a folder named legato/ beside a
+# user's script (a run directory, say) cannot shadow the package as a namespace package. It links the
+# files present now: run this again after adding a module.
+.venv/bin/pip install -q -e '.[test]' --config-settings editable_mode=strict

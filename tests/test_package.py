@@ -85,6 +85,14 @@ def test_package_arrows_point_one_way() -> None:
     assert not any(name.startswith(("trainer", "slurm", "orchestrator")) for p in ROOT.glob("*/**/*.py") if ".venv" not in p.parts for name in _imports(p))
 
 
+def test_a_folder_named_legato_beside_the_users_script_does_not_shadow_the_package(tmp_path: Path) -> None:
+    (tmp_path / "legato" / "checkpoints").mkdir(parents=True)  # e.g. the script's run directory
+    (tmp_path / "train.py").write_text("import legato\nprint(legato.Session.__module__)\n")
+    proc = subprocess.run([sys.executable, "train.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "legato.session.session"
+
+
 @pytest.fixture
 def user_project(tmp_path: Path) -> Path:
     """A user's project folder with modules named like legato's repository folders; each would leave a mark."""
