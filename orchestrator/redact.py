@@ -282,7 +282,7 @@ class Redactor:
     def tree(self, data: Any, name: str = "", path: str = "") -> Any:
         """A nested config (dicts, lists, scalars): string values redacted by their key or their content."""
         if isinstance(data, dict):
-            return {k: self.tree(v, str(k), f"{path}{k}.") for k, v in data.items()}
+            return {self._key(k, data): self.tree(v, str(k), f"{path}{k}.") for k, v in data.items()}
         if isinstance(data, list):
             return [self.tree(v, name, path) for v in data]
         if isinstance(data, str):
@@ -291,6 +291,17 @@ class Redactor:
         if name and self.name_is_secret(name) and data not in (None, False, True, 0):
             return marker("the name looks secret")
         return data
+
+    def _key(self, key: Any, mapping: dict) -> Any:
+        """A mapping key judged like a value (a token used as a key is as secret); a redacted key that would
+        collide with another key of the same mapping is numbered, so no entry silently replaces another."""
+        if not isinstance(key, str):
+            return key
+        judged = self.words(key)
+        if judged == key:
+            return key
+        clashes = sum(1 for other in mapping if isinstance(other, str) and other != key and self.words(other) == judged and str(other) < key)
+        return judged if clashes == 0 else f"{judged} #{clashes + 1}"
 
 
 def _assignments(text: str) -> str:

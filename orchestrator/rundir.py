@@ -56,7 +56,8 @@ def redact_config(cfg: Config) -> tuple[Config, list[str]]:
     redactor = Redactor.from_config(cfg)
     raw = cfg.to_dict()
     clean = redactor.tree(raw)
-    hidden = [key for key, _, _ in changed_leaves(raw, clean)]
+    # A hidden key path can itself hold the secret (a token used as a mapping key): judge the path too.
+    hidden = sorted({redactor.words(key) for key, _, _ in changed_leaves(raw, clean)})
     setup = [key for key in hidden if key.startswith("slurm.setup.")]
     if setup:
         line = int(setup[0].rsplit(".", 1)[1]) + 1

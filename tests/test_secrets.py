@@ -161,6 +161,20 @@ def test_command_lines_and_configs_keep_what_is_not_secret() -> None:
     assert r.text(ledger_line) == ledger_line
 
 
+def test_a_secret_used_as_a_mapping_key_is_redacted_like_a_value() -> None:
+    token, other = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8", "hf_" + "Zy9Xw8Vu7Ts6Rq5Po4Nm3Lk2Ji1Hg0Fe9Dc8"
+    config = {"train": {"options": {token: 1, other: 2, "layers": 2}}}
+    clean = Redactor().tree(config)
+    assert token not in json.dumps(clean) and other not in json.dumps(clean)
+    assert len(clean["train"]["options"]) == 3 and clean["train"]["options"]["layers"] == 2
+    from legato.config import config_from_dict
+    from legato.orchestrator.rundir import redact_config
+
+    cfg = config_from_dict({"train": {"options": {token: 1}}}, "a test")
+    redacted, hidden = redact_config(cfg)
+    assert token not in json.dumps(redacted.to_dict()) and token not in " ".join(hidden), hidden
+
+
 def _files(run_dir: Path) -> list[Path]:
     return [p for p in run_dir.rglob("*") if p.is_file()]
 
