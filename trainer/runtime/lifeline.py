@@ -5,7 +5,11 @@ the child; because the parent may already have died before that call, the
 child then checks that its parent is still the one it expects and exits if
 not. Without this a SIGKILLed launcher leaves its ranks (and their workers)
 training on, holding ports, GPUs and the run directory. Elsewhere than Linux
-this is a no-op. This module must never do anything but arm the signal.
+this is a no-op. A process whose parent is not the one it must die with (a
+DataLoader worker started by a `forkserver`, whose fork server outlives the
+rank as long as any worker holds its pipe) watches that process through a
+pidfd instead. This module must never do anything but arm the signal or the
+watch.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import select
 import signal
 import sys
+import threading
 
 log = logging.getLogger(__name__)
 
@@ -41,3 +47,26 @@ def die_with_launcher() -> None:
     expected = os.environ.get(LAUNCHER_PID)
     if expected and expected.isdigit():
         die_with_parent(int(expected))
+
+
+def die_with_process(pid: int) -> None:
+    """Exit at once when process `pid` (not necessarily the parent) ends; exit now if it is already gone.
+
+    A daemon thread waits on a pidfd, so the watch costs nothing while `pid` lives and cannot be fooled by a
+    reused pid. Without pidfds (Linux before 5.3, other systems) this is a no-op.
+    """
+    if not hasattr(os, "pidfd_open"):
+        return
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(128 + int(signal.SIGKILL))
+    except OSError as e:
+        log.warning("pidfd_open(%d) failed (%s); this process may outlive it", pid, e)
+        return
+    threading.Thread(target=_exit_when_readable, args=(fd,), name="legato-lifeline", daemon=True).start()
+
+
+def _exit_when_readable(fd: int) -> None:
+    select.select([fd], [], [])
+    os._exit(128 + int(signal.SIGKILL))

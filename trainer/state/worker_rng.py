@@ -13,9 +13,11 @@ here runs inside the workers.
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,7 +31,9 @@ def seed_globals(seed: int, epoch: int, key: Any) -> None:
     s = derive_seed("sample", seed, epoch, key)
     random.seed(s)
     np.random.seed(s % 2**32)
-    torch.manual_seed(s)
+    # The CPU generator only: `torch.manual_seed` also queues lazy seeding of every device type and records a
+    # stack trace each call (~100x the cost), and a DataLoader worker draws from the CPU generator alone.
+    torch.default_generator.manual_seed(s)
 
 
 class SeedPerSample:
@@ -37,16 +41,17 @@ class SeedPerSample:
 
     def __init__(self, seed: int, user_fn: Callable[[int], None] | None) -> None:
         self.seed = seed
+        self.rank_pid = os.getpid()  # built in the rank; workers get a copy, whatever their start method
         self.epoch = 0  # set before each epoch's iterator starts its workers, which take a copy of this object
         self.user_fn = user_fn
 
     def __call__(self, worker_id: int) -> None:
-        import multiprocessing
+        from legato.runtime.lifeline import die_with_parent, die_with_process
 
-        from legato.runtime.lifeline import die_with_parent
-
-        rank_process = multiprocessing.parent_process()
-        die_with_parent(rank_process.pid if rank_process else None)
+        parent = _expected_parent(self.rank_pid)
+        die_with_parent(parent)
+        if parent != self.rank_pid:
+            die_with_process(self.rank_pid)
         # Stop signals are for the rank; the rank agrees a stop with the others and ends its workers.
         for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
@@ -55,6 +60,23 @@ class SeedPerSample:
             _reseeding(info.dataset, self.seed, self.epoch)
         if self.user_fn is not None:
             self.user_fn(worker_id)
+
+
+def _expected_parent(rank_pid: int) -> int:
+    """The process this worker must die with: the rank itself (fork, spawn), or, for `forkserver`, the fork
+    server the rank started, which exits when the rank does."""
+    parent = os.getppid()
+    if parent != rank_pid and _parent_of(parent) == rank_pid:
+        return parent
+    return rank_pid
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _reseeding(dataset: Any, seed: int, epoch: int) -> None:

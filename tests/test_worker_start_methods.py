@@ -1,0 +1,94 @@
+"""DataLoader workers under every start method (fork, forkserver, spawn): legato's per-sample seeding gives each
+sample the same random numbers whatever the start method and worker count, and workers die with their rank.
+
+Real worker processes, started by a real DataLoader in a script of its own (spawned workers re-import it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SCRIPT = '''
+import json, sys, time
+import torch
+from torch.utils.data import DataLoader, Dataset
+from legato.state.worker_rng import SeedPerSample
+
+class Noisy(Dataset):
+    def __len__(self):
+        return 24
+
+    def __getitem__(self, i):
+        return torch.rand(3).double() + i
+
+def main():
+    method, workers, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    loader = DataLoader(Noisy(), batch_size=4, num_workers=workers, multiprocessing_context=method,
+                        worker_init_fn=SeedPerSample(11, None))
+    if mode == "hang":
+        it = iter(loader)
+        next(it)
+        print(json.dumps([w.pid for w in it._workers]), flush=True)
+        time.sleep(600)
+    print(json.dumps([float(x).hex() for batch in loader for x in batch.flatten()]))
+
+if __name__ == "__main__":
+    main()
+'''
+
+
+@pytest.fixture(scope="module")
+def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("workers") / "load.py"
+    path.write_text(SCRIPT)
+    return path
+
+
+def _samples(script: Path, method: str, workers: int) -> list[str]:
+    proc = subprocess.run([sys.executable, str(script), method, str(workers), "run"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+def test_each_sample_draws_the_same_numbers_under_every_start_method(script: Path) -> None:
+    reference = _samples(script, "fork", 2)
+    assert len(reference) == 24 * 3
+    assert _samples(script, "forkserver", 2) == reference
+    assert _samples(script, "spawn", 1) == reference
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_workers_die_with_their_rank(script: Path, method: str) -> None:
+    proc = subprocess.Popen([sys.executable, str(script), method, "2", "hang"], stdout=subprocess.PIPE, text=True)
+    workers: list[int] = []
+    try:
+        workers = json.loads(proc.stdout.readline())
+        assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+        deadline = time.monotonic() + 60
+        while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_alive(pid) for pid in workers)
+    finally:
+        proc.kill()
+        for pid in workers:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
