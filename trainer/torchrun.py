@@ -17,8 +17,23 @@ torchrun's agent shares its TCP store with the workers, and the restarted
 workers' gloo then reads the previous attempt's addresses from it and fails
 with "Connection refused". So with `--max-restarts` > 0 this sets
 `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` (rank 0 of each attempt hosts a fresh
-store) and refuses the static rendezvous, which always shares it. Apart from
-that it must never change what torchrun does to workers.
+store) and refuses the static rendezvous, which always shares it.
+
+Stop signals as schedulers send them. SLURM's `--signal=USR2@N` (no `B:`)
+signals every process of the step, the launcher included, whose default
+action for USR2 is to die; `scancel --signal` or `B:` may reach the launcher
+alone, and torchrun's workers live in their own sessions, so nothing reaches
+them. Here the stop signals (USR2, those named in `LEGATO_STOP_SIGNALS`, and
+TERM) are blocked before anything starts: the ranks inherit the blocked mask,
+so one that arrives before a rank's Session exists waits for its handler, and
+the launcher takes them on a thread of its own (`sigwait`) and forwards each
+to every rank, then waits for their agreed checkpoint and exits 75. TERM is
+forwarded as the ranks' stop signal (the first of `LEGATO_STOP_SIGNALS`, else
+USR2): a time limit's TERM then ends in a checkpoint, not in a kill, and the
+ranks keep TERM blocked (the agent's own TERM to the ranks after a failure
+turns into its SIGKILL after its grace). The ranks also learn the launcher's
+pid, so a Session dies with it. Apart from that it
+must never change what torchrun does to workers.
 """
 
 from __future__ import annotations
@@ -28,14 +43,65 @@ import logging
 import os
 import signal
 import sys
+import threading
+from pathlib import Path
 
 from legato.errors import EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from legato.runtime.launch_env import determinism_environ
+from legato.runtime.lifeline import LAUNCHER_PID
+from legato.runtime.signals import parse_signal
 from legato.session.voice import say
 
 log = logging.getLogger(__name__)
 
 # torchrun's switch for dynamic rendezvous: "1" gives each attempt's workers their own store instead of the agent's.
 UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+# Extra stop signals for the launcher to take and forward, comma-separated names (as a Session's StopPolicy names them).
+STOP_SIGNALS_ENV = "LEGATO_STOP_SIGNALS"
+
+
+def stop_signals(environ: dict[str, str] | os._Environ) -> list[signal.Signals]:
+    """The ranks' stop signals (those named in LEGATO_STOP_SIGNALS, else USR2), the first being the one TERM becomes."""
+    names = [n for n in environ.get(STOP_SIGNALS_ENV, "").split(",") if n.strip()]
+    return [parse_signal(n) for n in names] or [signal.SIGUSR2]
+
+
+def forward_stops(stops: list[signal.Signals]) -> threading.Thread:
+    """Take the stop signals and TERM (blocked in every thread) on a daemon thread and send each to every child
+    process, TERM as the first stop signal.
+
+    torchrun's agent runs in this process and starts the ranks as its children, so the children are the ranks.
+    """
+    taken = {*stops, signal.SIGTERM}
+
+    def loop() -> None:
+        while True:
+            got = signal.Signals(signal.sigwait(taken))
+            sig = stops[0] if got == signal.SIGTERM and got not in stops else got
+            ranks = child_pids(os.getpid())
+            say(log, 0, "%s reached the launcher: sending %s to %d rank(s), which stop at the next agreed step", got.name, sig.name, len(ranks))
+            for pid in ranks:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    continue
+
+    thread = threading.Thread(target=loop, name="legato-stop-forwarder", daemon=True)
+    thread.start()
+    return thread
+
+
+def child_pids(parent: int) -> list[int]:
+    """The live processes whose parent is `parent` (read from /proc; empty where there is none)."""
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent and fields[0] != "Z":
+            children.append(int(stat.parent.name))
+    return children
 
 
 def _static_rendezvous(args: argparse.Namespace) -> bool:
@@ -63,6 +129,14 @@ def prepare_in_place_restarts(args: argparse.Namespace, environ: dict[str, str] 
 
 
 def main(argv: list[str] | None = None) -> int:
+    """torchrun with `argv`; returns 75 when every rank stopped at a committed checkpoint, else torchrun's outcome."""
+    try:
+        stops = stop_signals(os.environ)
+    except UsageError as exc:
+        say(log, 0, "%s", exc)
+        return EXIT_USAGE
+    # Before torch is imported (it starts threads): every later thread, and every rank, inherits the blocked mask.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {*stops, signal.SIGTERM})
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
@@ -72,6 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as exc:
         say(log, 0, "%s", exc)
         return EXIT_USAGE
+    os.environ.update(determinism_environ(os.environ))
+    os.environ[LAUNCHER_PID] = str(os.getpid())
+    forward_stops(stops)
     try:
         run(args)
     except ChildFailedError as exc:

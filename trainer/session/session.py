@@ -87,6 +87,7 @@ class StopPolicy:
 
 CHAOS_AT_ENV = "LEGATO_CHAOS_SIGNAL_AT"
 CHAOS_RANK_ENV = "LEGATO_CHAOS_SIGNAL_RANK"
+CHAOS_SLEEP_ENV = "LEGATO_CHAOS_STEP_SLEEP_S"
 
 
 @dataclass(frozen=True)
@@ -102,17 +103,23 @@ class Chaos:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Chaos:
-        """Stops planted from outside an unmodified script: LEGATO_CHAOS_SIGNAL_AT="13,26", LEGATO_CHAOS_SIGNAL_RANK="1"."""
+        """Faults planted from outside an unmodified script: LEGATO_CHAOS_SIGNAL_AT="13,26", LEGATO_CHAOS_SIGNAL_RANK="1",
+        and LEGATO_CHAOS_STEP_SLEEP_S="0.2" (slower steps, so a test can signal a run from outside mid-way)."""
         at, rank = environ.get(CHAOS_AT_ENV, "").strip(), environ.get(CHAOS_RANK_ENV, "0").strip()
+        sleep = environ.get(CHAOS_SLEEP_ENV, "0").strip() or "0"
         try:
             steps = tuple(int(s) for s in at.split(",") if s.strip())
             signal_rank = int(rank)
+            step_sleep_s = float(sleep)
         except ValueError:
+            step_sleep_s = -1.0
+        if step_sleep_s < 0 or step_sleep_s != step_sleep_s:
             raise UsageError(
-                f"{CHAOS_AT_ENV}={at[:40]!r} / {CHAOS_RANK_ENV}={rank[:40]!r}: expected comma-separated step numbers and one rank "
-                f"number, such as {CHAOS_AT_ENV}=13,26 {CHAOS_RANK_ENV}=1. Fix or unset them."
+                f"{CHAOS_AT_ENV}={at[:40]!r} / {CHAOS_RANK_ENV}={rank[:40]!r} / {CHAOS_SLEEP_ENV}={sleep[:40]!r}: expected comma-separated "
+                f"step numbers, one rank number and seconds >= 0, such as {CHAOS_AT_ENV}=13,26 {CHAOS_RANK_ENV}=1 {CHAOS_SLEEP_ENV}=0.2. "
+                "Fix or unset them."
             ) from None
-        return cls(signal_rank=signal_rank, signal_at_steps=steps)
+        return cls(signal_rank=signal_rank, signal_at_steps=steps, step_sleep_s=step_sleep_s)
 
     def skips(self, component: str) -> bool:
         """Whether to leave `component` unrestored; short names (numpy, loader, cuda) name RNG components."""

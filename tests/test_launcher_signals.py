@@ -1,0 +1,123 @@
+"""The scheduler's stop signal through `python -m legato.torchrun`, sent from outside by pid as SLURM sends it.
+
+A user's ported nanoGPT loop (examples/port/nanogpt_legato.py) on 2 real ranks under real torchrun; steps are
+slowed from outside (LEGATO_CHAOS_STEP_SLEEP_S) so the signal lands mid-run. The signal goes to the launcher
+alone (`scancel --signal`, `B:`), to every process of the step (`--signal` without `B:`), to one rank, as TERM
+to the launcher (a time limit), and to every process before any rank has a Session. Each time the launcher
+exits 75 with no rank left behind, and the next launch resumes verified and ends bit for bit where the
+uninterrupted run ends.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+from test_port import UNSEEDED, assert_same_run
+
+from legato.runtime.launch import free_port
+from legato.torchrun import child_pids
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = ROOT / "examples" / "port" / "nanogpt_legato.py"
+STEPS = 25
+LAUNCH = (sys.executable, "-m", "legato.torchrun", "--max-restarts", "0", "--nproc-per-node", "2")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return dict(os.environ, PYTHONWARNINGS="ignore", **extra)
+
+
+def _launch(out: Path, **env: str) -> subprocess.Popen:
+    cmd = [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)]
+    return subprocess.Popen(cmd, env=_env(**env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def _steps_done(out: Path) -> int:
+    path = out / "trajectory" / "rank0.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def _tree(pid: int) -> list[int]:
+    found = []
+    for child in child_pids(pid):
+        found += [child, *_tree(child)]
+    return found
+
+
+def _alive(pid: int) -> bool:
+    stat = Path(f"/proc/{pid}/stat")
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("signals") / "reference"
+    done = subprocess.run([*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+TARGETS = {
+    "launcher": lambda launcher, ranks: [launcher],
+    "every process": lambda launcher, ranks: [launcher, *ranks],
+    "one rank": lambda launcher, ranks: ranks[1:2],
+}
+
+
+@pytest.mark.parametrize(("target", "sig", "early"), [
+    ("launcher", signal.SIGUSR2, False),
+    ("every process", signal.SIGUSR2, False),
+    ("one rank", signal.SIGUSR2, False),
+    ("launcher", signal.SIGTERM, False),
+    ("every process", signal.SIGUSR2, True),
+], ids=["usr2-launcher", "usr2-every-process", "usr2-one-rank", "term-launcher", "usr2-every-process-before-the-session"])
+def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
+    tmp_path: Path, reference: Path, target: str, sig: signal.Signals, early: bool
+) -> None:
+    out = tmp_path / "run"
+    launcher = _launch(out, LEGATO_CHAOS_STEP_SLEEP_S="0.3")
+    seen: set[int] = {launcher.pid}
+    try:
+        _wait_for(lambda: len(child_pids(launcher.pid)) == 2, 120, "torchrun to start both ranks")
+        if not early:
+            _wait_for(lambda: _steps_done(out) >= 3, 180, "three trained steps")
+        ranks = sorted(child_pids(launcher.pid))
+        seen |= set(_tree(launcher.pid))
+        for pid in TARGETS[target](launcher.pid, ranks):
+            os.kill(pid, sig)
+        _, stderr = launcher.communicate(timeout=240)
+        assert launcher.returncode == 75, stderr[-3000:]
+        assert "every rank stopped at a committed checkpoint" in stderr
+        assert "Traceback" not in stderr
+        assert not [pid for pid in seen if _alive(pid)], "a process of the stopped launch is still alive"
+        assert (early or _steps_done(out) > 0) and _steps_done(out) < STEPS
+    finally:
+        launcher.kill()
+        for pid in seen:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    done = subprocess.run([*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    if not early:  # a stop before the first step leaves nothing to resume: the next launch starts from step 0
+        assert "resumed at step" in done.stderr and "verified" in done.stderr, done.stderr[-3000:]
+    assert_same_run(reference, out, STEPS, UNSEEDED)
