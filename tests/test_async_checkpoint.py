@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
 import legato
-from legato.store import checkpoint as ckpt
-from legato.store.manifest import list_checkpoints, newest_valid, read_manifest
+from legato.store import commit
+from legato.store.manifest import list_checkpoints, newest_usable, read_manifest
 
 STEPS = 30
 ASYNC = ("checkpoint.async=true", "checkpoint.every_steps=4", "checkpoint.keep_last=100")
@@ -59,7 +59,7 @@ def small_run(run_dir: Path, steps: int, policy: legato.CheckpointPolicy, on_ste
 
 def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_next_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     release = threading.Event()
-    real = ckpt.write_files
+    real = commit.write_files
     seen: dict[int, tuple] = {}
 
     def held_write(directory: Path, files: dict, known: tuple = ()) -> dict:
@@ -76,10 +76,10 @@ def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_ne
             # Step 4's writer is held until step 6's checkpoint waits for it: then "in flight" is certain, not a race.
             session._async.finish = lambda: (release.set(), finish())[1]
         if session.step in (4, 5):
-            found = newest_valid(root)
+            found = newest_usable(root)
             seen[session.step] = ([p.name for p in list_checkpoints(root)], found[0].name if found else None, (root / ".tmp_step_4").is_dir())
 
-    monkeypatch.setattr(ckpt, "write_files", held_write)
+    monkeypatch.setattr(commit, "write_files", held_write)
     policy = legato.CheckpointPolicy(every_steps=2, keep_last=1, hash_every_steps=1, agree_every_steps=1, replay_steps=0, async_=True)
     with caplog.at_level(logging.INFO, logger="legato"):
         session = small_run(tmp_path, 8, policy, look)

@@ -53,8 +53,9 @@ from legato.state.hashing import Digests, global_hash, rank_hash
 from legato.state.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
 from legato.state.sampler import ResumableDistributedSampler, worker_init
 from legato.store import checkpoint as ckpt
+from legato.store import layout
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
-from legato.store.manifest import check_compatible, list_checkpoints, newest_valid
+from legato.store.manifest import RunShape, newest_usable
 from legato.store.trajectory import TrajectoryWriter
 
 if TYPE_CHECKING:
@@ -484,10 +485,10 @@ class Session:
     def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests) -> None:
         assert self._trajectory is not None
         self._trajectory.sync()
-        files = table.files(self.components, parts, self.rank)
+        files = layout.files(self.components, parts, self.rank)
         base = self._replay_share()
         if base is not None:
-            files.update(table.files(self.components, self._snapshot.parts, self.rank, prefix=REPLAY_PREFIX))
+            files.update(layout.files(self.components, self._snapshot.parts, self.rank, prefix=REPLAY_PREFIX))
         seen_all = (seen,) if base is None else (seen, self._snapshot.seen)
         share = ckpt.RankShare(self.rank, files, components, rank_hash(components), replay=base, seen=seen_all)
         meta = {"reason": reason, "epoch": self.epoch, "training": self.training, "threads": torch.get_num_threads()}
@@ -511,9 +512,9 @@ class Session:
         has_base = snap is not None and snap.step is not None and snap.step < self.step
         rank = self.rank
         # The layout is built here, where the live module is (per-rank buffer names); it only refers to the copies.
-        files = table.files(self.components, staged.parts, rank)
+        files = layout.files(self.components, staged.parts, rank)
         if has_base:
-            files.update(table.files(self.components, snap.parts, rank, prefix=REPLAY_PREFIX))
+            files.update(layout.files(self.components, snap.parts, rank, prefix=REPLAY_PREFIX))
 
         def base() -> dict | None:
             return replay.base_share(rank, snap, window) if has_base else None
@@ -558,7 +559,7 @@ class Session:
         self._consume_rng()
 
     def _load(self, path: Path, prefix: str = "") -> None:
-        states = table.load(self.components, path, self.rank, prefix)
+        states = layout.load(self.components, path, self.rank, prefix)
         table.restore(self.components, states, self.chaos.skips, last=False)
         # Mirror the uninterrupted run: it had this epoch's iterator open only mid-epoch.
         # At a boundary the loop opens it lazily, after the RNG restore, exactly as it did there.
@@ -726,22 +727,12 @@ CARRIED = "carried"
 
 def _pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank."""
-    found = newest_valid(root)
-    if found is None:
-        existing = list_checkpoints(root)
-        if existing:
-            return (
-                f"None of the {len(existing)} checkpoints in {root} verifies (see the warnings above), so this run "
-                "cannot resume, and starting over would replace them. Restore the files, or move the run directory "
-                "away (or pick a new run.dir) to start from step 0."
-            )
-        return None
-    path, manifest = found
+    run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), _strict(training))
     try:
-        check_compatible(manifest, path, world_size, training, torch.__version__, torch.get_num_threads(), _strict(training))
+        found = newest_usable(root, run, strict=True)
     except UsageError as exc:
         return str(exc)
-    return str(path), manifest
+    return None if found is None else (str(found.path), found.manifest)
 
 
 def _total_steps(total_steps: int | None, total_epochs: int | None, steps_per_epoch: int | None) -> int:
