@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from legato.errors import UsageError
-from legato.state.hashing import Digests, digest
+from legato.state.hashing import Digests, digest, rank_hash
 
 if TYPE_CHECKING:
     # Only for the type: importing torch.distributed.checkpoint costs 2 s per rank on a busy CPU.
@@ -71,3 +71,9 @@ def restore(table: Iterable[Component], states: Mapping[str, Any], skips: Callab
     for c in table:
         if c.restore_last == last and not skips(c.name):
             c.obj.load_state_dict(states[c.name])
+
+
+def state_hash(table: Iterable[Component]) -> tuple[dict[str, str], str]:
+    """This rank's component digests and rank hash, from the live objects (draws no RNG)."""
+    components = digests(capture(table))
+    return components, rank_hash(components)
