@@ -44,9 +44,10 @@ import torch.distributed.checkpoint as dcp
 import xxhash
 
 from legato.runtime.launch import free_port
-from legato.session.replay import Snapshot
 from legato.state.hashing import Digests, digest, rank_hash
+from legato.state.snapshot import Snapshot
 from legato.store import checkpoint as ckpt
+from legato.store import filehash
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
 from legato.store.manifest import read_manifest
 
@@ -260,7 +261,7 @@ def torch_save_fsync(state: dict, path: Path) -> None:
 
 def _legato_restore(path: Path) -> None:
     manifest = read_manifest(path)
-    loaded = ckpt.load_file(path / "rank0.pt")
+    loaded = filehash.load_file(path / "rank0.pt")
     digest(loaded)
     assert manifest["step"] >= 0
 

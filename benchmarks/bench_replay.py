@@ -109,8 +109,8 @@ def parts(b: Bench, repeats: int = 30) -> dict[str, float]:
         start = time.perf_counter()
         tensors = batch_tensors([x, y])
         step_record(i, 0.5, fingerprint(tensors), None)
-        session._held.yielded(tensors)
-        session._held.step_ended(i)
+        session._saving.held.yielded(tensors)
+        session._saving.held.step_ended(i)
         records.append(time.perf_counter() - start)
     state = sum(t.numel() * t.element_size() for t in [*b.model.parameters(), *(v for s in b.opt.state.values() for v in s.values() if torch.is_tensor(v))])
     return {"snapshot": statistics.median(takes), "record": statistics.median(records), "bytes": state}

@@ -128,10 +128,8 @@ class SupervisorLock:
 
 def _check_checkpoints(cfg: Config) -> None:
     manifest.check_tree(RunPaths(cfg.run_dir).checkpoints)
-    found = manifest.newest_valid(RunPaths(cfg.run_dir).checkpoints)
-    if found is not None:
-        threads, strict = expected_threads(cfg), cfg.determinism.mode == "strict"
-        manifest.check_compatible(found[1], found[0], cfg.world_size, training_settings(cfg), manifest.installed_torch_version(), threads, strict)
+    run = manifest.RunShape(cfg.world_size, training_settings(cfg), manifest.installed_torch_version(), expected_threads(cfg), cfg.determinism.mode == "strict")
+    manifest.newest_usable(RunPaths(cfg.run_dir).checkpoints, run)
 
 
 def expected_threads(cfg: Config) -> int:

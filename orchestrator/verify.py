@@ -21,7 +21,7 @@ from legato.config import KEEP_LAST_MAX, Config, config_from_dict
 from legato.errors import UsageError
 from legato.orchestrator.ledger import Ledger
 from legato.paths import RunPaths
-from legato.store.manifest import checkpoint_step, list_checkpoints, newest_valid, read_manifest_file
+from legato.store.manifest import checkpoint_step, list_checkpoints, newest_usable, read_manifest_file
 from legato.store.trajectory import read_trajectory
 
 RNG_WORDS = {"rng.python": "python's", "rng.numpy": "numpy's", "rng.torch": "torch's CPU", "rng.gen.loader": "the data loader's"}
@@ -238,8 +238,8 @@ def _ranks(run_dir: Path) -> list[Path]:
 
 
 def _final(run_dir: Path) -> dict | None:
-    found = newest_valid(RunPaths(run_dir).checkpoints)
-    return None if found is None else found[1]
+    found = newest_usable(RunPaths(run_dir).checkpoints)
+    return None if found is None else found.manifest
 
 
 def _compare_checkpoints(a: Path, b: Path) -> tuple[int, list[int]]:

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
 import legato
-from legato.store import checkpoint as ckpt
-from legato.store.manifest import list_checkpoints, newest_valid, read_manifest
+from legato.store import commit
+from legato.store.manifest import list_checkpoints, newest_usable, read_manifest
 
 STEPS = 30
 ASYNC = ("checkpoint.async=true", "checkpoint.every_steps=4", "checkpoint.keep_last=100")
@@ -59,7 +59,7 @@ def small_run(run_dir: Path, steps: int, policy: legato.CheckpointPolicy, on_ste
 
 def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_next_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
     release = threading.Event()
-    real = ckpt.write_files
+    real = commit.write_files
     seen: dict[int, tuple] = {}
 
     def held_write(directory: Path, files: dict, known: tuple = ()) -> dict:
@@ -70,16 +70,16 @@ def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_ne
     def look(session: legato.Session) -> None:
         root = session.checkpoint_root
         if session.step == 3:
-            if session._async.in_flight is not None:
-                session._async.in_flight.future.result(60)  # step 2's write is done: step 4's boundary commits it at the latest
-            finish = session._async.finish
+            if session._saving.background.in_flight is not None:
+                session._saving.background.in_flight.future.result(60)  # step 2's write is done: step 4's boundary commits it at the latest
+            finish = session._saving.background.finish
             # Step 4's writer is held until step 6's checkpoint waits for it: then "in flight" is certain, not a race.
-            session._async.finish = lambda: (release.set(), finish())[1]
+            session._saving.background.finish = lambda: (release.set(), finish())[1]
         if session.step in (4, 5):
-            found = newest_valid(root)
+            found = newest_usable(root)
             seen[session.step] = ([p.name for p in list_checkpoints(root)], found[0].name if found else None, (root / ".tmp_step_4").is_dir())
 
-    monkeypatch.setattr(ckpt, "write_files", held_write)
+    monkeypatch.setattr(commit, "write_files", held_write)
     policy = legato.CheckpointPolicy(every_steps=2, keep_last=1, hash_every_steps=1, agree_every_steps=1, replay_steps=0, async_=True)
     with caplog.at_level(logging.INFO, logger="legato"):
         session = small_run(tmp_path, 8, policy, look)
@@ -111,9 +111,9 @@ def test_unset_async_is_off_for_a_model_on_the_cpu(tmp_path: Path) -> None:
     here, where the two measured a tie; an explicit True still switches it on."""
     unset = legato.CheckpointPolicy(every_steps=3, hash_every_steps=1, agree_every_steps=1, replay_steps=0)
     assert unset.async_ is None
-    assert small_run(tmp_path / "unset", 3, unset)._async is None
+    assert small_run(tmp_path / "unset", 3, unset)._saving.background is None
     on = legato.CheckpointPolicy(every_steps=3, hash_every_steps=1, agree_every_steps=1, replay_steps=0, async_=True)
-    assert small_run(tmp_path / "on", 3, on)._async is not None
+    assert small_run(tmp_path / "on", 3, on)._saving.background is not None
 
 
 def test_the_writer_thread_runs_at_low_priority_and_the_training_thread_keeps_its_own(tmp_path: Path) -> None:

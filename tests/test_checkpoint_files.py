@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from legato.state.hashing import Digests, digest
-from legato.store import checkpoint as ckpt
+from legato.store import commit, filehash
 from legato.store import manifest as manifests
 
 
@@ -27,7 +27,7 @@ def test_file_hash_reuses_the_state_digests_and_verifies_from_bytes(tmp_path: Pa
     seen = Digests()
     before = digest(value, seen)
     hashed: list[int] = []
-    real = ckpt.xxhash.xxh3_128
+    real = filehash.xxhash.xxh3_128
 
     class Counting:
         """Counts the bytes the writer hashes itself: the storages must not be among them."""
@@ -45,13 +45,13 @@ def test_file_hash_reuses_the_state_digests_and_verifies_from_bytes(tmp_path: Pa
         def hexdigest(self) -> str:
             return self.h.hexdigest()
 
-    monkeypatch.setattr(ckpt.xxhash, "xxh3_128", Counting)
-    info = ckpt.write_files(tmp_path, {"a.pt": value}, (seen,))["a.pt"]
+    monkeypatch.setattr(filehash.xxhash, "xxh3_128", Counting)
+    info = commit.write_files(tmp_path, {"a.pt": value}, (seen,))["a.pt"]
     monkeypatch.undo()
     assert [length for _, length in info["segments"]] == [value["w"].nbytes]  # the 48000-byte storage; small ones are regions
     assert value["w"].nbytes not in hashed and sum(hashed) < info["bytes"] - value["w"].nbytes + 1000
     manifests._verify_file(tmp_path / "a.pt", info)
-    loaded = ckpt.load_file(tmp_path / "a.pt")
+    loaded = filehash.load_file(tmp_path / "a.pt")
     assert digest(loaded) == before and torch.equal(loaded["w"], value["w"])
 
 
@@ -59,8 +59,8 @@ def test_without_known_digests_the_file_hash_is_the_same(tmp_path: Path) -> None
     value = state()
     seen = Digests()
     digest(value, seen)
-    with_known = ckpt.write_files(tmp_path, {"a.pt": value}, (seen,))["a.pt"]
-    plain = ckpt.write_files(tmp_path, {"b.pt": value})["b.pt"]
+    with_known = commit.write_files(tmp_path, {"a.pt": value}, (seen,))["a.pt"]
+    plain = commit.write_files(tmp_path, {"b.pt": value})["b.pt"]
     assert plain["segments"] == [] and plain["bytes"] == with_known["bytes"]
     manifests._verify_file(tmp_path / "a.pt", with_known)
     manifests._verify_file(tmp_path / "b.pt", plain)
@@ -71,7 +71,7 @@ def test_a_flipped_byte_anywhere_is_caught_naming_the_file(tmp_path: Path, where
     value = state()
     seen = Digests()
     digest(value, seen)
-    info = ckpt.write_files(tmp_path, {"rank1.pt": value}, (seen,))["rank1.pt"]
+    info = commit.write_files(tmp_path, {"rank1.pt": value}, (seen,))["rank1.pt"]
     path = tmp_path / "rank1.pt"
     data = bytearray(path.read_bytes())
     data[int(where * len(data)) if where >= 0 else len(data) - 1] ^= 0x10
@@ -81,7 +81,7 @@ def test_a_flipped_byte_anywhere_is_caught_naming_the_file(tmp_path: Path, where
 
 
 def test_truncated_file_and_forged_segments_are_refused(tmp_path: Path) -> None:
-    info = ckpt.write_files(tmp_path, {"m.pt": state()})["m.pt"]
+    info = commit.write_files(tmp_path, {"m.pt": state()})["m.pt"]
     path = tmp_path / "m.pt"
     with pytest.raises(ValueError, match="malformed segments for m.pt"):
         manifests._verify_file(path, {**info, "segments": [[10, info["bytes"]]]})

@@ -20,69 +20,23 @@ module must never draw from an RNG or touch the process group.
 from __future__ import annotations
 
 import hashlib
-import time
 import weakref
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
 
-from legato.state.hashing import Digests, digest, rank_hash
+from legato.state.hashing import rank_hash
+from legato.state.snapshot import Snapshot
 
 FINGERPRINT_BYTES = 1 << 14  # per tensor: an evenly strided sample beyond this, to stay cheap on big batches
-
-
-class Snapshot:
-    """The state of every component at one step, copied into CPU tensors that later copies reuse.
-
-    Its component digests are computed at most once per copy (`digests`), and the tensor digests of that
-    pass stay with it (`seen`) so that a checkpoint writing these tensors does not hash them again.
-    """
-
-    def __init__(self) -> None:
-        self.step: int | None = None
-        self.parts: dict[str, Any] = {}
-        self.seen = Digests()
-        self.copy_s = 0.0  # how long the last copy took (the blocking part of an asynchronous checkpoint)
-        self._digests: dict[str, str] | None = None
-
-    def take(self, step: int, parts: Mapping[str, Any]) -> None:
-        start = time.perf_counter()
-        self.seen, self._digests = Digests(), None
-        self.parts = _copy_into(self.parts, parts)
-        self.step = step
-        self.copy_s = time.perf_counter() - start
-
-    def digests(self) -> dict[str, str]:
-        if self._digests is None:
-            self._digests = {name: digest(value, self.seen) for name, value in self.parts.items()}
-        return self._digests
 
 
 def base_share(rank: int, snapshot: Snapshot, window: list[dict]) -> dict:
     """A rank's replay base for a checkpoint: the base's step and digests, and the records of the steps since."""
     base = snapshot.digests()
     return {"rank": rank, "from_step": snapshot.step, "hash": rank_hash(base), "components": base, "steps": list(window)}
-
-
-def _copy_into(dst: Any, src: Any) -> Any:
-    """A copy of `src` that reuses `dst`'s tensors wherever shape and dtype still fit."""
-    if isinstance(src, torch.Tensor):
-        if isinstance(dst, torch.Tensor) and dst.shape == src.shape and dst.dtype == src.dtype:
-            return dst.copy_(src.detach())
-        if src.device.type == "cpu":
-            return src.detach().clone()
-        # Pinned host memory: the device-to-host copy of a staged checkpoint runs at full speed.
-        return torch.empty(src.shape, dtype=src.dtype, pin_memory=torch.cuda.is_available()).copy_(src.detach())
-    if isinstance(src, Mapping):
-        old = dst if isinstance(dst, Mapping) else {}
-        return {k: _copy_into(old.get(k), v) for k, v in src.items()}
-    if isinstance(src, (list, tuple)):
-        old = dst if isinstance(dst, (list, tuple)) and len(dst) == len(src) else [None] * len(src)
-        items = [_copy_into(o, v) for o, v in zip(old, src)]
-        return items if isinstance(src, list) else tuple(items)
-    return src  # numbers, strings, None: immutable
 
 
 def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
@@ -101,17 +55,6 @@ def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
         if flat.numel():
             h.update(flat.cpu().contiguous().view(torch.uint8).numpy().data)
     return h.hexdigest()[:16]
-
-
-def batch_tensors(batch: Any) -> list[torch.Tensor]:
-    """The tensors of a batch (nested lists, tuples and dicts), in a fixed order."""
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [t for key in sorted(batch, key=repr) for t in batch_tensors(batch[key])]
-    if isinstance(batch, (list, tuple)):
-        return [t for item in batch for t in batch_tensors(item)]
-    return []
 
 
 class HeldBatches:

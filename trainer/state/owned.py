@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from legato.errors import UsageError
-from legato.session.replay import batch_tensors
 from legato.state import components as table
+from legato.state.snapshot import batch_tensors
 
 
 class TorchGenerator:

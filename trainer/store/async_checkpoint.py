@@ -10,7 +10,7 @@ last writes its report (`.report_rank<R>.json`, fsynced). Whether every rank's
 files are durable is agreed through the stop agreement's non-blocking
 all-reduce (legato.dist.stop), so no step waits for it; once all are, rank 0 builds
 the manifest from the reports and publishes the directory with the same atomic
-rename as a synchronous checkpoint (legato.store.checkpoint). Until then the
+rename as a synchronous checkpoint (the phases of legato.store.commit). Until then the
 checkpoint lives only in a temporary directory: it is never selectable, never
 counted in `keep_last`, and pruning happens only after a publish.
 
@@ -44,11 +44,10 @@ import torch.distributed as dist
 
 from legato.dist.stop import Decision
 from legato.files import fsync_dir, write_fsynced
-from legato.paths import TMP_STEP_PREFIX
-from legato.session.replay import Snapshot
-from legato.state.hashing import global_hash, rank_hash
-from legato.store import checkpoint as ckpt
-from legato.store.manifest import check_contained
+from legato.state.hashing import rank_hash
+from legato.state.snapshot import Snapshot
+from legato.store import commit
+from legato.store.commit import Committed, KillPoint
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +83,7 @@ class _InFlight:
 class AsyncCheckpointer:
     """One rank's side of the asynchronous checkpoints of a Session."""
 
-    def __init__(self, root: Path, rank: int, world_size: int, group: dist.ProcessGroup | None, keep_last: int, kill: ckpt.KillPoint | None) -> None:
+    def __init__(self, root: Path, rank: int, world_size: int, group: dist.ProcessGroup | None, keep_last: int, kill: KillPoint | None) -> None:
         self.root, self.rank, self.world_size, self.group = root, rank, world_size, group
         self.keep_last, self.kill = keep_last, kill
         self.staging = Snapshot()
@@ -110,11 +109,8 @@ class AsyncCheckpointer:
         return self.staging
 
     def start(self, job: Job) -> None:
-        tmp = self.root / f"{TMP_STEP_PREFIX}{job.step}"
-        for path in (self.root, tmp):
-            check_contained(self.root, path)
-        self.root.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir(exist_ok=True)
+        """Hand a staged checkpoint to the worker thread (phase stage here, phase write there)."""
+        tmp = commit.stage(self.root, job.step, self.rank, fresh=False)
         future = self._executor.submit(self._write, job, tmp)
         self.in_flight = _InFlight(job, tmp, future, time.perf_counter() - job.blocking_s)
 
@@ -123,7 +119,7 @@ class AsyncCheckpointer:
         if self.in_flight is not None and any(buffer is held for held in self.in_flight.job.holds):
             self._wait_local()
 
-    def settle(self, decision: Decision) -> ckpt.Committed | None:
+    def settle(self, decision: Decision) -> Committed | None:
         """At an agreed boundary: commit the checkpoint in flight once every rank's files are durable."""
         if self.in_flight is None or decision.checked_at is None or decision.checked_at <= self.in_flight.job.step:
             return None  # that agreement was started before this checkpoint
@@ -134,7 +130,7 @@ class AsyncCheckpointer:
             return None
         return self._commit()
 
-    def finish(self) -> ckpt.Committed | None:
+    def finish(self) -> Committed | None:
         """Collective, at an agreed step: wait for the checkpoint in flight and commit it (or abandon it)."""
         if self.in_flight is None:
             return None
@@ -148,7 +144,7 @@ class AsyncCheckpointer:
             return None
         return self._commit()
 
-    def wait_for_previous(self, step: int) -> ckpt.Committed | None:
+    def wait_for_previous(self, step: int) -> Committed | None:
         """Collective: a checkpoint is due while one is in flight; wait for that one (the disk sets the pace)."""
         assert self.in_flight is not None
         log.warning(
@@ -179,29 +175,28 @@ class AsyncCheckpointer:
         """The worker: one hash pass over the staged copy, then write, fsync, report."""
         components = job.staged.digests()
         replay = job.replay()
-        written = ckpt.write_files(tmp, job.files, tuple(h.seen for h in job.holds))
-        ckpt._maybe_kill(self.kill, job.step, "after_shards")
-        report = {"rank": self.rank, "hash": rank_hash(components), "components": components, "files": written, "replay": replay}
+        written = commit.write_files(tmp, job.files, tuple(h.seen for h in job.holds))
+        commit.kill_point(self.kill, job.step, "after_shards")
+        report = commit.report(self.rank, rank_hash(components), components, written, replay)
         write_fsynced(tmp / f"{REPORT_PREFIX}{self.rank}.json", json.dumps(report, sort_keys=True).encode())
         fsync_dir(tmp)
 
-    def _commit(self) -> ckpt.Committed | None:
+    def _commit(self) -> Committed | None:
         flight, self.in_flight = self.in_flight, None
         assert flight is not None
         step, tmp = flight.job.step, flight.tmp
         reports = [json.loads((tmp / f"{REPORT_PREFIX}{r}.json").read_text()) for r in range(self.world_size)] if self.rank == 0 else []
-        ghash = global_hash([r["hash"] for r in reports]) if reports else ""
-        if self.rank == 0:
+        ghash = commit.combined_hash(reports)
+        if self.rank == commit.LEADER:
             listed = {name for r in reports for name in r["files"]}
             for entry in tmp.iterdir():
                 if entry.name not in listed:  # the reports, and what a killed earlier attempt left at this step
                     shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
-            ckpt._publish(self.root, tmp, step, self.world_size, reports, ghash, flight.job.meta, self.kill)
-            ckpt._prune(self.root, self.keep_last, keep=step)
-        total = sum(f["bytes"] for r in reports for f in r["files"].values())
+            commit.publish(self.root, tmp, step, self.world_size, reports, ghash, flight.job.meta, self.kill)
+            commit.prune(self.root, self.keep_last, keep=step)
         seconds = time.perf_counter() - flight.started
         log.info("rank %d: asynchronous checkpoint step %d committed %.3fs after its step (%.3fs blocking)", self.rank, step, seconds, flight.job.blocking_s)
-        return ckpt.Committed(step, ckpt.step_dir(self.root, step), ghash, seconds, total)
+        return commit.committed(self.root, step, reports, ghash, seconds)
 
     def _abandon(self, why: str) -> None:
         flight, self.in_flight = self.in_flight, None

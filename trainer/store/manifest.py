@@ -1,4 +1,4 @@
-"""Published checkpoints as files: list them, verify a manifest and its files, pick the newest valid one,
+"""Published checkpoints as files: list them, verify a manifest and its files, pick the newest usable one,
 and decide whether one can continue this run. The training identity rule lives here, once.
 
 Reads only JSON and file bytes, never imports torch and never unpickles
@@ -13,8 +13,9 @@ import importlib.metadata
 import json
 import logging
 import os
+from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import xxhash
 
@@ -162,13 +163,51 @@ def _hash_next(f: BinaryIO, length: int) -> bytes:
     return h.digest()
 
 
-def newest_valid(root: Path) -> tuple[Path, dict] | None:
-    """The newest checkpoint whose manifest and files verify; each skipped one is named in a warning."""
-    for path in list_checkpoints(root):
+class Found(NamedTuple):
+    """A published checkpoint whose manifest and files verify: its directory and manifest."""
+
+    path: Path
+    manifest: dict
+
+    @property
+    def step(self) -> int:
+        return self.manifest["step"]
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """What a checkpoint must match to continue a run bit for bit (see `check_compatible`)."""
+
+    world_size: int
+    training: dict | None
+    torch_version: str
+    threads: int | None = None
+    strict: bool = True
+
+
+def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = False) -> Found | None:
+    """The newest checkpoint under `root` whose manifest and files verify; each skipped one is named in a warning.
+
+    With `run`, the one found must be able to continue that run (UsageError otherwise: an older one would
+    silently drop progress). `strict`: checkpoints exist but none verifies is a UsageError too, as a run
+    that started over would replace them. None: nothing to resume.
+    """
+    candidates = list_checkpoints(root)
+    for path in candidates:
         try:
-            return path, read_manifest(path)
+            found = Found(path, read_manifest(path))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("skipping checkpoint %s: %s", path, exc)
+            continue
+        if run is not None:
+            check_compatible(found.manifest, path, run.world_size, run.training, run.torch_version, run.threads, run.strict)
+        return found
+    if strict and candidates:
+        raise UsageError(
+            f"None of the {len(candidates)} checkpoints in {root} verifies (see the warnings above), so this run "
+            "cannot resume, and starting over would replace them. Restore the files, or move the run directory "
+            "away (or pick a new run.dir) to start from step 0."
+        )
     return None
 
 

@@ -1,0 +1,61 @@
+"""The batches of a Session's loader, from where the run stands: one epoch's iterator at a time.
+
+Opens an epoch's iterator lazily (after the RNG restore, exactly where the
+uninterrupted run opened it), reopens it mid-epoch on a resume, and moves to
+the next epoch when one of unknown length runs out. With no loader the step
+index stands in for the batch. This module must never write the position
+except through `Position`'s methods, and never touch the disk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from legato.errors import UsageError
+from legato.session.position import Position
+
+EPOCH_OVER = object()  # in epochs(): the epoch's iterator ran out (its length was unknown)
+
+
+class Feed:
+    """One rank's supply of batches from an adopted loader (`legato.state.loaders`), or the step index without one."""
+
+    def __init__(self, source: Any, position: Position) -> None:
+        self.source = source
+        self.position = position
+        self.epoch_mode = False
+        self._batches: Iterator[Any] | None = None
+
+    def next(self) -> Any:
+        """The next batch; EPOCH_OVER where an epoch of unknown length ended inside epochs()."""
+        if self.source is None:
+            return self.position.step
+        if self._batches is None:
+            self._batches = self._open(resuming=False)
+        try:
+            return next(self._batches)
+        except StopIteration:
+            # An epoch of unknown length ended: the next one starts where the plain loop starts it.
+            if self.position.step_in_epoch == 0:
+                raise UsageError(f"The loader yielded no batch in epoch {self.position.epoch}. Pass a loader that yields at least one batch per epoch.") from None
+            if self.epoch_mode:
+                self._batches = None
+                return EPOCH_OVER
+            self.position.next_epoch()
+            self._batches = self._open(resuming=False)
+            return next(self._batches)
+
+    def resumed(self) -> None:
+        """After a restore: mirror the uninterrupted run, which had this epoch's iterator open only mid-epoch.
+
+        At a boundary the loop opens it lazily, after the RNG restore, exactly as it did there.
+        """
+        self._batches = self._open(resuming=True) if self.position.mid_epoch and self.source is not None else None
+
+    def drop(self) -> None:
+        """Let this epoch's iterator go (with its workers), as the plain loop does when the epoch ends."""
+        self._batches = None
+
+    def _open(self, resuming: bool) -> Iterator[Any]:
+        return self.source.open(self.position.epoch, self.position.step_in_epoch, resuming)

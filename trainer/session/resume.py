@@ -1,0 +1,141 @@
+"""Resuming a run: select the checkpoint, restore it, check the restore, conclude (report or refuse).
+
+Rank 0 picks the newest usable checkpoint (legato.store.manifest.newest_usable)
+and hands it to the others; every rank loads it (RNG last, right before the
+first resumed step), recomputes its digests, and the ranks compare them with
+the manifest. A resume that does not verify raises (or warns, under
+checkpoint.verify: warn). This module must never call back into the Session:
+it works on the component table, the position's feed and plain data.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from legato.dist.peers import Peers
+from legato.errors import ResumeMismatchError, UsageError
+from legato.session import replay
+from legato.session.chaos import Chaos
+from legato.session.feed import Feed
+from legato.session.telemetry import Telemetry
+from legato.state import components as table
+from legato.state.components import Component
+from legato.state.hashing import global_hash
+from legato.store import layout
+from legato.store.manifest import RunShape, newest_usable
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Resumed:
+    """How a resume went: where from, the hashes compared, what differed, and the replay's verdict."""
+
+    step: int
+    path: Path
+    expected_hash: str
+    recomputed_hash: str
+    mismatches: dict[int, list[str]] = field(default_factory=dict)
+    replay: replay.Verdict | None = None
+
+    @property
+    def match(self) -> bool:
+        return not self.mismatches and (self.replay is None or self.replay.identical)
+
+
+class Resumer:
+    """One rank's side of selecting, restoring and verifying a checkpoint."""
+
+    def __init__(self, root: Path, peers: Peers, components: list[Component], feed: Feed, chaos: Chaos, telemetry: Telemetry, verify: str) -> None:
+        self.root, self.peers, self.components, self.feed = root, peers, components, feed
+        self.chaos, self.telemetry, self.verify = chaos, telemetry, verify
+        self.resumed: Resumed | None = None
+
+    def select(self, training: dict | None) -> tuple[Path, dict] | None:
+        """Rank 0 picks the newest verified checkpoint and hands its manifest to the others."""
+        picked = self.peers.from_leader(pick(self.root, self.peers.world_size, training) if self.peers.rank == 0 else None)
+        if isinstance(picked, str):
+            raise UsageError(picked)
+        return None if picked is None else (Path(picked[0]), picked[1])
+
+    def restore(self, path: Path, manifest: dict) -> None:
+        """Load checkpoint `path` itself, check its digests, and report the resume."""
+        self.load(path)
+        mismatches, recomputed = self.check(manifest["ranks"])
+        self.conclude(path, manifest, recomputed, mismatches)
+        self.chaos.consume_rng(self.components)
+
+    def load(self, path: Path, prefix: str = "") -> None:
+        """Restore every component from `path` (RNG last, after the feed reopened the epoch's iterator)."""
+        states = layout.load(self.components, path, self.peers.rank, prefix)
+        table.restore(self.components, states, self.chaos.skips, last=False)
+        self.feed.resumed()
+        # RNG goes last, right before the first resumed step: nothing may draw after it.
+        table.restore(self.components, states, self.chaos.skips, last=True)
+
+    def check(self, saved_ranks: list[dict]) -> tuple[dict[int, list[str]], str]:
+        """Collective: every rank's components whose live digests differ from `saved_ranks`, and the recomputed global hash."""
+        components, own_hash = table.state_hash(self.components)
+        saved = saved_ranks[self.peers.rank]["components"]
+        differing = sorted(name for name in set(saved) | set(components) if saved.get(name) != components.get(name))
+        reports = self.peers.gather((own_hash, differing))
+        return {r: names for r, (_, names) in enumerate(reports) if names}, global_hash([h for h, _ in reports])
+
+    def conclude(self, path: Path, manifest: dict, recomputed: str, mismatches: dict[int, list[str]], verdict: replay.Verdict | None = None) -> None:
+        """Report the resume; raise (or warn, under checkpoint.verify: warn) when it did not verify."""
+        step = self.feed.position.step
+        self.resumed = Resumed(step, path, manifest["global_hash"], recomputed, mismatches, verdict)
+        self.telemetry.emit(
+            "resumed",
+            step=step,
+            path=str(path),
+            expected_hash=manifest["global_hash"],
+            recomputed_hash=recomputed,
+            match=self.resumed.match,
+            mismatches={str(r): n for r, n in mismatches.items()},
+            replay=None if verdict is None else verdict.to_event(),
+        )
+        if self.resumed.match:
+            how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step}"
+            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s", self.peers.rank, step, path, recomputed, how)
+            return
+        message = _problems(step, path, manifest, mismatches, verdict)
+        if self.verify == "warn":
+            log.warning("%s Continuing because checkpoint.verify is 'warn'.", message)
+            return
+        raise ResumeMismatchError(message)
+
+
+def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None) -> str:
+    problems = []
+    if mismatches:
+        detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
+        where = "" if verdict is None else f" (its replay base, step {verdict.from_step})"
+        problems.append(
+            f"Resume verification failed at step {step} ({path}){where}: the restored state does not hash to what the "
+            f"checkpoint recorded. Differing components: {detail}. Something was not restored, or was changed after "
+            "restore (an RNG drawn between restore and the first step is the usual cause)."
+        )
+    if verdict is not None and not verdict.identical:
+        problems.append(f"Resume verification failed at step {manifest['step']} ({path}): the {replay.describe(verdict)}.")
+    return " ".join(problems)
+
+
+def pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
+    """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank."""
+    run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), strict_determinism(training))
+    try:
+        found = newest_usable(root, run, strict=True)
+    except UsageError as exc:
+        return str(exc)
+    return None if found is None else (str(found.path), found.manifest)
+
+
+def strict_determinism(training: dict | None) -> bool:
+    """determinism.mode from the run's settings; for a Session used without a config, whether torch runs deterministic."""
+    mode = (training or {}).get("determinism", {}).get("mode")
+    return mode == "strict" if mode is not None else torch.are_deterministic_algorithms_enabled()

@@ -1,0 +1,198 @@
+"""Saving a run: when a checkpoint is due, which driver writes it, and the replay base it carries.
+
+At each step boundary the ranks agree (legato.dist.stop) whether to stop or
+checkpoint; a stop or the final step is written synchronously, a periodic one
+in the background when `checkpoint.async_` says so (legato.store.async_checkpoint,
+else legato.store.checkpoint). Every `replay_steps` steps the state is copied
+into the replay base (a Snapshot) and each step appends its record, so that
+every checkpoint carries its own proof. This module must never call back into
+the Session and never restore anything.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from legato.dist.peers import Peers
+from legato.dist.stop import StopAgreement
+from legato.session import replay
+from legato.session.position import Position
+from legato.session.replayer import REPLAY_PREFIX
+from legato.session.telemetry import Telemetry
+from legato.state import components as table
+from legato.state.components import Component
+from legato.state.hashing import Digests, rank_hash
+from legato.state.snapshot import Snapshot, batch_tensors
+from legato.store import checkpoint as ckpt
+from legato.store import layout
+from legato.store.async_checkpoint import AsyncCheckpointer, Job
+from legato.store.commit import Committed, KillPoint
+
+log = logging.getLogger(__name__)
+
+
+class Saver:
+    """One rank's checkpoint policy, its two drivers, and the replay base with the step records since it."""
+
+    def __init__(
+        self, root: Path, peers: Peers, components: list[Component], position: Position, policy: Any,
+        telemetry: Telemetry, meta: dict[str, Any], kill: KillPoint | None, background: bool,
+    ) -> None:
+        self.root, self.peers, self.components, self.position = root, peers, components, position
+        self.policy, self.telemetry, self.meta, self.kill = policy, telemetry, meta, kill
+        self.background = AsyncCheckpointer(root, peers.rank, peers.world_size, peers.group, policy.keep_last, kill) if background else None
+        self.last_checkpoint: Committed | None = None
+        self.last_save_time = time.monotonic()
+        # Replay: the base snapshot, the records of the steps since it, and the batches that outlive their step.
+        self.snapshot = Snapshot() if policy.replay_steps else None
+        self.window: list[dict] = []
+        self.held = replay.HeldBatches()
+        self._batch_fingerprint: str | None = None
+
+    # -- the replay base ------------------------------------------------------
+
+    def yielded(self, batch: Any) -> None:
+        """The batch about to be trained on: fingerprint it for this step's record."""
+        if self.snapshot is None:
+            return
+        tensors = batch_tensors(batch)
+        self._batch_fingerprint = replay.fingerprint(tensors)
+        self.held.yielded(tensors)
+
+    def record_step(self, loss: float | None, module: torch.nn.Module) -> dict | None:
+        """This step's replay record (the gradients' fingerprint only on the first step past the base)."""
+        if self.snapshot is None:
+            return None
+        step = self.position.step
+        first_after_base = step == (self.snapshot.step or 0) + 1
+        grads = replay.fingerprint(p.grad for p in module.parameters()) if first_after_base else None
+        record = replay.step_record(step, loss, self._batch_fingerprint, grads)
+        self.held.step_ended(step)
+        self.window.append(record)
+        return record
+
+    def take_snapshot(self) -> None:
+        """Make the current state the replay base."""
+        if self.snapshot is None:
+            return
+        self.window = []
+        staging = self.background.staging if self.background is not None else None
+        if staging is not None and staging.step == self.position.step and self.background.busy:
+            # This step's state is already staged for the checkpoint in flight: the staged copy becomes the
+            # replay base, and the old base's buffer is the next staging buffer. One copy, not two.
+            self.snapshot, self.background.staging = staging, self.snapshot
+            return
+        if self.background is not None:
+            self.background.release(self.snapshot)
+        self.snapshot.take(self.position.step, table.capture(self.components))
+
+    def snapshot_due(self, total_steps: int) -> bool:
+        """Whether this step starts a new replay base (every replay_steps steps, short of the end)."""
+        step = self.position.step
+        return self.snapshot is not None and step % self.policy.replay_steps == 0 and step < total_steps
+
+    def replayable(self, manifest: dict, total_steps: int) -> bool:
+        """Whether a resume from `manifest` proves itself by a replay."""
+        return self.snapshot is not None and "replay" in manifest and manifest["step"] < total_steps
+
+    def _has_base(self) -> bool:
+        snap = self.snapshot
+        return snap is not None and snap.step is not None and snap.step < self.position.step
+
+    # -- checkpoints ----------------------------------------------------------
+
+    def reason(self, agreement: StopAgreement, stop_local: bool, total_steps: int) -> str | None:
+        """Take part in this boundary's agreement; say why a checkpoint is due now, if one is."""
+        step = self.position.step
+        clock_due = self.policy.every_minutes > 0 and time.monotonic() - self.last_save_time >= 60 * self.policy.every_minutes
+        flags = self.background.flags() if self.background is not None else {}
+        decision = agreement.boundary(step, stop_local, clock_due, **flags)
+        if self.background is not None:
+            self._committed(self.background.settle(decision), "periodic")
+        if step == total_steps:
+            return "final"
+        if decision.stop:
+            return "signal"
+        if decision.checkpoint_due or (self.policy.every_steps and step % self.policy.every_steps == 0):
+            return "periodic"
+        return None
+
+    def step_end(self, reason: str | None, loss: float | None, lr: float | None, received_at: float | None) -> None:
+        """After the agreement: log the trajectory, report progress and a stop, and write the checkpoint due."""
+        step, epoch = self.position.step, self.position.epoch
+        hash_due = bool(self.policy.hash_every_steps) and step % self.policy.hash_every_steps == 0
+        background = reason == "periodic" and self.background is not None
+        if background and self.background.busy:
+            self._committed(self.background.wait_for_previous(step), "periodic")
+        # One pass over the state serves both the trajectory hash and the checkpoint.
+        parts = table.capture(self.components) if reason or hash_due else {}
+        seen = Digests()
+        staged = self._stage(parts) if background else None
+        components = (staged.digests() if hash_due else {}) if staged is not None else table.digests(parts, seen)
+        self.telemetry.record(step, epoch, loss, lr, components if hash_due else None)
+        self.telemetry.progress(step, epoch, loss)
+        if reason == "signal":
+            self.telemetry.stop_agreed(step, received_at)
+            self.telemetry.say("rank %d: ranks agreed to stop after step %d; run the same command again to resume", self.peers.rank, step)
+        if staged is not None:
+            self._save_async(staged)
+        elif reason is not None:
+            if self.background is not None:
+                self._committed(self.background.finish(), "periodic")
+            self._save(reason, parts, components, seen)
+
+    def close(self) -> None:
+        """Leave: the background writer stops (a checkpoint in flight stays unpublished)."""
+        if self.background is not None:
+            self.background.close()
+
+    def _meta(self, reason: str) -> dict[str, Any]:
+        return {"reason": reason, "epoch": self.position.epoch, **self.meta, "threads": torch.get_num_threads()}
+
+    def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests) -> None:
+        self.telemetry.sync()
+        rank, step = self.peers.rank, self.position.step
+        files = layout.files(self.components, parts, rank)
+        base = replay.base_share(rank, self.snapshot, self.window) if self._has_base() else None
+        if base is not None:
+            files.update(layout.files(self.components, self.snapshot.parts, rank, prefix=REPLAY_PREFIX))
+        seen_all = (seen,) if base is None else (seen, self.snapshot.seen)
+        share = ckpt.RankShare(rank, files, components, rank_hash(components), replay=base, seen=seen_all)
+        committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, self._meta(reason), self.policy.keep_last, self.kill)
+        self.last_save_time = time.monotonic()
+        log.info("rank %d: %s checkpoint step %d committed in %.3fs, global hash %s", rank, reason, step, committed.seconds, committed.global_hash)
+        self._committed(committed, reason)
+
+    def _stage(self, parts: dict[str, Any]) -> Snapshot:
+        """The blocking part of an asynchronous checkpoint: copy the state into the reused staging buffer."""
+        assert self.background is not None
+        self.telemetry.sync()
+        return self.background.stage(self.position.step, parts)
+
+    def _save_async(self, staged: Snapshot) -> None:
+        """Hand the staged state to the background writer; it is committed at a later agreed boundary."""
+        assert self.background is not None
+        snap, window, rank, has_base = self.snapshot, list(self.window), self.peers.rank, self._has_base()
+        # The layout is built here, where the live module is (per-rank buffer names); it only refers to the copies.
+        files = layout.files(self.components, staged.parts, rank)
+        if has_base:
+            files.update(layout.files(self.components, snap.parts, rank, prefix=REPLAY_PREFIX))
+
+        def base() -> dict | None:
+            return replay.base_share(rank, snap, window) if has_base else None
+
+        holds = (staged, snap) if has_base else (staged,)
+        self.background.start(Job(self.position.step, staged, files, base, self._meta("periodic"), holds, staged.copy_s))
+        self.last_save_time = time.monotonic()
+
+    def _committed(self, committed: Committed | None, reason: str) -> None:
+        """Report a published checkpoint (rank 0 alone knows an asynchronous one's global hash)."""
+        if committed is None or not committed.global_hash:
+            return
+        self.last_checkpoint = committed
+        self.telemetry.committed(committed, reason)

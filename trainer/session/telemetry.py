@@ -1,0 +1,82 @@
+"""What a Session tells the world: the events it emits, its progress, the trajectory log and rank 0's voice.
+
+Every event goes through `Telemetry.emit`, the one place where the payloads
+are shaped (so that a shared event vocabulary can replace them there); the
+payloads are plain dicts. This module must never decide anything about the
+run: it only reports what the other objects did.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from legato.session.voice import say
+from legato.state.hashing import rank_hash
+from legato.store.commit import Committed
+from legato.store.trajectory import TrajectoryWriter
+
+log = logging.getLogger(__name__)
+
+PROGRESS_INTERVAL_S = 1.0
+
+
+class Telemetry:
+    """One rank's events, progress reports and trajectory log."""
+
+    def __init__(self, rank: int, total_steps: int, on_event: Callable[[dict], None] | None) -> None:
+        self.rank, self.total_steps = rank, total_steps
+        self.on_event = on_event or (lambda event: None)
+        self._trajectory: TrajectoryWriter | None = None
+        self._last_progress_time = 0.0
+
+    def emit(self, event: str, **fields: Any) -> None:
+        """Hand one event to the caller: {"event": ..., "rank": ..., **fields}."""
+        self.on_event({"event": event, "rank": self.rank, **fields})
+
+    def say(self, message: str, *args: Any) -> None:
+        """A line a person must see (rank 0 only, even without logging configured)."""
+        say(log, self.rank, message, *args)
+
+    def open_trajectory(self, path: Path, resume_step: int) -> None:
+        """Start the trajectory log, cut back to the step the run resumes from."""
+        self._trajectory = TrajectoryWriter(path, resume_step)
+
+    def record(self, step: int, epoch: int, loss: float | None, lr: float | None, components: dict[str, str] | None) -> None:
+        """One step's trajectory line; with `components`, the rank's state hash and digests too."""
+        record: dict[str, Any] = {"step": step, "epoch": epoch, "loss_hex": None if loss is None else loss.hex(), "lr": lr}
+        if components is not None:
+            record["state_hash"] = rank_hash(components)
+            record["components"] = components
+        assert self._trajectory is not None
+        self._trajectory.write(record)
+
+    def sync(self) -> None:
+        """Make the trajectory durable up to now (before a checkpoint that covers it)."""
+        assert self._trajectory is not None
+        self._trajectory.sync()
+
+    def progress(self, step: int, epoch: int, loss: float | None) -> None:
+        """At most once a second (and at the last step), rank 0 tells the caller how far it got."""
+        now = time.monotonic()
+        if self.rank != 0 or (now - self._last_progress_time < PROGRESS_INTERVAL_S and step < self.total_steps):
+            return
+        self._last_progress_time = now
+        self.emit("progress", step=step, total_steps=self.total_steps, epoch=epoch, loss=loss)
+
+    def committed(self, committed: Committed, reason: str) -> None:
+        """A published checkpoint."""
+        self.emit("checkpoint_committed", reason=reason, step=committed.step, global_hash=committed.global_hash, seconds=committed.seconds, bytes=committed.bytes)
+
+    def stop_agreed(self, step: int, received_at: float | None, **extra: Any) -> None:
+        """The ranks agreed to stop after `step`."""
+        self.emit("stop_agreed", step=step, signal_received_at=received_at, **extra)
+
+    def close(self) -> None:
+        """Close the trajectory log."""
+        if self._trajectory is not None:
+            self._trajectory.close()
+            self._trajectory = None

@@ -1,0 +1,195 @@
+"""The commit protocol of a barrier checkpoint, in named phases that both drivers share.
+
+Layout: `<root>/step_<N>/` holds the files of every rank (which rank writes
+which file: `legato.store.layout.writes`) and `manifest.json` (step, world
+size, per-rank component digests and hashes, the global hash and an XXH3-128
+per file). The phases, in order:
+
+  stage    the temporary directory `<root>/.tmp_step_<N>/`, its paths checked
+  write    each rank writes and fsyncs its files there (one hash pass)
+  agree    the ranks' reports (digests, file hashes, replay base) meet
+  publish  the leader writes and fsyncs the manifest and publishes the
+           directory with one atomic rename: a reader sees all or nothing
+  prune    the leader removes older temporaries and checkpoints past keep_last
+
+The synchronous driver (legato.store.checkpoint) runs them in one collective
+call; the asynchronous one (legato.store.async_checkpoint) writes in a worker
+thread and agrees through report files and the stop agreement. Kill-points
+(`kill_point`) plant SIGKILLs between phases for the fault tests. Nothing
+outside `<root>` is read or written. This module must never know the Session,
+draw from an RNG, or decide when a checkpoint is due.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from legato.files import fsync_dir, write_fsynced
+from legato.paths import CHECKPOINT_MANIFEST as MANIFEST
+from legato.paths import STEP_PREFIX, TMP_STEP_PREFIX
+from legato.state.hashing import Digests, global_hash
+from legato.store.filehash import save_hashed
+from legato.store.manifest import FORMAT, check_contained, checkpoint_step, list_checkpoints, manifest_checksum
+
+log = logging.getLogger(__name__)
+
+LEADER = 0  # the rank that prepares, publishes and prunes
+
+
+@dataclass(frozen=True)
+class RankShare:
+    """What one rank contributes to a checkpoint."""
+
+    rank: int
+    files: dict[str, Any]  # file name -> plain state to torch.save
+    components: dict[str, str]  # component name -> digest
+    hash: str
+    replay: dict | None = None  # the replay base: its step, digests and the records of the steps since
+    seen: tuple[Digests, ...] = ()  # the tensor digests already computed over the memory of `files`
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A published checkpoint: its step, directory, global hash, how long it took and its size."""
+
+    step: int
+    path: Path
+    global_hash: str
+    seconds: float
+    bytes: int
+
+
+@dataclass(frozen=True)
+class KillPoint:
+    """Fault injection: die with SIGKILL at this point of this step's checkpoint."""
+
+    step: int
+    point: str
+
+
+def step_dir(root: Path, step: int) -> Path:
+    """Where checkpoint `step` is published."""
+    return root / f"{STEP_PREFIX}{step}"
+
+
+def stage(root: Path, step: int, rank: int, fresh: bool) -> Path:
+    """Phase stage: check the paths and create the temporary directory of checkpoint `step`.
+
+    Every rank checks the same paths, so every rank refuses together instead of waiting in a barrier. `fresh`
+    (a synchronous checkpoint, followed by a barrier): the leader alone clears what an earlier attempt left.
+    Otherwise every rank creates it if missing, as the ranks start writing without waiting for each other.
+    """
+    tmp = root / f"{TMP_STEP_PREFIX}{step}"
+    for path in (root, tmp, step_dir(root, step)):
+        check_contained(root, path)
+    if not fresh:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(exist_ok=True)
+    elif rank == LEADER:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+    return tmp
+
+
+def write_files(directory: Path, files: dict[str, Any], seen: tuple[Digests, ...] = ()) -> dict[str, dict]:
+    """Phase write: torch.save each state to `directory/<name>`, fsynced; returns name -> {bytes, hash, segments}."""
+    known = {key: d for s in seen for key, d in s.by_storage.items()}
+    return {name: save_hashed(state, directory / name, known) for name, state in files.items()}
+
+
+def report(rank: int, rank_hash: str, components: dict[str, str], written: dict[str, dict], replay: dict | None) -> dict:
+    """One rank's report of its written share: what `agree` exchanges and `publish` turns into the manifest."""
+    return {"rank": rank, "hash": rank_hash, "components": components, "files": written, "replay": replay}
+
+
+def agree(own: dict, world_size: int, group: dist.ProcessGroup | None) -> list[dict]:
+    """Phase agree (collective): every rank's report, in rank order."""
+    if group is None:
+        return [own]
+    reports: list[Any] = [None] * world_size
+    dist.all_gather_object(reports, own, group=group)
+    return sorted(reports, key=lambda r: r["rank"])
+
+
+def combined_hash(reports: list[dict]) -> str:
+    """The global hash of the ranks' reports; empty where this rank holds none (an asynchronous follower)."""
+    return global_hash([r["hash"] for r in reports]) if reports else ""
+
+
+def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dict], ghash: str, meta: dict, kill: KillPoint | None) -> None:
+    """Phase publish (the leader): write and fsync the manifest, then rename `tmp` into place atomically."""
+    manifest = {
+        "format": FORMAT,
+        "step": step,
+        "world_size": world_size,
+        "torch_version": torch.__version__,
+        "global_hash": ghash,
+        "ranks": [{"rank": r["rank"], "hash": r["hash"], "components": r["components"]} for r in reports],
+        "files": {name: info for r in reports for name, info in r["files"].items()},
+        "created_unix": time.time(),
+        **meta,
+    }
+    if reports[0]["replay"] is not None:
+        manifest["replay"] = {"from_step": reports[0]["replay"]["from_step"], "ranks": [r["replay"] for r in reports]}
+    manifest["manifest_sha256"] = manifest_checksum(manifest)
+    write_fsynced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    kill_point(kill, step, "after_manifest")
+    fsync_dir(tmp)
+    kill_point(kill, step, "before_publish")
+    final = step_dir(root, step)
+    if final.exists():
+        # A newer timeline reached this step again after falling back past it.
+        stale = root / f".stale_{STEP_PREFIX}{step}"
+        shutil.rmtree(stale, ignore_errors=True)
+        os.replace(final, stale)
+        shutil.rmtree(stale)
+    os.replace(tmp, final)
+    fsync_dir(root)
+
+
+def prune(root: Path, keep_last: int, keep: int) -> None:
+    """Phase prune (the leader), after publishing step `keep`: remove temporary directories of earlier steps
+    and all but the `keep_last` newest checkpoints up to `keep`.
+
+    Directories past `keep` are neither counted nor removed: a temporary one may be the next asynchronous
+    checkpoint, which another rank already writes; a published one is of a timeline this run fell back from
+    (it did not verify), and the run replaces each when it gets there.
+    """
+    for stale in root.glob(f"{TMP_STEP_PREFIX}*"):
+        suffix = stale.name[len(TMP_STEP_PREFIX):]
+        if not suffix.isdigit() or int(suffix) < keep:
+            shutil.rmtree(stale, ignore_errors=True)
+    upto = [p for p in list_checkpoints(root) if checkpoint_step(p) <= keep]
+    for old in upto[keep_last:]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def committed(root: Path, step: int, reports: list[dict], ghash: str, seconds: float) -> Committed:
+    """What a driver returns once checkpoint `step` is published."""
+    total = sum(f["bytes"] for r in reports for f in r["files"].values())
+    return Committed(step, step_dir(root, step), ghash, seconds, total)
+
+
+def barrier(group: dist.ProcessGroup | None) -> None:
+    """Wait for every rank (nothing to wait for without a process group)."""
+    if group is not None:
+        dist.barrier(group=group)
+
+
+def kill_point(kill: KillPoint | None, step: int, point: str) -> None:
+    """Fault injection: SIGKILL this process when `kill` names this point of this step's checkpoint."""
+    if kill is not None and kill.step == step and kill.point == point:
+        log.warning("chaos: SIGKILL at %s of checkpoint step %d", point, step)
+        os.kill(os.getpid(), signal.SIGKILL)

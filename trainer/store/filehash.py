@@ -1,0 +1,89 @@
+"""Checkpoint files written with one hash pass, and read back as plain data.
+
+A file's hash is XXH3-128 over its regions, where the big regions are the
+tensor storages torch.save streams from the very memory the state digests
+were computed on; the writer takes those digests instead of hashing the bytes
+again, and the manifest lists the regions (`segments`) so that a reader checks
+the file from its bytes alone (legato.store.manifest). torch's own zip CRC32 is
+switched off for the same reason: the file hash covers it. Loading uses
+`torch.load(weights_only=True)` only. This module must never unpickle
+anything and never decide which files a checkpoint holds.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import xxhash
+from torch.utils.serialization import config as serialization_config
+
+from legato.store.manifest import HASH_KEY, region_record
+
+SEGMENT_MIN_BYTES = 4096  # smaller writes are hashed as part of the region around them
+
+
+class _HashingWriter:
+    """A file that hashes what passes through it, so torch.save streams to disk in one pass.
+
+    A write whose buffer is a storage with a known digest becomes a segment of its own (its digest is
+    reused, its bytes not hashed again); everything between segments is hashed as one region.
+    """
+
+    def __init__(self, f: io.BufferedWriter, known: dict[tuple[int, int], bytes]) -> None:
+        self._f = f
+        self._known = known
+        self._combined = xxhash.xxh3_128()
+        self._region = xxhash.xxh3_128()
+        self._region_bytes = 0
+        self.segments: list[list[int]] = []
+        self.bytes = 0
+
+    def write(self, data: bytes | memoryview) -> int:
+        view = memoryview(data)
+        found = self._known.get((_address(view), view.nbytes)) if view.nbytes >= SEGMENT_MIN_BYTES else None
+        if found is None:
+            self._region.update(view)
+            self._region_bytes += view.nbytes
+        else:
+            self._close_region()
+            self._combined.update(region_record("S", view.nbytes, found))
+            self.segments.append([self.bytes, view.nbytes])
+        self.bytes += view.nbytes
+        return self._f.write(data)
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def hexdigest(self) -> str:
+        self._close_region()
+        return self._combined.hexdigest()
+
+    def _close_region(self) -> None:
+        self._combined.update(region_record("G", self._region_bytes, self._region.digest()))
+        self._region = xxhash.xxh3_128()
+        self._region_bytes = 0
+
+
+def _address(view: memoryview) -> int:
+    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0] if view.nbytes else 0
+
+
+def save_hashed(state: Any, path: Path, known: dict[tuple[int, int], bytes]) -> dict:
+    """torch.save `state` to `path`, fsynced, hashing it on the way: {hash, bytes, segments} for the manifest."""
+    with open(path, "wb") as f:
+        writer = _HashingWriter(f, known)
+        with serialization_config.patch({"save.compute_crc32": False}):
+            torch.save(state, writer)
+        f.flush()
+        os.fsync(f.fileno())
+    return {HASH_KEY: writer.hexdigest(), "bytes": writer.bytes, "segments": writer.segments}
+
+
+def load_file(path: Path) -> Any:
+    """Load one checkpoint file as plain data; never unpickles arbitrary objects."""
+    return torch.load(path, map_location="cpu", weights_only=True)
