@@ -42,8 +42,8 @@ from legato.orchestrator.verify import Verdict, compare_runs, interruption_steps
 from legato.orchestrator.verify_command import split_command, verify_command
 from legato.paths import RunPaths
 from legato.slurm import devcluster, multinode
+from legato.slurm.backends import backend_for
 from legato.slurm.devcluster import Settings
-from legato.slurm.jobs import JobHandle
 
 MAX_LOCAL_ATTEMPTS = 100
 DETACH_WAIT_S = 120.0
@@ -192,7 +192,7 @@ def _supervise(supervisor: Supervisor) -> int:
     try:
         code = supervisor.run()
     except KeyboardInterrupt:
-        if cfg.executor == "local":
+        if supervisor.backend.shares_terminal:
             # The local job shares this terminal, so Ctrl-C reached its tasks too: end the run cleanly.
             supervisor.cancel()
             print("\nlegato: interrupted; the local job was stopped. Resume later with the same `legato run`.", file=sys.stderr)
@@ -277,7 +277,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     job_id = current_job(session)
     ledger.append("cancel_requested", job_id=job_id)
     if job_id is not None:
-        JobHandle(cfg.executor, job_id).cancel()
+        backend_for(cfg.executor).cancel(job_id)
     if not SupervisorLock(run_dir).held_elsewhere():
         ledger.append("cancelled", job_id=job_id, reason="cancelled by the user")
     print(f"legato: cancelled job {job_id}; checkpoints in {run_dir} are kept, and `legato run` with the same config continues from them.")

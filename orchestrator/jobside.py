@@ -43,12 +43,11 @@ from legato.paths import RunPaths
 from legato.runtime.lifeline import die_with_parent
 from legato.runtime.rank_env import RankEnv
 from legato.runtime.threads import resolve_threads
-from legato.slurm.jobs import requeue
+from legato.slurm.backends import backend_for
 from legato.store.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
 
 log = logging.getLogger(__name__)
 
-LOCAL_REQUEUE_EXIT = 144  # submitit's LocalExecutor restarts every task when one exits with it
 PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral range
 DECISION_TIMEOUT_S = 60.0
 DECISIONS = ("requeued", "requeue_failed", "failed", "rank_lost")
@@ -75,7 +74,7 @@ class Identity:
 
     def rank_env(self, master_addr: str | None = None) -> RankEnv:
         """Where the ranks meet: `slurm.master_addr` when set, else this machine (local) or the job's first node."""
-        master = master_addr or ("127.0.0.1" if self.executor == "local" else self.hosts[0])
+        master = master_addr or backend_for(self.executor).master_addr(self.hosts)
         return RankEnv(self.rank, self.world_size, self.local_rank, self.local_world_size, master, self.port)
 
     def tag(self) -> dict:
@@ -83,18 +82,11 @@ class Identity:
 
 
 def identify(ledger: Ledger) -> Identity:
+    """This task's identity, from submitit's job environment as the job's backend reads it."""
     env = submitit.JobEnvironment()
-    executor = env.cluster
-    job_id = str(env.job_id)
-    if executor == "slurm":
-        restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        hosts = tuple(env.hostnames)
-    else:
-        # The local controller restarts tasks without telling them; the ledger counts its requeues.
-        restart = sum(1 for e in ledger.read() if e["event"] == "requeued" and e.get("job_id") == job_id)
-        hosts = (socket.gethostname(),)
+    place = backend_for(env.cluster).identify(env, ledger.read)
     per_node = max(1, env.num_tasks // max(1, env.num_nodes))
-    return Identity(executor, job_id, restart, env.global_rank, env.num_tasks, env.local_rank, per_node, hosts)
+    return Identity(env.cluster, place.job_id, place.restart, env.global_rank, env.num_tasks, env.local_rank, per_node, place.hosts)
 
 
 @dataclass(frozen=True)
@@ -112,8 +104,8 @@ class TrainTask:
         _take_signals(cfg)
         ledger = Ledger(cfg.run_dir)
         ident = identify(ledger)
-        if ident.executor == "local":
-            die_with_parent()  # submitit's local controller: a task must not train on after it was SIGKILLed
+        if backend_for(ident.executor).tasks_die_with_controller:
+            die_with_parent()
         rank_env = ident.rank_env(cfg.slurm.master_addr)
         if ident.rank == 0:
             fields = {"executor": ident.executor, "hosts": list(ident.hosts), "world_size": ident.world_size, "master_addr": rank_env.master_addr}
@@ -251,14 +243,10 @@ def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: Job
         )
         ledger.append("failed", **tag, exit_code=code, reason=reason)
         return "failed"
-    if ident.executor == "slurm":
-        # `scontrol requeue` has SLURM end this job's tasks with SIGTERM at once: ignore it (in every thread) so that
-        # the decision gets on record; the task exits right after, and SIGKILL still comes after KillWait.
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        problem = requeue(ident.job_id)
-        if problem:
-            ledger.append("requeue_failed", **tag, reason=problem)
-            return "requeue_failed"
+    problem = backend_for(ident.executor).requeue(ident.job_id)
+    if problem:
+        ledger.append("requeue_failed", **tag, reason=problem)
+        return "requeue_failed"
     ledger.append("requeued", **tag, budget_left=cfg.slurm.max_requeues - spent - 1)
     return "requeued"
 
@@ -288,8 +276,8 @@ def _await_decision(ledger: Ledger, ident: Identity) -> str:
 
 
 def _exit_code(ident: Identity, decision: str, code: int) -> int:
-    if decision == "requeued" and ident.executor == "local":
-        return LOCAL_REQUEUE_EXIT
+    if decision == "requeued":
+        return backend_for(ident.executor).exit_code_after_requeue(code)
     if decision == "failed" and code == EXIT_STOPPED:
         return 1
     return code

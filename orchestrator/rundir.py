@@ -26,6 +26,7 @@ from legato.files import write_atomic
 from legato.orchestrator.redact import Redactor
 from legato.paths import RunPaths
 from legato.runtime.threads import resolve_threads
+from legato.slurm.backends import backend_for
 from legato.store import manifest
 from legato.treediff import changed_leaves
 
@@ -134,7 +135,5 @@ def _check_checkpoints(cfg: Config) -> None:
 
 def expected_threads(cfg: Config) -> int:
     """The torch thread count each rank of this config's job will use (the rule of `legato.runtime.threads`)."""
-    if cfg.executor == "slurm":
-        # Submission always passes --cpus-per-task, so SLURM sets SLURM_CPUS_PER_TASK in the job.
-        return resolve_threads(cfg.determinism.threads, cfg.slurm.tasks_per_node, {"SLURM_CPUS_PER_TASK": str(cfg.slurm.cpus_per_task)}).count
-    return resolve_threads(cfg.determinism.threads, cfg.local.tasks).count
+    backend = backend_for(cfg.executor)
+    return resolve_threads(cfg.determinism.threads, backend.tasks_per_node(cfg), backend.job_environ(cfg)).count

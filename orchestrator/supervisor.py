@@ -31,15 +31,14 @@ from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import TERMINAL, current_job, current_session, read_progress
 from legato.runtime.signals import parse_signal
-from legato.slurm.jobs import JobHandle, JobState, failed_nodes
-from legato.slurm.submission import submit
+from legato.slurm.backend import Backend, JobState
+from legato.slurm.backends import backend_for
+from legato.slurm.jobs import JobHandle
 
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str, dict], None]
 ENDING = ("requeued", "requeue_failed", "finished", "failed")
-LOCAL_STATE_EVERY_S = 0.5  # a /proc read
-SLURM_STATE_EVERY_S = 3.0  # an sacct call: be gentle with the accounting daemon
 LOST_RANK_GRACE_S = 60.0  # after `rank_lost`, how long the job's other tasks get to exit by themselves
 
 
@@ -77,8 +76,15 @@ def start_session(cfg: Config, ledger: Ledger, command: list[str]) -> None:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, config_path: Path, notify: Notify, poll_s: float = 0.5) -> None:
+    """Drives one run directory's current session to its end (see the module docstring).
+
+    `backend` is the scheduler it submits to and watches: by default the one the config's executor names; tests
+    pass a fake to script a job's life without one.
+    """
+
+    def __init__(self, cfg: Config, config_path: Path, notify: Notify, poll_s: float = 0.5, backend: Backend | None = None) -> None:
         self.cfg = cfg
+        self.backend = backend or backend_for(cfg.executor)
         self.config_path = config_path
         self.notify = notify
         self.poll_s = poll_s
@@ -135,7 +141,7 @@ class Supervisor:
         session = current_session(self.ledger.read())
         job_id = current_job(session)
         if job_id is not None:
-            JobHandle(self.cfg.executor, job_id).cancel()
+            self.backend.cancel(job_id)
         self.ledger.append("cancelled", job_id=job_id, reason="cancelled by the user")
         self._report_new()
 
@@ -154,19 +160,18 @@ class Supervisor:
 
     def _handle(self, job_id: str) -> JobHandle:
         if job_id not in self._handles:
-            self._handles[job_id] = JobHandle(self.cfg.executor, job_id)
+            self._handles[job_id] = JobHandle(self.backend, job_id)
         return self._handles[job_id]
 
     def _job_state(self, handle: JobHandle) -> JobState:
         """The job's state, asked of the scheduler at most every few seconds; changes go to the ledger."""
         now = time.monotonic()
-        every = LOCAL_STATE_EVERY_S if handle.executor == "local" else SLURM_STATE_EVERY_S
-        if self._state and self._state[0] == handle.job_id and now - self._state[2] < every:
+        if self._state and self._state[0] == handle.job_id and now - self._state[2] < self.backend.state_poll_interval_s:
             return self._state[1]
         state = handle.state()
         previous = self._state[1].name if self._state and self._state[0] == handle.job_id else None
         self._state = (handle.job_id, state, now)
-        if handle.executor == "slurm" and state.name != previous:
+        if self.backend.records_state_changes and state.name != previous:
             self.ledger.append("job_state", job_id=handle.job_id, state=state.name)
         return state
 
@@ -206,14 +211,14 @@ class Supervisor:
         excluded = sorted(_excluded(session) | set(failed))
         task = TrainTask(str(self.config_path), attempts, _command(session))
         try:
-            job_id = submit(self.cfg, task, exclude=tuple(excluded))
+            job_id = self.backend.submit(self.cfg, task, exclude=tuple(excluded))
         except UsageError as exc:
             if not excluded:
                 raise
             # Too few nodes left without them: better to wait for a node to return than to end the run.
             log.warning("sbatch refused the job without %s (%s); submitting without the exclusion", ",".join(excluded), exc)
             excluded = []
-            job_id = submit(self.cfg, task)
+            job_id = self.backend.submit(self.cfg, task)
         if previous is None:
             self.ledger.append("submitted", job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
         else:
@@ -223,11 +228,11 @@ class Supervisor:
             )
 
     def _failed_nodes(self, session: list[dict], previous: str | None) -> dict[str, str]:
-        """The ended job's nodes that SLURM now reports failed (down, drained, not responding): name -> state."""
-        if previous is None or self.cfg.executor != "slurm":
+        """The ended job's nodes that the scheduler now reports failed (down, drained, not responding): name -> state."""
+        if previous is None:
             return {}
         hosts = [h for e in session if e["event"] == "attempt_started" and str(e.get("job_id")) == str(previous) for h in e.get("hosts", [])]
-        return failed_nodes(list(dict.fromkeys(hosts)))
+        return self.backend.failed_nodes(list(dict.fromkeys(hosts)))
 
     def _preempt(self, session: list[dict], handle: JobHandle) -> None:
         """chaos.preempt_every_s: send the stop signal once per attempt, that many seconds after it began training.
@@ -244,7 +249,7 @@ class Supervisor:
         if key in self._preempted or time.time() - self._training_since(key) < every:
             return
         pids = [e["pid"] for e in session if e["event"] == "rank_started" and (str(e.get("job_id")), e.get("restart")) == key]
-        if handle.executor == "local" and len(pids) < live.get("world_size", 1):
+        if self.backend.signals_task_pids and len(pids) < live.get("world_size", 1):
             return
         self._preempted.add(key)
         handle.signal_tasks(parse_signal(self.cfg.slurm.signal), pids)

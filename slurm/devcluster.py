@@ -25,6 +25,7 @@ from pathlib import Path
 
 from legato.errors import UsageError
 from legato.runtime import processes
+from legato.slurm.slurmconf import Settings, node_line, slurm_conf
 
 log = logging.getLogger(__name__)
 
@@ -34,22 +35,13 @@ PACKAGES = ("munge", "slurm-client", "slurmctld", "slurmd", "slurmdbd", "mariadb
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmdbd", "mariadbd", "sbatch", "sacct")
 DB_NAME, DB_USER, DB_PASS = "slurm_acct_db", "slurm", "legato-devcluster"
 CLUSTER = "legato"
-PARTITION = "debug"
 READY_TIMEOUT_S = 120.0
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Fast defaults: a requeued job is eligible cred_expire + 1 s after its requeue."""
-
-    cred_expire_s: int = 10
-    sched_interval_s: int = 5
-    kill_wait_s: int = 10
-    accounting: bool = True
-
-
-@dataclass(frozen=True)
 class Daemon:
+    """A daemon a dev cluster started and recorded: its name, pid and log file."""
+
     name: str
     pid: int
     log: str
@@ -66,8 +58,8 @@ def up(settings: Settings, say=print) -> list[Daemon]:
     if running and previous == settings and _cluster_ready(settings.accounting):
         say("already up (same settings); nothing to do")
         return running
-    _stop(running, say)
-    _install(say)
+    stop_daemons(running, say)
+    install_packages(say)
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     daemons: list[Daemon] = []
     _write_slurm_conf(settings)  # the client commands (sacctmgr too) read it
@@ -100,7 +92,7 @@ def down(say=print) -> None:
     if not daemons:
         say("devcluster: nothing recorded as started; nothing to stop")
         return
-    _stop(daemons, say)
+    stop_daemons(daemons, say)
     (STATE_DIR / "state.json").unlink(missing_ok=True)
 
 
@@ -119,7 +111,8 @@ def _require_root() -> None:
         raise UsageError("legato devcluster needs root (it installs packages and starts SLURM's daemons); run it as root or with sudo.")
 
 
-def _install(say, packages: tuple[str, ...] = PACKAGES, binaries: tuple[str, ...] = BINARIES) -> None:
+def install_packages(say, packages: tuple[str, ...] = PACKAGES, binaries: tuple[str, ...] = BINARIES) -> None:
+    """Install the Debian `packages` (apt-get) unless every one of `binaries` is on PATH already."""
     if all(shutil.which(b) for b in binaries):
         return
     if not shutil.which("apt-get"):
@@ -196,55 +189,17 @@ def _write_slurmdbd_conf() -> None:
 
 
 def _write_slurm_conf(settings: Settings) -> None:
-    host = socket.gethostname().split(".")[0]
-    node = _node_line()
-    lines = [
-        f"ClusterName={CLUSTER}",
-        f"SlurmctldHost={host}",
-        "SlurmUser=root",
-        "AuthType=auth/munge",
-        f"AuthInfo=cred_expire={settings.cred_expire_s}",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "MpiDefault=none",
-        "MailProg=/bin/true",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_CPU",
-        "ReturnToService=2",
-        "JobRequeue=1",
-        f"SchedulerParameters=sched_interval={settings.sched_interval_s},bf_interval={settings.sched_interval_s}",
-        f"KillWait={settings.kill_wait_s}",
-        "MinJobAge=3600",
-        "StateSaveLocation=/var/spool/slurmctld",
-        "SlurmdSpoolDir=/var/spool/slurmd",
-        "SlurmctldPidFile=/run/slurmctld.pid",
-        "SlurmdPidFile=/run/slurmd.pid",
-        "SlurmctldLogFile=/var/log/slurm/slurmctld.log",
-        "SlurmdLogFile=/var/log/slurm/slurmd.log",
-        f"AccountingStorageType=accounting_storage/{'slurmdbd' if settings.accounting else 'none'}",
-        node,
-        f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
-    ]
-    if settings.accounting:
-        lines.insert(-2, "AccountingStorageHost=localhost")
+    files = {
+        "StateSaveLocation": "/var/spool/slurmctld",
+        "SlurmdSpoolDir": "/var/spool/slurmd",
+        "SlurmctldPidFile": "/run/slurmctld.pid",
+        "SlurmdPidFile": "/run/slurmd.pid",
+        "SlurmctldLogFile": "/var/log/slurm/slurmctld.log",
+        "SlurmdLogFile": "/var/log/slurm/slurmd.log",
+    }
+    text = slurm_conf(settings, CLUSTER, socket.gethostname().split(".")[0], [node_line()], files)
     SLURM_ETC.mkdir(parents=True, exist_ok=True)
-    (SLURM_ETC / "slurm.conf").write_text("\n".join(lines) + "\n")
-
-
-def _node_line() -> str:
-    """`slurmd -C`'s node line, with RealMemory a little below what it detected (else the node drains)."""
-    detected = processes.output(["slurmd", "-C"]) or ""
-    line = next((ln for ln in detected.splitlines() if ln.startswith("NodeName=")), None)
-    if line is None:
-        raise UsageError(f"`slurmd -C` did not describe this node: {detected.strip() or 'no output'}")
-    fields = []
-    for token in line.split():
-        key, _, value = token.partition("=")
-        if key == "RealMemory":
-            value = str(int(int(value) * 0.9))
-        fields.append(f"{key}={value}")
-    return " ".join(fields) + " State=UNKNOWN"
+    (SLURM_ETC / "slurm.conf").write_text(text)
 
 
 def _node_state() -> str | None:
@@ -256,7 +211,8 @@ def _cluster_ready(accounting: bool) -> bool:
     return _node_state() in ("idle", "mixed", "allocated") and (not accounting or _ok(["sacct", "-n", "-X", "-S", "now-1minute"]))
 
 
-def _stop(daemons: list[Daemon], say) -> None:
+def stop_daemons(daemons: list[Daemon], say) -> None:
+    """Stop exactly these recorded daemons by pid (SIGTERM, SIGKILL after 15 s), last started first."""
     # Reverse order: slurmd before slurmctld before slurmdbd before the database and munge.
     for daemon in reversed(daemons):
         if not daemon.alive():

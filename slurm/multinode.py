@@ -32,7 +32,8 @@ from pathlib import Path
 from legato.errors import UsageError
 from legato.runtime import processes
 from legato.slurm import netns
-from legato.slurm.devcluster import PARTITION, Daemon, Settings, _install, _node_line, _stop
+from legato.slurm.devcluster import Daemon, install_packages, stop_daemons
+from legato.slurm.slurmconf import Settings, node_line, slurm_conf
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +122,7 @@ def up(nodes: int, settings: Settings, say=print) -> list[Daemon]:
         return state.running()
     if state.daemons or state.namespaces or state.bridge:
         _teardown(state, say)
-    _install(say, PACKAGES, BINARIES)
+    install_packages(say, PACKAGES, BINARIES)
     _check_tools()
     started = time.monotonic()
     state = State(nodes=nodes, settings=asdict(settings))
@@ -240,43 +241,27 @@ def _munged() -> list[str]:
 
 
 def _write_conf(settings: Settings, nodes: list[Node]) -> None:
-    figures = [t for t in _node_line().split() if not t.startswith(("NodeName=", "State="))]
-    lines = [
-        f"ClusterName={CLUSTER}",
-        f"SlurmctldHost={CONTROLLER}({controller_address()})",
+    figures = " ".join(t for t in node_line().split() if not t.startswith(("NodeName=", "State=")))
+    extra = [
         f"SlurmctldPort={CTLD_PORT}",
         f"SlurmdPort={SLURMD_PORT}",
-        "SlurmUser=root",
-        "AuthType=auth/munge",
-        f"AuthInfo=cred_expire={settings.cred_expire_s},socket={MUNGE_SOCKET}",
-        "ProctrackType=proctrack/linuxproc",
-        "TaskPlugin=task/none",
-        "JobAcctGatherType=jobacct_gather/none",
-        "MpiDefault=none",
-        "MailProg=/bin/true",
-        "SelectType=select/cons_tres",
-        "SelectTypeParameters=CR_CPU",
-        "ReturnToService=2",
-        "JobRequeue=1",
-        f"SchedulerParameters=sched_interval={settings.sched_interval_s},bf_interval={settings.sched_interval_s}",
-        f"KillWait={settings.kill_wait_s}",
         f"SlurmdTimeout={SLURMD_TIMEOUT_S}",
         # A task that dies (a killed rank) ends its step at once, as on most production clusters, instead of
         # leaving the other ranks to notice the broken connection.
         "KillOnBadExit=1",
-        "MinJobAge=3600",
-        f"StateSaveLocation={STATE_DIR / 'ctld'}",
-        f"SlurmctldPidFile={STATE_DIR / 'ctld' / 'slurmctld.pid'}",
-        f"SlurmctldLogFile={STATE_DIR / 'ctld' / 'slurmctld.log'}",
-        # %n is the node's name: one file serves every node (Debian's slurmd is not the multiple-slurmd build).
-        f"SlurmdSpoolDir={STATE_DIR / 'nodes' / '%n' / 'spool'}",
-        f"SlurmdPidFile={STATE_DIR / 'nodes' / '%n' / 'slurmd.pid'}",
-        f"SlurmdLogFile={STATE_DIR / 'nodes' / '%n' / 'slurmd.log'}",
-        "AccountingStorageType=accounting_storage/none",
-        *(f"NodeName={n.name} NodeHostname={n.name} NodeAddr={n.address} {' '.join(figures)} State=UNKNOWN" for n in nodes),
-        f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
     ]
-    SLURM_CONF.write_text("\n".join(lines) + "\n")
+    files = {
+        "StateSaveLocation": str(STATE_DIR / "ctld"),
+        "SlurmctldPidFile": str(STATE_DIR / "ctld" / "slurmctld.pid"),
+        "SlurmctldLogFile": str(STATE_DIR / "ctld" / "slurmctld.log"),
+        # %n is the node's name: one file serves every node (Debian's slurmd is not the multiple-slurmd build).
+        "SlurmdSpoolDir": str(STATE_DIR / "nodes" / "%n" / "spool"),
+        "SlurmdPidFile": str(STATE_DIR / "nodes" / "%n" / "slurmd.pid"),
+        "SlurmdLogFile": str(STATE_DIR / "nodes" / "%n" / "slurmd.log"),
+    }
+    node_lines = [f"NodeName={n.name} NodeHostname={n.name} NodeAddr={n.address} {figures} State=UNKNOWN" for n in nodes]
+    controller = f"{CONTROLLER}({controller_address()})"
+    SLURM_CONF.write_text(slurm_conf(replace(settings, accounting=False), CLUSTER, controller, node_lines, files, extra, str(MUNGE_SOCKET)))
 
 
 def _start(name: str, cmd: list[str]) -> Daemon:
@@ -322,7 +307,7 @@ def _wait(ready, what: str, state: State) -> None:
 
 
 def _teardown(state: State, say) -> None:
-    _stop(state.daemon_list(), say)
+    stop_daemons(state.daemon_list(), say)
     for index in state.namespaces:
         node = Node(index)
         # Job steps outlive a stopped slurmd; whatever still runs in our namespace was started by our daemons.

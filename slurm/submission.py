@@ -1,10 +1,11 @@
-"""Submitting a legato job through submitit: its LocalExecutor or its SLURM executor.
+"""Submitting a legato job through submitit: the parameters of its LocalExecutor and its SLURM executor.
 
 Turns the validated config into executor parameters (time limit, signal and
 lead, requeue, nodes, tasks, resources, extra sbatch options, setup lines)
 and submits the task callable it is given. Values from the config reach sbatch only through
 submitit, which quotes every `#SBATCH` value; this module never builds a
-shell command from config strings.
+shell command from config strings, and never chooses between the executors
+(each backend of `legato.slurm.backends` picks its own).
 """
 
 from __future__ import annotations
@@ -34,19 +35,12 @@ NO_LIMIT_MIN = 60 * 24 * 365  # LocalExecutor always has a time limit; "none" me
 GPU_LIST_TIMEOUT_S = 10
 
 
-def submit(cfg: Config, task: Callable[[], Any], exclude: tuple[str, ...] = ()) -> str:
-    """Submit one job that runs `task` on every task of the job, on no node of `exclude` (SLURM only); returns
-    its job id. submitit pickles `task` into the run directory, so it must hold nothing secret."""
-    folder = RunPaths(cfg.run_dir).submitit / "%j"
-    executor = _local_executor(cfg, folder) if cfg.executor == "local" else _slurm_executor(cfg, folder, exclude)
+def submit(cfg: Config, executor: submitit.Executor, task: Callable[[], Any]) -> str:
+    """Submit one job that runs `task` on every task of the job through `executor`; returns its job id. submitit
+    pickles `task` into the run directory, so it must hold nothing secret."""
     with _job_environment(cfg):
         try:
             job = executor.submit(task)
-        except FileNotFoundError:
-            raise UsageError(
-                "executor is slurm but sbatch is not on PATH. Run legato on a SLURM login node, start a local "
-                "cluster with `legato devcluster up`, or set executor: local."
-            ) from None
         except (FailedJobError, FailedSubmissionError) as exc:
             raise UsageError(
                 f"sbatch refused the job: {str(exc).strip()}. Check the slurm section of the config "
@@ -55,12 +49,18 @@ def submit(cfg: Config, task: Callable[[], Any], exclude: tuple[str, ...] = ()) 
     return str(job.job_id)
 
 
+def job_folder(cfg: Config) -> Path:
+    """Where submitit keeps each job's pickles and logs (`%j`: the job id)."""
+    return RunPaths(cfg.run_dir).submitit / "%j"
+
+
 def _python(cfg: Config) -> str:
     """Every task's interpreter starts with the stop signals blocked (see `legato.slurm.startmask`)."""
     return launcher([cfg.slurm.signal, "TERM"] if cfg.slurm.handle_sigterm else [cfg.slurm.signal])
 
 
-def _local_executor(cfg: Config, folder: Path) -> submitit.LocalExecutor:
+def local_executor(cfg: Config, folder: Path) -> submitit.LocalExecutor:
+    """submitit's local executor for this config: its tasks, time limit, signal lead and the GPUs this process sees."""
     executor = submitit.LocalExecutor(folder=folder, python=_python(cfg))
     gpus = visible_gpus()
     executor.update_parameters(
@@ -93,9 +93,16 @@ def visible_gpus() -> tuple[int, ...]:
     return tuple(range(sum(line.startswith("GPU ") for line in (listed.output or "").splitlines())))
 
 
-def _slurm_executor(cfg: Config, folder: Path, exclude: tuple[str, ...]) -> submitit.SlurmExecutor:
-    s = cfg.slurm
+def slurm_executor(cfg: Config, folder: Path, exclude: tuple[str, ...]) -> submitit.SlurmExecutor:
+    """submitit's SLURM executor for this config, on no node of `exclude` (it needs `srun` on PATH)."""
     executor = submitit.SlurmExecutor(folder=folder, python=_python(cfg))
+    executor.update_parameters(**slurm_parameters(cfg, exclude))
+    return executor
+
+
+def slurm_parameters(cfg: Config, exclude: tuple[str, ...]) -> dict:
+    """The SLURM executor's parameters for this config, on no node of `exclude` (plain data, no scheduler asked)."""
+    s = cfg.slurm
     extra = dict(s.extra_sbatch)
     if exclude:
         # Nodes that failed this run stay out of its later jobs, on top of any the user excluded.
@@ -117,8 +124,7 @@ def _slurm_executor(cfg: Config, folder: Path, exclude: tuple[str, ...]) -> subm
     for key in ("partition", "account", "qos"):
         if getattr(s, key):
             params[key] = getattr(s, key)
-    executor.update_parameters(**params)
-    return executor
+    return params
 
 
 @contextlib.contextmanager

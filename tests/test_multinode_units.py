@@ -92,13 +92,14 @@ def test_master_address_is_the_first_node_unless_overridden() -> None:
 
 
 def test_exclusion_joins_the_users_own(tmp_path: Path) -> None:
-    from legato.slurm.submission import _slurm_executor
+    # The SLURM executor's parameters as plain data: no submitit SlurmExecutor, so no srun needed.
+    from legato.slurm.submission import slurm_parameters
 
     cfg = load_config(None, ["executor=slurm", "slurm.extra_sbatch={exclude: bad1}"])
-    executor = _slurm_executor(cfg, tmp_path, ("n2", "bad1"))
-    assert executor.parameters["additional_parameters"]["exclude"] == "bad1,n2"
-    plain = _slurm_executor(cfg, tmp_path, ())
-    assert plain.parameters["additional_parameters"]["exclude"] == "bad1"
+    parameters = slurm_parameters(cfg, ("n2", "bad1"))
+    assert parameters["additional_parameters"]["exclude"] == "bad1,n2"
+    plain = slurm_parameters(cfg, ())
+    assert plain["additional_parameters"]["exclude"] == "bad1"
 
 
 def test_resubmission_event_shows_the_excluded_nodes(tmp_path: Path) -> None:

@@ -155,17 +155,18 @@ def test_requeue_budget_ends_a_job_that_keeps_stopping(cluster, tmp_path: Path) 
 
 
 def test_job_state_without_accounting_falls_back_and_never_stays_unknown(cluster) -> None:
+    from legato.slurm.backends import backend_for
     from legato.slurm.jobs import JobHandle
 
     assert legato("devcluster", "up", "--no-accounting", timeout=300).returncode == 0
     try:
         assert subprocess.run(["sacct", "-n"], capture_output=True).returncode != 0, "accounting should be off"
         job_id = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 4"], capture_output=True, text=True, check=True).stdout.strip()
-        handle = JobHandle("slurm", job_id)
+        handle = JobHandle(backend_for("slurm"), job_id)
         assert handle.state().active
         wait_for(lambda: not handle.state().active, timeout=60, what="the job to end")
         assert handle.state().name == "COMPLETED"
-        gone = JobHandle("slurm", "987654", unknown_grace_s=0.0)
+        gone = JobHandle(backend_for("slurm"), "987654", unknown_grace_s=0.0)
         assert gone.state().name == "UNKNOWN" and not gone.state().active
     finally:
         assert legato("devcluster", "up", timeout=300).returncode == 0

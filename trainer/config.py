@@ -46,6 +46,8 @@ MAX_TEXT = 4096
 MAX_LIST = 10_000
 MAX_OVERRIDE = 64 * 1024
 PATH_MAX = 4096
+SLURM_SIGNAL_CHECK_S = 30  # slurmctld looks at time limits (and sends --signal) on this fixed interval
+MIN_STARTUP_MARGIN_S = 60
 ENTRYPOINT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*")
 OVERRIDE_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_-]*")
 SLURM_WORD = re.compile(r"[A-Za-z0-9_.,:+-]{1,256}")
@@ -62,6 +64,14 @@ class RunSection:
 class LocalSection:
     tasks: int = _opt(2, minimum=1, maximum=1024, doc="ranks started on this machine")
     timeout_min: int = _opt(0, minimum=0, maximum=MINUTES_MAX, doc="local time limit per attempt, 0 for none")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks a local job runs: one per task."""
+        return self.tasks
+
+    def check_limits(self, source: str) -> None:
+        """The local controller signals at its own time limit, with no check interval to leave room for: nothing to refuse."""
 
 
 @dataclass
@@ -82,6 +92,26 @@ class SlurmSection:
     max_requeues: int = _opt(10, minimum=0, maximum=100_000)
     extra_sbatch: dict = _opt({}, doc="additional sbatch options, name to value")
     setup: list = _opt([], doc="shell lines run before the job starts")
+
+    @property
+    def world_size(self) -> int:
+        """Ranks a SLURM job runs: nodes times tasks per node."""
+        return self.nodes * self.tasks_per_node
+
+    def check_limits(self, source: str) -> None:
+        """SLURM may send the stop signal as soon as the time left is within the lead plus its 30 s check:
+        that moment must leave the job a minute to start, or the signal can land before training began."""
+        margin = self.time_min * 60 - self.signal_lead_s - SLURM_SIGNAL_CHECK_S
+        if margin >= MIN_STARTUP_MARGIN_S:
+            return
+        need_min = -(-(self.signal_lead_s + SLURM_SIGNAL_CHECK_S + MIN_STARTUP_MARGIN_S) // 60)
+        max_lead = self.time_min * 60 - SLURM_SIGNAL_CHECK_S - MIN_STARTUP_MARGIN_S
+        or_lead = f", or lower slurm.signal_lead_s to {max_lead} or less" if max_lead >= 1 else ""
+        raise UsageError(
+            f"{source}: slurm.time_min is {self.time_min} and slurm.signal_lead_s is {self.signal_lead_s}, which leaves "
+            f"{margin}s before the stop signal may arrive (time limit minus lead minus SLURM's {SLURM_SIGNAL_CHECK_S}s check interval), "
+            f"but a job needs at least {MIN_STARTUP_MARGIN_S}s to start. Raise slurm.time_min to {need_min} or more{or_lead}."
+        )
 
 
 @dataclass
@@ -159,9 +189,14 @@ class Config:
         return Path(self.run.dir or f"runs/{self.run.name}")
 
     @property
+    def placement(self) -> LocalSection | SlurmSection:
+        """The section that places this config's job: the executor names it (`local:` or `slurm:`)."""
+        return getattr(self, self.executor)
+
+    @property
     def world_size(self) -> int:
         """Ranks a job of this config runs: local tasks, or SLURM nodes times tasks per node."""
-        return self.local.tasks if self.executor == "local" else self.slurm.nodes * self.slurm.tasks_per_node
+        return self.placement.world_size
 
     def to_dict(self) -> dict:
         """The settings as YAML spells them (checkpoint.async, not the Python field name)."""
@@ -227,8 +262,7 @@ def _check_cross_fields(cfg: Config, source: str) -> None:
         cfg.slurm.signal = normalize_signal(cfg.slurm.signal)
     except UsageError as exc:
         raise UsageError(f"{source}: {exc}") from None
-    if cfg.executor == "slurm":
-        _check_startup_margin(cfg, source)
+    cfg.placement.check_limits(source)
     if cfg.chaos.signal_at_steps and cfg.chaos.signal_rank >= cfg.world_size:
         raise UsageError(
             f"{source}: chaos.signal_rank is {cfg.chaos.signal_rank}, but this run has {cfg.world_size} ranks (0 to {cfg.world_size - 1}), "
@@ -318,26 +352,6 @@ def _unwritable(path: Path) -> str | None:
     if not os.access(existing, os.W_OK | os.X_OK):
         return "is not writable" if existing == path else f"would be created in {existing}, which is not writable"
     return None
-
-
-SLURM_SIGNAL_CHECK_S = 30  # slurmctld looks at time limits (and sends --signal) on this fixed interval
-MIN_STARTUP_MARGIN_S = 60
-
-
-def _check_startup_margin(cfg: Config, source: str) -> None:
-    """SLURM may send the stop signal as soon as the time left is within the lead plus its 30 s check:
-    that moment must leave the job a minute to start, or the signal can land before training began."""
-    margin = cfg.slurm.time_min * 60 - cfg.slurm.signal_lead_s - SLURM_SIGNAL_CHECK_S
-    if margin >= MIN_STARTUP_MARGIN_S:
-        return
-    need_min = -(-(cfg.slurm.signal_lead_s + SLURM_SIGNAL_CHECK_S + MIN_STARTUP_MARGIN_S) // 60)
-    max_lead = cfg.slurm.time_min * 60 - SLURM_SIGNAL_CHECK_S - MIN_STARTUP_MARGIN_S
-    or_lead = f", or lower slurm.signal_lead_s to {max_lead} or less" if max_lead >= 1 else ""
-    raise UsageError(
-        f"{source}: slurm.time_min is {cfg.slurm.time_min} and slurm.signal_lead_s is {cfg.slurm.signal_lead_s}, which leaves "
-        f"{margin}s before the stop signal may arrive (time limit minus lead minus SLURM's {SLURM_SIGNAL_CHECK_S}s check interval), "
-        f"but a job needs at least {MIN_STARTUP_MARGIN_S}s to start. Raise slurm.time_min to {need_min} or more{or_lead}."
-    )
 
 
 def _read_yaml(path: Path) -> dict:
