@@ -16,16 +16,14 @@
 
 Exit codes: 0 training complete with every resume verified, 1 the run failed
 or was cancelled (the reason is in `legato status`), 2 bad input (one
-paragraph on stderr naming the flag or key but never the value given, nothing
-started or changed), 3 a resume did not verify, 141 the reader of stdout went
-away (`legato status --json | head -1`): the rest of the output is dropped
-quietly, and the code is the shell's own for a writer ended by SIGPIPE, so a
-pipeline under `set -o pipefail` can tell a cut-short listing from a whole one.
+paragraph on stderr naming the flag or key, never the value given; nothing
+started or changed), 3 a resume did not verify, 141 stdout's reader went away
+(`legato status --json | head -1`): the rest is dropped quietly, and 141 is the
+shell's code for a writer ended by SIGPIPE, so `set -o pipefail` sees the cut.
 
-The grammar (every flag and default) is in arguments.py; the workflows behind
-the commands are in the modules that own them (verify_config.py,
-verify_command.py, control.py, local_train.py); the words in display.py and
-reports.py. What stays here is choosing the command and printing.
+The grammar lives in arguments.py, the workflows in the modules that own them
+(verify_config.py, verify_command.py, control.py, local_train.py), the wording
+in display.py and reports.py; this module picks the command and prints.
 """
 
 from __future__ import annotations
