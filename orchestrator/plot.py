@@ -18,6 +18,11 @@ def losses(run_dir: Path, rank: int = 0) -> tuple[list[int], list[float]]:
     return [r["step"] for r in records], [float.fromhex(r["loss_hex"]) for r in records]
 
 
+def replay_spans(resumes: list[dict]) -> list[tuple[int, int]]:
+    """(base step, resumed step) of every resume that replayed."""
+    return [(r["replay"]["from_step"], r["step"]) for r in resumes if r.get("replay")]
+
+
 def plot_losses(
     out: Path, runs: dict[str, Path], resumes: list[int], divergence: int | None = None, replays: list[tuple[int, int]] = ()
 ) -> Path | None:

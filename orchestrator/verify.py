@@ -8,18 +8,22 @@ reads what two finished run directories wrote (trajectories, checkpoint
 manifests, ledgers) and returns a `Verdict`: identical, or the first divergent
 step with its rank and components and the likely cause in plain words.
 Comparisons are of digests and `float.hex` strings only, never tolerances.
+Both verify workflows (verify_config.py, verify_command.py) write into a fresh
+directory and leave the same record there: `record_verdict`.
 """
 
 from __future__ import annotations
 
 import json
 import random
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from legato.config import KEEP_LAST_MAX, Config, config_from_dict
 from legato.errors import UsageError
 from legato.orchestrator.ledger import Ledger
+from legato.orchestrator.plot import plot_losses, replay_spans
 from legato.paths import RunPaths
 from legato.store.manifest import checkpoint_step, list_checkpoints, newest_usable, read_manifest_file
 from legato.store.trajectory import read_trajectory
@@ -231,6 +235,27 @@ def _unrestored(names: list[str], step: int) -> str:
     if not parts:
         parts.append(f"the restored {', '.join(names)} differ from what was saved")
     return f"the resume at step {step} did not restore the saved state: " + "; ".join(parts) + f" (differing components: {', '.join(names)})."
+
+
+def fresh_directory(out: str | None, name: str) -> Path:
+    """Where a verification goes: `out`, or runs/verify/<name>-<time>; a UsageError when it already holds anything."""
+    path = Path(out or f"runs/verify/{name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if path.exists() and any(path.iterdir()):
+        raise UsageError(f"{path} is not empty; give --out a new directory so no earlier result is overwritten.")
+    return path
+
+
+def plot_verdict(png: Path, runs: dict[str, Path], verdict: Verdict) -> Path | None:
+    """The runs' loss curves with the verdict's resumes, replays and divergence marked; None without matplotlib."""
+    divergence = verdict.divergence.step if verdict.divergence else None
+    return plot_losses(png, runs, [r["step"] for r in verdict.resumes], divergence, replay_spans(verdict.resumes))
+
+
+def record_verdict(verdict: Verdict, out: Path) -> Path | None:
+    """Write out/loss.png (reference against interrupted) and out/verdict.json; the PNG's path, or None without matplotlib."""
+    png = plot_verdict(out / "loss.png", {"reference": out / "reference", "interrupted": out / "interrupted"}, verdict)
+    (out / "verdict.json").write_text(json.dumps(verdict.to_json(), indent=2) + "\n")
+    return png
 
 
 def _ranks(run_dir: Path) -> list[Path]:

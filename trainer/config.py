@@ -392,20 +392,22 @@ def _read_text(path: Path) -> str:
 
 
 def _apply_override(raw: dict, item: str) -> None:
+    # Messages name the key, never the value: a value may be a secret typed under a wrong or mistyped key.
     if not isinstance(item, str) or len(item) > MAX_OVERRIDE or "\x00" in item:
-        raise UsageError(f"--set {_show(item)} is longer than {MAX_OVERRIDE} characters or holds a NUL byte. Put large values in the config file.")
+        key = item.partition("=")[0] if isinstance(item, str) else item
+        raise UsageError(f"--set {_show(key)}=... is longer than {MAX_OVERRIDE} characters or holds a NUL byte. Put large values in the config file.")
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise UsageError(f"--set {_show(item)} is not of the form key=value, for example --set train.steps=100.")
     parts = key.strip().split(".")
     if not all(OVERRIDE_KEY.fullmatch(part) for part in parts):
-        raise UsageError(f"--set {_show(item)}: {_show(key)} is not a dotted key such as train.steps. Fix the key.")
-    value = safeyaml.load(text, f"--set {_show(item)}: the value")
+        raise UsageError(f"--set {_show(key)} is not a dotted key such as train.steps. Fix the key.")
+    value = safeyaml.load(text, f"--set {_show(key)}: the value")
     node = raw
     for part in parts[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
-            raise UsageError(f"--set {_show(item)}: {part} is not a section, so it has no key {parts[-1]!r}.")
+            raise UsageError(f"--set {_show(key)}: {part} is not a section, so it has no key {parts[-1]!r}.")
         node = child
     node[parts[-1]] = value
 

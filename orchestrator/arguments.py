@@ -1,0 +1,156 @@
+"""The `legato` command-line grammar: every subcommand, flag and default, `--version`, and usage errors.
+
+A usage error names the flag (or the --set key) that is wrong and never echoes
+the value given: people mistype `--password=...` or paste a token after the
+wrong flag, and the error line ends up in terminals, CI logs and tickets.
+argparse's own messages quote values in a few fixed phrasings, so `Parser`
+cuts the value out of each of those before argparse prints; unrecognized
+arguments are reported by name only. Errors still go out as argparse prints
+them (usage, then one error line) with exit code 2.
+
+This module must never import torch or anything that does: `legato --help`
+and `legato --version` stay instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NoReturn
+
+from legato.slurm.devcluster import Settings
+
+MULTINODE_ANY = -1  # `--nodes` without a number: whichever multi-node cluster is up
+
+# argparse's phrasings that quote the value given, each with the value cut out (greedy: a value may hold anything).
+_VALUE_ECHOES = (
+    (re.compile(r"(invalid [\w ]+? value): .*", re.S), r"\1"),
+    (re.compile(r"(invalid choice): .* (\(choose from .*\))$", re.S), r"\1 \2"),
+    (re.compile(r"(invalid choice): .*", re.S), r"\1"),
+    (re.compile(r"ignored explicit argument .*", re.S), "takes no value"),
+    (re.compile(r"(ambiguous option: [^=\s]+)=\S*"), r"\1"),
+)
+_FLAG = re.compile(r"--[A-Za-z][\w-]*|-[A-Za-z]")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors name the flag but never the value that came with it."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized(extras))
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        super().error(without_values(message))
+
+
+def without_values(message: str) -> str:
+    """An argparse error message with any value it quotes cut out."""
+    for pattern, replacement in _VALUE_ECHOES:
+        message = pattern.sub(replacement, message)
+    return message
+
+
+def unrecognized(extras: list[str]) -> str:
+    """The error for arguments no command takes: the flags by name, anything else (values) only counted."""
+    flags = [name for name in (arg.split("=", 1)[0] for arg in extras) if _FLAG.fullmatch(name)]
+    values = len(extras) - len(flags)
+    named = f"unrecognized arguments: {' '.join(flags)}" if flags else "unrecognized arguments"
+    if values:
+        named += f" (and {values} value{'s' if values > 1 else ''}, not shown)"
+    return named
+
+
+def version() -> str:
+    """legato's version from the installed package's metadata, or from pyproject.toml beside a source checkout."""
+    try:
+        return importlib.metadata.version("legato")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M) if pyproject.is_file() else None
+    return found.group(1) if found else "unknown"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of every `legato` command."""
+    parser = Parser(prog="legato", description="Exact-resume supervisor for PyTorch DDP jobs.")
+    parser.add_argument("--version", action="version", version=f"legato {version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="submit a config and carry it across every stop until training completes")
+    run.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
+    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML typing)")
+    run.add_argument("--detach", action="store_true", help="return once the job is submitted; `legato watch RUN_DIR` re-attaches")
+
+    watch = sub.add_parser("watch", help="follow a run (and supervise it when no supervisor is attached)")
+    watch.add_argument("run_dir")
+
+    status = sub.add_parser("status", help="attempts, resumes and the state of a run")
+    status.add_argument("run_dir", nargs="?", help="run directory (default: the newest under runs/)")
+    status.add_argument("--json", action="store_true", help="print the same as JSON")
+
+    cancel = sub.add_parser("cancel", help="cancel the run's job and end the run")
+    cancel.add_argument("run_dir")
+
+    logs = sub.add_parser("logs", help="print the output of the run's tasks")
+    logs.add_argument("run_dir")
+    logs.add_argument("--rank", type=int, default=0, help="task rank (default 0)")
+    logs.add_argument("--job", default=None, help="job id (default: every job of the run)")
+
+    verify = sub.add_parser("verify", help="prove that a config resumes bit for bit against an uninterrupted run")
+    verify.add_argument("config", nargs="?", help="YAML config (omit with --compare)")
+    where = verify.add_mutually_exclusive_group()
+    where.add_argument("--interrupt-at", metavar="STEPS", help="comma-separated steps after which one rank gets the stop signal, e.g. 7,19")
+    where.add_argument("--interruptions", type=int, metavar="K", help="K interruptions at random steps (with --seed)")
+    where.add_argument("--compare", nargs=2, metavar=("REFERENCE", "RUN"), help="only compare two finished run directories")
+    verify.add_argument("--seed", type=int, default=0, help="seed for the random interruption steps (default 0)")
+    verify.add_argument("--executor", choices=("local", "slurm"), help="override the config's executor")
+    verify.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    verify.add_argument("--out", metavar="DIR", help="where the runs go (default runs/verify/<name>-<time>)")
+    verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    verify.add_argument("--command", dest="run_command", metavar="CMD", help="verify this command instead of a config; {run_dir} stands for its run directory")
+    verify.add_argument("--signal-rank", type=int, default=0, help="with --command: the rank that gets the stop signal (default 0)")
+
+    plot = sub.add_parser("plot", help="PNG of a run's loss curve with its resume points")
+    plot.add_argument("run_dir")
+    plot.add_argument("--reference", metavar="RUN_DIR", help="overlay this run (e.g. an uninterrupted one)")
+    plot.add_argument("--out", metavar="PNG", help="default RUN_DIR/loss.png")
+
+    repro = sub.add_parser("repro", help="environment captures: show one, diff two, capture now")
+    rsub = repro.add_subparsers(dest="repro_command", required=True)
+    show = rsub.add_parser("show", help="print a capture")
+    show.add_argument("capture", help="a capture directory, or JOB[/ATTEMPT] with --run")
+    show.add_argument("--run", metavar="RUN_DIR", help="run directory to look JOB[/ATTEMPT] up in")
+    show.add_argument("--section", action="append", default=[], help="only these sections (env, packages, git, stack, ...)")
+    rdiff = rsub.add_parser("diff", help="what differs between two captures; exit 1 when anything does")
+    rdiff.add_argument("a", help="a capture directory, or JOB[/ATTEMPT] with --run")
+    rdiff.add_argument("b")
+    rdiff.add_argument("--run", metavar="RUN_DIR", help="run directory to look JOB[/ATTEMPT] up in")
+    rcap = rsub.add_parser("capture", help="capture the current environment into DIR (for any script)")
+    rcap.add_argument("dir")
+    rcap.add_argument("--code", action="append", default=[], metavar="PATH", help="your code's directory, for its git state (default: .)")
+    rcap.add_argument("--timeout", type=float, default=5.0, metavar="S", help="limit per external command (default %(default)s)")
+
+    dev = sub.add_parser("devcluster", help="a real SLURM cluster on this machine: one node, or N nodes in network namespaces (root, Debian)")
+    dev.add_argument("action", choices=("up", "down", "status"))
+    dev.add_argument(
+        "--nodes", type=int, nargs="?", const=MULTINODE_ANY, default=None, metavar="N",
+        help="the multi-node cluster: N slurmd nodes, each its own network namespace, hostname and munge (with down/status: N may be omitted)",
+    )
+    dev.add_argument("--cred-expire", type=int, default=Settings.cred_expire_s, metavar="S", help="credential expiry; a requeued job waits S+1 s (default %(default)s)")
+    dev.add_argument("--sched-interval", type=int, default=Settings.sched_interval_s, metavar="S", help="scheduler and backfill interval (default %(default)s)")
+    dev.add_argument("--kill-wait", type=int, default=Settings.kill_wait_s, metavar="S", help="SIGTERM to SIGKILL delay (default %(default)s)")
+    dev.add_argument("--no-accounting", action="store_true", help="no slurmdbd/MariaDB: sacct will not work")
+
+    train = sub.add_parser("train", help="run the trainer locally without a scheduler, resuming after every stop until done")
+    train.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
+    train.add_argument("--nproc", type=int, default=None, help="ranks (default: local.tasks)")
+    train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    train.add_argument("--fresh", action="store_true", help="refuse to start if the run directory already has checkpoints")
+    return parser

@@ -1,0 +1,119 @@
+"""The command line's manners: `--version`, a reader that goes away, and usage errors that never echo a value."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TINY_GPT
+
+from legato.orchestrator import arguments
+from legato.orchestrator.cli import main
+from legato.paths import RunPaths
+
+SECRET = "hunter2-Zq9xVv7Lp3"
+CLI = [sys.executable, "-m", "legato.orchestrator.cli"]
+
+
+def test_version_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert capsys.readouterr().out == f"legato {importlib.metadata.version('legato')}\n"
+
+
+def test_version_falls_back_to_pyproject(monkeypatch: pytest.MonkeyPatch) -> None:
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    line = next(x for x in (ROOT / "pyproject.toml").read_text().splitlines() if x.startswith("version"))
+    assert arguments.version() == line.split('"')[1]
+
+
+def test_version_does_not_import_torch() -> None:
+    code = "from legato.orchestrator.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n    pass\nimport sys\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip().splitlines() == [f"legato {importlib.metadata.version('legato')}", "NO-TORCH"], proc.stdout + proc.stderr
+
+
+def _run_dir(tmp_path: Path, log_bytes: int = 0) -> Path:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    events = [{"event": "run_started", "time": 0.0, "command": []}, {"event": "submitted", "time": 1.0, "job_id": "42"}]
+    RunPaths(run_dir).ledger.write_text("".join(json.dumps(e) + "\n" for e in events))
+    if log_bytes:
+        log = RunPaths(run_dir).task_log("42", 0, "out")
+        log.parent.mkdir(parents=True)
+        log.write_text("".join(f"line {i} of the task's output\n" for i in range(log_bytes // 24)))
+    return run_dir
+
+
+def _assert_quiet_end(code: int, stderr: str) -> None:
+    assert code == 141, stderr
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr and "Exception ignored" not in stderr, stderr
+
+
+def test_status_into_a_pipe_the_reader_already_closed_ends_quietly(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path)
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([*CLI, "status", str(run_dir), "--json"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    _assert_quiet_end(proc.returncode, proc.stderr)
+
+
+def test_logs_into_head_ends_quietly(tmp_path: Path) -> None:
+    run_dir = _run_dir(tmp_path, log_bytes=4 << 20)  # far beyond a pipe's buffer: the writer must meet the closed pipe
+    legato = subprocess.Popen([*CLI, "logs", str(run_dir)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    head = subprocess.Popen(["head", "-1"], stdin=legato.stdout, stdout=subprocess.PIPE)
+    legato.stdout.close()  # head alone holds the read end, so its exit closes the pipe
+    first, _ = head.communicate(timeout=60)
+    stderr = legato.stderr.read().decode()
+    legato.stderr.close()
+    assert first.decode().startswith("==> ") and first.count(b"\n") == 1
+    _assert_quiet_end(legato.wait(timeout=60), stderr)
+
+
+USAGE_ERRORS = {
+    "unknown_flag_equals": ["run", "configs/tiny_gpt.yaml", f"--password={SECRET}"],
+    "unknown_flag_space": ["run", "configs/tiny_gpt.yaml", "--password", SECRET],
+    "unknown_flag_first": ["run", "--password", SECRET, "configs/tiny_gpt.yaml"],
+    "bad_int": ["logs", "somewhere", "--rank", SECRET],
+    "bad_choice": ["verify", "--executor", SECRET],
+    "value_for_a_switch": ["run", "configs/tiny_gpt.yaml", f"--detach={SECRET}"],
+    "ambiguous_flag": ["verify", "configs/tiny_gpt.yaml", f"--s={SECRET}"],
+    "bad_command": [SECRET],
+    "bad_subcommand": ["repro", SECRET],
+}
+
+
+@pytest.mark.parametrize("name", sorted(USAGE_ERRORS))
+def test_argument_errors_name_the_flag_but_never_the_value(capsys: pytest.CaptureFixture[str], name: str) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(USAGE_ERRORS[name])
+    out, err = capsys.readouterr()
+    assert exited.value.code == 2
+    assert SECRET not in out + err, err
+    assert "Traceback" not in err and "\n\n" not in err.strip() and "error: " in err, err
+    flag = next((a.split("=")[0] for a in USAGE_ERRORS[name] if a.startswith("--")), None)
+    if flag in ("--password", "--rank", "--executor", "--detach"):
+        assert flag in err, err
+
+
+@pytest.mark.parametrize("item", [f"train..steps={SECRET}", f"nosuch.key={SECRET}", f"train.steps.deeper={SECRET}", f"train.options=[{SECRET}"])
+def test_set_errors_name_the_key_but_never_the_value(capsys: pytest.CaptureFixture[str], tmp_path: Path, item: str) -> None:
+    code = main(["run", str(TINY_GPT), "--set", f"run.dir={tmp_path / 'run'}", "--set", item])
+    out, err = capsys.readouterr()
+    assert code == 2
+    assert SECRET not in out + err, err
+    assert err.startswith("error: ") and "\n" not in err.strip(), err
+    assert item.split("=")[0].split(".")[0] in err, err
+    assert not (tmp_path / "run" / "ledger.jsonl").exists()
