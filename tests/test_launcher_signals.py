@@ -121,3 +121,20 @@ def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
     if not early:  # a stop before the first step leaves nothing to resume: the next launch starts from step 0
         assert "resumed at step" in done.stderr and "verified" in done.stderr, done.stderr[-3000:]
     assert_same_run(reference, out, STEPS, UNSEEDED)
+
+
+def test_a_sigkilled_launcher_takes_its_ranks_with_it(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    launcher = _launch(out, LEGATO_CHAOS_STEP_SLEEP_S="0.3")
+    seen: set[int] = {launcher.pid}
+    try:
+        _wait_for(lambda: _steps_done(out) >= 2, 180, "two trained steps")
+        seen |= set(_tree(launcher.pid))
+        assert len(seen) >= 3
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(timeout=60)
+        _wait_for(lambda: not [pid for pid in seen if _alive(pid)], 60, "the ranks to die with their launcher")
+    finally:
+        for pid in seen:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)

@@ -45,6 +45,7 @@ from legato.dist.reduction import Pinning, pin_bucket_layout
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
 from legato.paths import RunPaths
+from legato.runtime.lifeline import die_with_launcher
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.position import Counters, DataPosition, Metrics, Position
@@ -170,6 +171,8 @@ class Session:
         self._begun = False
         # Installed now, not when the loop starts: a stop signal before the loop is kept, and honoured before the first step.
         self._flag.install()
+        # Under a legato launcher (python -m legato.torchrun, python -m legato) a rank dies with it, never an orphan.
+        die_with_launcher()
 
     # -- what the caller reads ---------------------------------------------
 
