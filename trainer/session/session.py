@@ -74,7 +74,10 @@ class CheckpointPolicy:
     """When to checkpoint, how many to keep, and how a resume is verified."""
 
     every_steps: int = 0
-    every_minutes: float = 0.0
+    # On by default, so a hard kill (node failure, OOM, SIGKILL at the time limit) loses at most this much work. Young-Daly:
+    # sqrt(2 x checkpoint cost x mean time between failures) = sqrt(2 x 2.6 s x 1 day) ~ 11 min for 256 MiB at defaults
+    # (2026-11-23, 2 cores); 10 minutes costs under 0.5% of the run. 0 turns it off.
+    every_minutes: float = 10.0
     keep_last: int = 3
     verify: str = "error"  # "error" or "warn" on a resume whose state hash does not match
     hash_every_steps: int = 10
