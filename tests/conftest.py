@@ -1,4 +1,19 @@
-"""Shared helpers: run the real trainer in real processes and read what it wrote."""
+"""The root of the test suite: its layers, how they are scheduled, and the helpers they share to run the real
+trainer in real processes and read what it wrote. It must NEVER hold a test.
+
+The tests sit in three layers, one folder each; a test's folder says what it starts:
+
+- tests/unit: in one process, no subprocess (DataLoader workers aside) and no process group; the whole layer
+  runs in under three minutes on two cores (`pytest tests/unit`). A module's helpers live in the module.
+- tests/e2e: real processes: the CLI and its supervisor, ranks under real torch.distributed (gloo), real
+  torchrun, the real submitit local executor, real signals. Marked `slow` where a test runs a training.
+- tests/cluster: the real SLURM clusters that `legato devcluster` starts, every test marked `slurm`; they are
+  skipped where SLURM is not installed.
+
+tests/helpers holds the training scripts that e2e tests run by path (and unit tests import): byo_loops.py,
+replay_loops.py, ddp_attempts.py. Test modules import this file's helpers as `from conftest import ...`, so a
+test module's name is unique across the layers (pytest imports them by base name).
+"""
 
 from __future__ import annotations
 
@@ -33,10 +48,19 @@ FAST_GPT = (
 )
 
 
+LAYERS = ("unit", "e2e", "cluster")
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """For `pytest -n N --dist loadgroup` (scripts/test.sh): each module runs whole on one worker (its module
-    fixtures are built once), and every test on the real SLURM clusters on the same worker (one cluster at a time)."""
-    item.add_marker(pytest.mark.xdist_group("slurm" if item.get_closest_marker("slurm") else item.module.__name__))
+    """Marks each test with its layer, from its folder (`-m unit`, `-m "not cluster"`). For `pytest -n N --dist
+    loadgroup` (scripts/test.sh): each module runs whole on one worker (its module fixtures are built once), keyed
+    by its path so that modules of one base name in two folders never share a group, and every test on the real
+    SLURM clusters on the same worker (one cluster at a time)."""
+    path = item.nodeid.split("::")[0]
+    layer = next((part for part in Path(path).parts if part in LAYERS), None)
+    if layer:
+        item.add_marker(getattr(pytest.mark, layer))
+    item.add_marker(pytest.mark.xdist_group("slurm" if item.get_closest_marker("slurm") else path))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

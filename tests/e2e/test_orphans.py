@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TINY_GPT
-from test_supervisor import ledger, legato, run_args
+from helpers.cli import ledger, legato, run_args
 
 
 def children(pid: int) -> list[int]:
