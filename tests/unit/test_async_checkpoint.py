@@ -93,7 +93,7 @@ def test_async_and_sync_checkpoints_hold_the_same_state_in_process(tmp_path: Pat
 
 
 def test_unset_async_is_off_for_a_model_on_the_cpu(tmp_path: Path) -> None:
-    """The default (async_ None) follows where the model lives: on for a GPU (tests/test_cuda.py proves that run), off
+    """The default (async_ None) follows where the model lives: on for a GPU (tests/e2e/test_cuda.py proves that run), off
     here, where the two measured a tie; an explicit True still switches it on."""
     unset = legato.CheckpointPolicy(every_steps=3, hash_every_steps=1, agree_every_steps=1, replay_steps=0)
     assert unset.async_ is None
