@@ -7,8 +7,8 @@ The tests sit in three layers, one folder each; a test's folder says what it sta
   runs in under three minutes on two cores (`pytest tests/unit`). A module's helpers live in the module.
 - tests/e2e: real processes: the CLI and its supervisor, ranks under real torch.distributed (gloo), real
   torchrun, the real submitit local executor, real signals. Marked `slow` where a test runs a training.
-- tests/cluster: the real SLURM clusters that `legato devcluster` starts, every test marked `slurm`; they are
-  skipped where SLURM is not installed.
+- tests/cluster: the real SLURM clusters that `legato devcluster` starts (installing SLURM where it can, as
+  root with apt-get), every test marked `slurm`; skipped where no cluster can start, failed under CI=true.
 
 tests/helpers holds the training scripts that e2e tests run by path (and unit tests import): byo_loops.py,
 replay_loops.py, ddp_attempts.py. Test modules import this file's helpers as `from conftest import ...`, so a
