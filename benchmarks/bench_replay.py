@@ -30,9 +30,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from legato.session.replay import Snapshot, batch_tensors, fingerprint, step_record
+from legato.session.replay import fingerprint, step_record
 from legato.session.session import Chaos, CheckpointPolicy, Session, resumable_loader
 from legato.state import components as table
+from legato.state.snapshot import Snapshot, batch_tensors
 
 KS = (2, 4, 8, 16)
 

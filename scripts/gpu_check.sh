@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CUDA checks of docs/gpu.md, for anyone with an NVIDIA GPU: bitwise resumes and named planted faults under
-# `legato verify` (tests/test_cuda.py), the environment capture, and the checkpoint benchmark with the state on
+# `legato verify` (tests/e2e/test_cuda.py), the environment capture, and the checkpoint benchmark with the state on
 # the GPU. Everything it prints also lands in OUT_DIR (default gpu-check/).
 #
 #   scripts/gpu_check.sh [OUT_DIR]
@@ -33,7 +33,7 @@ PYBIN=$PY
 } 2>&1 | tee "$OUT/machine.txt"
 
 status=0
-"$PYBIN" -m pytest -v --durations=20 -p no:cacheprovider -n "${WORKERS:-6}" --dist load tests/test_cuda.py 2>&1 | tee "$OUT/tests.txt" || status=1
+"$PYBIN" -m pytest -v --durations=20 -p no:cacheprovider -n "${WORKERS:-6}" --dist load tests/e2e/test_cuda.py 2>&1 | tee "$OUT/tests.txt" || status=1
 "$PYBIN" -m legato.orchestrator.cli repro capture "$OUT/capture" 2>&1 | tee "$OUT/capture.txt" || status=1
 # shellcheck disable=SC2086  # BENCH_MB is a list of sizes
 "$PYBIN" benchmarks/bench_checkpoint_async.py --device cuda --rounds "${BENCH_ROUNDS:-3}" --mb ${BENCH_MB:-64 256 1024} 2>&1 | tee "$OUT/bench_checkpoint.txt" || status=1

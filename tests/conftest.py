@@ -1,4 +1,19 @@
-"""Shared helpers: run the real trainer in real processes and read what it wrote."""
+"""The root of the test suite: its layers, how they are scheduled, and the helpers they share to run the real
+trainer in real processes and read what it wrote. It must NEVER hold a test.
+
+The tests sit in three layers, one folder each; a test's folder says what it starts:
+
+- tests/unit: in one process, no subprocess (DataLoader workers aside) and no process group; the whole layer
+  runs in under three minutes on two cores (`pytest tests/unit`). A module's helpers live in the module.
+- tests/e2e: real processes: the CLI and its supervisor, ranks under real torch.distributed (gloo), real
+  torchrun, the real submitit local executor, real signals. Marked `slow` where a test runs a training.
+- tests/cluster: the real SLURM clusters that `legato devcluster` starts (installing SLURM where it can, as
+  root with apt-get), every test marked `slurm`; skipped where no cluster can start, failed under CI=true.
+
+tests/helpers holds the training scripts that e2e tests run by path (and unit tests import): byo_loops.py,
+replay_loops.py, ddp_attempts.py. Test modules import this file's helpers as `from conftest import ...`, so a
+test module's name is unique across the layers (pytest imports them by base name).
+"""
 
 from __future__ import annotations
 
@@ -33,15 +48,45 @@ FAST_GPT = (
 )
 
 
+LAYERS = ("unit", "e2e", "cluster")
+
+
+def _builds_module_fixtures(item: pytest.Item) -> bool:
+    fixtures = getattr(item, "_fixtureinfo", None)
+    defs = fixtures.name2fixturedefs.values() if fixtures else ()
+    return any(d.scope in ("module", "package") for chain in defs for d in chain)
+
+
 def pytest_itemcollected(item: pytest.Item) -> None:
-    """For `pytest -n N --dist loadgroup` (scripts/test.sh): each module runs whole on one worker (its module
-    fixtures are built once), and every test on the real SLURM clusters on the same worker (one cluster at a time)."""
-    item.add_marker(pytest.mark.xdist_group("slurm" if item.get_closest_marker("slurm") else item.module.__name__))
+    """Marks each test with its layer, from its folder (`-m unit`, `-m "not cluster"`). For `pytest -n N --dist
+    loadgroup` (scripts/test.sh): every test on the real SLURM clusters runs on one worker (one cluster at a time),
+    and the tests of a module that builds a module fixture (a reference run) on one worker, so that it is built once;
+    the group is keyed by the module's path, as two folders may hold modules of one name. Every other test goes to
+    whichever worker is free: a module of long tests no longer keeps one worker busy while the other idles."""
+    path = item.nodeid.split("::")[0]
+    layer = next((part for part in Path(path).parts if part in LAYERS), None)
+    if layer:
+        item.add_marker(getattr(pytest.mark, layer))
+    if item.get_closest_marker("slurm"):
+        item.add_marker(pytest.mark.xdist_group("slurm"))
+    elif _builds_module_fixtures(item):
+        item.add_marker(pytest.mark.xdist_group(path))
+
+
+def _expected_cost(item: pytest.Item) -> int:
+    """A rank, longest first: the SLURM chain, then end-to-end runs, then the other end-to-end tests, then unit."""
+    if item.get_closest_marker("slurm"):
+        return 0
+    if item.get_closest_marker("unit"):
+        return 3
+    return 1 if item.get_closest_marker("slow") else 2
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The SLURM tests go first: they are the longest chain, and mostly wait on the scheduler."""
-    items.sort(key=lambda item: item.get_closest_marker("slurm") is None)
+    """Longest first, so that the short tests fill the gaps at the end (scripts/test.sh keeps this order with
+    --no-loadscope-reorder): the SLURM tests lead, being the longest chain, mostly waiting on the scheduler. The
+    sort is stable, so a module's tests keep their order."""
+    items.sort(key=_expected_cost)
 
 
 def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout: float = 180) -> subprocess.CompletedProcess:

@@ -1,41 +1,27 @@
-"""Asynchronous checkpoints keep every guarantee of the synchronous ones.
+"""Asynchronous checkpoints keep every guarantee of the synchronous ones, in one process.
 
-In-process (one rank, no group): a checkpoint in flight is never selectable,
-never counted in keep_last, never lets pruning remove the newest verified one,
-and one due meanwhile waits for it and says so. The background writer is held
-back with an event so that "in flight" is a state the test controls, not a
-race it hopes to win. The writer thread runs at nice 19 while the training
-thread keeps its priority. Real processes (2 ranks, gloo, real signals): an
-asynchronous run stopped by a signal resumes bit for bit, its checkpoints hold
-exactly the states a synchronous run writes at the same steps, and a SIGKILL
-during a background write (every rank inside the writer, or one rank from
-outside at a random moment) leaves the previous checkpoint usable and the
-resume exact.
+One rank, no group: a checkpoint in flight is never selectable, never counted
+in keep_last, never lets pruning remove the newest verified one, and one due
+meanwhile waits for it and says so. The background writer is held back with an
+event so that "in flight" is a state the test controls, not a race it hopes to
+win. The writer thread runs at nice 19 while the training thread keeps its
+priority. The same guarantees with real processes: e2e/test_async_checkpoint_runs.py.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import random
-import signal
-import subprocess
-import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
 
 import legato
 from legato.store import commit
 from legato.store.manifest import list_checkpoints, newest_usable, read_manifest
-
-STEPS = 30
-ASYNC = ("checkpoint.async=true", "checkpoint.every_steps=4", "checkpoint.keep_last=100")
 
 
 def small_run(run_dir: Path, steps: int, policy: legato.CheckpointPolicy, on_step=None) -> legato.Session:
@@ -107,7 +93,7 @@ def test_async_and_sync_checkpoints_hold_the_same_state_in_process(tmp_path: Pat
 
 
 def test_unset_async_is_off_for_a_model_on_the_cpu(tmp_path: Path) -> None:
-    """The default (async_ None) follows where the model lives: on for a GPU (tests/test_cuda.py proves that run), off
+    """The default (async_ None) follows where the model lives: on for a GPU (tests/e2e/test_cuda.py proves that run), off
     here, where the two measured a tie; an explicit True still switches it on."""
     unset = legato.CheckpointPolicy(every_steps=3, hash_every_steps=1, agree_every_steps=1, replay_steps=0)
     assert unset.async_ is None
@@ -129,75 +115,3 @@ def test_the_writer_thread_runs_at_low_priority_and_the_training_thread_keeps_it
         assert nice() == before
     finally:
         writer.close()
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """An uninterrupted synchronous run writing a checkpoint every 4 steps, all kept."""
-    run_dir = tmp_path_factory.mktemp("reference")
-    run_to_completion(TINY_GPT, run_dir, *FAST_GPT, "checkpoint.async=false", "checkpoint.every_steps=4", "checkpoint.keep_last=100")
-    return run_dir
-
-
-@pytest.mark.slow
-def test_async_run_stopped_by_a_signal_resumes_bitwise(reference: Path, tmp_path: Path) -> None:
-    attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, *ASYNC, "chaos.signal_rank=1", "chaos.signal_at_steps=[12]")
-    assert [a.returncode for a in attempts] == [75, 0]
-    # The stop waited for the write of step 12 in flight, committed it, then wrote the stop checkpoint.
-    assert "asynchronous checkpoint step 12 committed" in attempts[0].stderr
-    assert resumed_steps(attempts) == [13]
-    assert_bitwise_equal(reference, tmp_path, STEPS)
-    for step in (4, 8, 12, 16, 20, 24, 28):
-        ours, theirs = manifest(tmp_path, step), manifest(reference, step)
-        assert ours["global_hash"] == theirs["global_hash"] and ours["replay"] == theirs["replay"], step
-
-
-@pytest.mark.slow
-def test_sigkill_inside_the_background_write_leaves_the_previous_checkpoint(reference: Path, tmp_path: Path) -> None:
-    killed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, *ASYNC, "chaos.kill_in_checkpoint=12", "chaos.kill_point=after_shards")
-    assert killed.returncode not in (0, 75)
-    assert not (tmp_path / "checkpoints" / "step_12").exists()
-    attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, *ASYNC)
-    assert resumed_steps(attempts) == [8]
-    assert_bitwise_equal(reference, tmp_path, STEPS)
-
-
-def _rank_pid(launcher: int, rank: int) -> int | None:
-    """The pid of one rank among the launcher's children (RANK in its environment)."""
-    for task in Path(f"/proc/{launcher}/task").iterdir():
-        for child in (task / "children").read_text().split():
-            try:
-                env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if f"RANK={rank}".encode() in env:
-                return int(child)
-    return None
-
-
-@pytest.mark.slow
-def test_external_sigkill_of_one_rank_during_a_background_write(reference: Path, tmp_path: Path) -> None:
-    """SIGKILL rank 1 alone as soon as an asynchronous write is seen in flight, after a random extra delay."""
-    rnd = random.Random(os.getpid())
-    cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={tmp_path}"]
-    for item in (*FAST_GPT, *ASYNC[:1], "checkpoint.every_steps=2"):
-        cmd += ["--set", item]
-    launcher = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 120
-        root = tmp_path / "checkpoints"
-        while not list(root.glob(".tmp_step_*")) or not list(root.glob("step_*")):
-            assert time.monotonic() < deadline and launcher.poll() is None, "no background write seen"
-            time.sleep(0.001)
-        time.sleep(rnd.uniform(0, 0.05))
-        victim = _rank_pid(launcher.pid, 1)
-        assert victim is not None, "rank 1 not found"
-        os.kill(victim, signal.SIGKILL)
-        assert launcher.wait(timeout=120) not in (0, 75)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
-    attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, *ASYNC)
-    assert len(resumed_steps(attempts)) == 1
-    assert_bitwise_equal(reference, tmp_path, STEPS)

@@ -1,16 +1,13 @@
-"""Multi-node rules that need no cluster: the start-up margin check, per-node environment comparison,
-the master address, exclusion, and the multi-node devcluster's refusals."""
+"""Multi-node rules that need no cluster, in one process: the start-up margin check, per-node environment
+comparison, the master address and exclusion. The CLI's refusals: e2e/test_multinode_refusals.py."""
 
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from test_run_errors import assert_usage_error
-from test_supervisor import legato
 
 from legato.config import load_config
 from legato.errors import UsageError
@@ -24,23 +21,6 @@ def test_shipped_slurm_configs_leave_a_minute_to_start(config: Path) -> None:
     cfg = load_config(config)
     if cfg.executor == "slurm":
         assert cfg.slurm.time_min * 60 - cfg.slurm.signal_lead_s - 30 >= 60
-
-
-@pytest.mark.parametrize(
-    "sets, needles",
-    [
-        (["slurm.time_min=1", "slurm.signal_lead_s=30"], ("slurm.time_min is 1", "slurm.signal_lead_s is 30", "leaves 0s", "Raise slurm.time_min to 2")),
-        (["slurm.time_min=2", "slurm.signal_lead_s=90"], ("leaves 0s", "Raise slurm.time_min to 3", "lower slurm.signal_lead_s to 30")),
-        (["slurm.time_min=60", "slurm.signal_lead_s=3520"], ("slurm.signal_lead_s is 3520", "leaves 50s", "Raise slurm.time_min to 61", "lower slurm.signal_lead_s to 3510")),
-    ],
-)
-def test_a_stop_signal_that_could_come_during_start_up_is_refused(tmp_path: Path, sets: list[str], needles: tuple[str, ...]) -> None:
-    run_dir = tmp_path / "run"
-    args = ["run", str(ROOT / "configs" / "tiny_gpt_slurm.yaml"), "--set", f"run.dir={run_dir}"]
-    for item in sets:
-        args += ["--set", item]
-    assert_usage_error(legato(*args), *needles)
-    assert not run_dir.exists()
 
 
 def test_the_margin_is_exact_at_one_minute() -> None:
@@ -111,10 +91,3 @@ def test_resubmission_event_shows_the_excluded_nodes(tmp_path: Path) -> None:
     summary = summarize(tmp_path, [{"event": "run_started", "time": 0.0}, event])
     assert summary.excluded_nodes == ["n1"]
     assert "nodes excluded after they failed: n1" in status_table(summary)
-
-
-@pytest.mark.skipif(os.geteuid() != 0, reason="the refusal comes after the root check")
-def test_devcluster_nodes_needs_a_count_of_two_or_more() -> None:
-    assert_usage_error(legato("devcluster", "up", "--nodes", "1"), "--nodes 1", "omit --nodes for the one-node cluster")
-    assert_usage_error(legato("devcluster", "up", "--nodes"), "needs a node count")
-

@@ -2,40 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, manifest, run_trainer
+from helpers.cli import ledger, legato, run_args, status, wait_for
 
 pytestmark = pytest.mark.slow
-
-
-def legato(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-
-
-def run_args(run_dir: Path, *sets: str) -> list[str]:
-    args = ["run", str(TINY_GPT), "--set", f"run.dir={run_dir}"]
-    for item in (*FAST_GPT, *sets):
-        args += ["--set", item]
-    return args
-
-
-def status(run_dir: Path) -> dict:
-    proc = legato("status", str(run_dir), "--json")
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(proc.stdout)
-
-
-def ledger(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
 
 
 def reference_hash(tmp_path: Path, *sets: str) -> str:
@@ -44,16 +21,6 @@ def reference_hash(tmp_path: Path, *sets: str) -> str:
     proc = run_trainer(TINY_GPT, ref, *FAST_GPT, *sets)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return manifest(ref)["global_hash"]
-
-
-def wait_for(predicate, timeout: float = 120.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_two_signals_three_attempts_every_resume_verified(tmp_path: Path) -> None:

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, manifest, run_trainer
-from test_port import PORT, UNSEEDED, assert_same_run, launch
-from test_supervisor import ledger, legato, status, wait_for
+from helpers.cli import ledger, legato, status, wait_for
+from helpers.port import PORT, UNSEEDED, assert_same_run, launch
 
 from legato.runtime.launch import free_port
 

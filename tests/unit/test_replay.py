@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from replay_loops import train
+from helpers.replay_loops import train
 
 import legato
 from legato.errors import EXIT_OK, EXIT_STOPPED

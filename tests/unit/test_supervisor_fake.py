@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fake_backend import FakeBackend, Step, ended, pending, running, still
+from helpers.fake_backend import FakeBackend, Step, ended, pending, running, still
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE

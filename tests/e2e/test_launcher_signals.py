@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from test_port import UNSEEDED, assert_same_run
+from helpers.port import UNSEEDED, assert_same_run
 
 from legato.runtime.launch import free_port
 from legato.torchrun import child_pids

@@ -22,7 +22,7 @@ from conftest import FAST_GPT, ROOT, TINY_GPT, codes, run_ranks, run_trainer
 
 pytestmark = pytest.mark.slow
 
-LOOPS = ROOT / "tests" / "replay_loops.py"
+LOOPS = ROOT / "tests" / "helpers" / "replay_loops.py"
 STEPS = 12
 
 # "accumulate" is no fault any more: the session saves every .grad (see test_replay.py).

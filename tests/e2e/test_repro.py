@@ -1,5 +1,6 @@
-"""Environment capture per job and attempt: secrets never reach the disk, diffs name exactly what changed,
-and a hanging external command cannot hold a capture past its timeout."""
+"""Environment capture per job and attempt, with real processes: secrets never reach the disk, diffs name exactly
+what changed, and a hanging external command cannot hold a capture past its timeout. The redactor alone, in one
+process: unit/test_repro_redactor.py."""
 
 from __future__ import annotations
 
@@ -11,43 +12,9 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT
-from test_supervisor import ledger, legato, status, wait_for
-
-from legato.orchestrator.redact import Redactor
-
-SECRETS = {
-    "GITHUB_TOKEN": "ghp_" + "A1b2C3d4E5f6G7h8I9j0" * 2,
-    "MY_SETTING": "hf_" + "QwErTyUiOpAsDfGhJkLzXcVbNm1234",
-    "AWS_ACCESS_KEY_ID": "AKIAIOSFODNN7EXAMPLE",
-    "NOTIFY_HOOK": "xoxb-123456789012-abcdefABCDEF",
-    "OPENAI_API_KEY": "sk-proj-" + "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2",
-    "SOME_HEADER": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-    "DEPLOY_PEM": "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu\n-----END RSA PRIVATE KEY-----",
-    "DATABASE_URL": "postgres://trainer:hunter2hunter2@db.example.org/runs",
-    "MY_PASSWORD": "correct-horse-battery-staple",
-}
-SECRET_VALUES = ["A1b2C3d4E5f6G7h8I9j0", "QwErTyUiOpAsDfGhJkLzXcVbNm1234", "AKIAIOSFODNN7EXAMPLE", "123456789012-abcdefABCDEF",
-                 "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2", "dozjgNryP4J3jVmNHl0w5N", "MIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu",
-                 "hunter2hunter2", "correct-horse-battery-staple", "cmdline-secret-value-0042", "QQ77config-secret-value", "pw-in-config-url-9"]
-
-
-def test_redactor_catches_each_format_and_keeps_names() -> None:
-    r = Redactor()
-    env = r.environ({**SECRETS, "PATH": "/usr/bin", "TOKENIZERS_PARALLELISM": "false", "KEYBOARD": "us", "PWD": "/work"})
-    for name in SECRETS:
-        assert env[name].startswith("<not recorded: fingerprint "), name
-    assert (env["PATH"], env["TOKENIZERS_PARALLELISM"], env["PWD"]) == ("/usr/bin", "false", "/work")
-    assert env["KEYBOARD"].startswith("<not recorded"), "not on the allowlist: recorded by name and fingerprint"
-    for name, value in SECRETS.items():
-        if name != "MY_PASSWORD":  # only its name gives it away
-            assert "<redacted" in r.text(value), name
-    assert r.text(SECRETS["DATABASE_URL"]) == "postgres://trainer:<redacted: URL password>@db.example.org/runs"
-    argv = r.argv(["train.py", "--api-token", "abc123", "--password=xyz789", "train.options.hf_token=plain", "lr=0.1", "--steps", "5"])
-    assert argv == ["train.py", "--api-token", "<redacted: follows a secret-looking flag>", "--password=<redacted: the name looks secret>",
-                    "train.options.hf_token=<redacted: the name looks secret>", "lr=0.1", "--steps", "5"]
-    adjusted = Redactor(allow=frozenset({"MY_PASSWORD"}), deny=("*_SETTING_X", "CORP_*"))
-    assert adjusted.value("MY_PASSWORD", "visible") == "visible"
-    assert adjusted.value("CORP_THING", "hidden").startswith("<redacted")
+from helpers.cli import ledger, legato, status, wait_for
+from helpers.planted_secrets import REPRO_SECRET_VALUES as SECRET_VALUES
+from helpers.planted_secrets import REPRO_SECRETS as SECRETS
 
 
 def _run_dir_files(run_dir: Path) -> list[Path]:

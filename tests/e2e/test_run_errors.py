@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
 from filelock import FileLock
-from test_supervisor import legato
+from helpers.cli import assert_usage_error, legato
 
 from legato.paths import RunPaths
 
@@ -29,15 +29,6 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def tree_digest(root: Path) -> dict[str, str]:
     return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def assert_usage_error(proc, *needles: str) -> None:
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr
-    message = proc.stderr.strip()
-    assert message.startswith("error: ") and "\n" not in message, message
-    for needle in needles:
-        assert needle in message, message
 
 
 CASES = {

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, TINY_GPT
-from test_supervisor import ledger, legato, run_args
+from helpers.cli import ledger, legato, run_args
 
 
 def children(pid: int) -> list[int]:
@@ -135,6 +135,20 @@ def test_sigkill_of_the_supervisor_then_a_detached_one_ends_with_its_run(tmp_pat
         kill_leftovers(seen)
 
 
+def full_tree(controller: int, run_dir: Path) -> set[int]:
+    """The controller and every process of its job, read once its two ranks and their two DataLoader workers each
+    are all alive: between two epochs a rank's workers are gone, and a tree read then would miss them."""
+    tree: set[int] = set()
+
+    def all_up() -> bool:
+        tree.clear()
+        tree.update(descendants(controller))
+        return len([p for p in tree if alive(p)]) >= 6
+
+    wait_until(all_up, 120, "the controller's two ranks and their four workers")
+    return tree | run_pids(run_dir)
+
+
 def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # Far more steps than the test waits for: ranks that outlived their controller would still be training.
@@ -146,7 +160,7 @@ def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on
         wait_until(lambda: (run_dir / "ledger.jsonl").exists() and any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)),
                    180, "a periodic checkpoint")
         controller = int(next(e["job_id"] for e in ledger(run_dir) if e["event"] == "submitted"))
-        seen = descendants(controller) | run_pids(run_dir)
+        seen = full_tree(controller, run_dir)
         os.kill(controller, signal.SIGKILL)
         wait_all_gone(seen)
         assert len(seen) >= 7  # the controller, two ranks, two workers each

@@ -27,7 +27,7 @@ SMALL = ("train.steps=8", "train.num_workers=0", "repro.enabled=false")
 
 def reducer_experiment(tmp_path: Path, world: int) -> dict:
     out, port = tmp_path / "result.json", str(free_port())
-    cmd = [sys.executable, str(ROOT / "tests" / "ddp_attempts.py")]
+    cmd = [sys.executable, str(ROOT / "tests" / "helpers" / "ddp_attempts.py")]
     procs = [subprocess.Popen([*cmd, str(rank), str(world), port, str(out)], stderr=subprocess.PIPE, text=True) for rank in range(world)]
     try:
         errors = [p.communicate(timeout=300)[1] for p in procs]

@@ -1,6 +1,6 @@
 """One rank of user loops that bring their own loader and own state (launch one process per rank, gloo).
 
-    python tests/byo_loops.py RUN_DIR --loop owned|iterable [--signal-before-loop]
+    python tests/helpers/byo_loops.py RUN_DIR --loop owned|iterable [--signal-before-loop]
 
 - `owned`: the user's DataLoader with torch's DistributedSampler, its own
   `generator=` and `worker_init_fn=` (which marks every sample, to prove it

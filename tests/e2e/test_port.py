@@ -13,54 +13,16 @@ sees comes from rank 0's own voice on stderr.
 from __future__ import annotations
 
 import difflib
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-import torch
-from conftest import ROOT, codes, manifest, model_state, run_ranks, trajectory
+from conftest import codes
+from helpers.port import PORT, UNSEEDED, assert_same_run, launch, result
 
 pytestmark = pytest.mark.slow
 
-PORT = ROOT / "examples" / "port"
-# Global RNGs that nanoGPT and the DDP tutorial never seed (the ImageNet example seeds all three): see assert_same_run.
-UNSEEDED = ("rng.python", "rng.numpy")
 # The tutorial draws a batch each epoch only to print its size; the port reads it from the loader (see README).
 TUTORIAL_B_SZ = ("len(next(iter(self.train_data))[0])", "self.train_data.batch_size")
-
-
-def launch(script: Path, out: Path, *args: str, **env: str) -> list[subprocess.CompletedProcess]:
-    out.mkdir(parents=True, exist_ok=True)
-    return run_ranks([sys.executable, str(script), str(out), *args], PYTHONPATH=str(ROOT), **env)
-
-
-def result(out: Path, rank: int) -> dict:
-    return json.loads((out / f"result_rank{rank}.json").read_text())
-
-
-def assert_same_run(reference: Path, resumed: Path, steps: int, unseeded: tuple[str, ...] = ()) -> None:
-    """Same model tensors, same loss_hex at every step and the same digest of every component on every rank.
-
-    `unseeded` names the global RNGs a script never seeds (nanoGPT and the DDP tutorial leave python's and
-    numpy's alone, as the originals do): they start from os.urandom in every process, two plain runs included,
-    so no run can match another there, and legato must not seed them for the user (`legato verify --command`
-    names them instead). The scripts never draw from them either, so the resumed run is checked against itself:
-    each attempt restored them, so every checkpoint holds the state the first attempt started with (an attempt
-    that kept its own fresh state would show it at its first checkpoint).
-    """
-    ref_model, res_model = model_state(reference, steps), model_state(resumed, steps)
-    assert all(torch.equal(ref_model[k], res_model[k]) for k in ref_model) and ref_model.keys() == res_model.keys()
-    for rank in range(2):
-        ref, res = manifest(reference, steps)["ranks"][rank]["components"], manifest(resumed, steps)["ranks"][rank]["components"]
-        assert {k: v for k, v in res.items() if k not in unseeded} == {k: v for k, v in ref.items() if k not in unseeded}
-        for name in unseeded:
-            kept = {manifest(resumed, int(d.name[5:]))["ranks"][rank]["components"][name] for d in (resumed / "checkpoints").glob("step_*")}
-            assert kept == {res[name]}, f"{name} on rank {rank} changed between the attempts' checkpoints"
-        ref_traj, res_traj = trajectory(reference, rank), trajectory(resumed, rank)
-        assert [r["step"] for r in res_traj] == list(range(1, steps + 1))
-        assert [(r["loss_hex"], r["lr"], r["epoch"]) for r in res_traj] == [(r["loss_hex"], r["lr"], r["epoch"]) for r in ref_traj]
 
 
 def changed_lines(plain: Path, ported: Path) -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
-from test_supervisor import ledger, legato, run_args, status, wait_for
+from helpers.cli import ledger, legato, run_args, status, wait_for
 
 from legato.slurm.startmask import launcher
 

@@ -1,6 +1,6 @@
 """One rank of a reducer-level experiment: does a fresh DDP wrapper (a new attempt) reduce like the old one?
 
-    python tests/ddp_attempts.py RANK WORLD PORT OUT.json
+    python tests/helpers/ddp_attempts.py RANK WORLD PORT OUT.json
 
 Each rank trains a small transformer for `STEPS` steps with one DDP wrapper
 (the uninterrupted run), and again with a fresh model, optimizer and DDP

@@ -17,7 +17,7 @@ from `legato.sample_generator`. `plain` keeps nothing outside.
 
 Launch one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
 
-    python tests/replay_loops.py RUN_DIR --loop prefetch [--register] [--signal-at S] [--steps N]
+    python tests/helpers/replay_loops.py RUN_DIR --loop prefetch [--register] [--signal-at S] [--steps N]
 
 or call `train()` in one process (world size 1, no process group).
 """

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, manifest
-from test_supervisor import ledger, wait_for
+from helpers.cli import ledger, wait_for
 
 from legato.slurm.multinode import STATE_DIR, Node, client_env
 
