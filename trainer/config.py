@@ -35,12 +35,16 @@ MIN_STARTUP_MARGIN_S = 60
 
 @dataclass
 class RunSection:
-    name: str = option("legato-run")
+    """The run's name and directory."""
+
+    name: str = option("legato-run", doc="names the run and, unless run.dir is set, its directory")
     dir: str = option("", doc="run directory; empty means runs/<name>")
 
 
 @dataclass
 class LocalSection:
+    """Placement of a local job (`executor: local`): ranks on this machine and a time limit."""
+
     tasks: int = option(2, minimum=1, maximum=1024, doc="ranks started on this machine")
     timeout_min: int = option(0, minimum=0, maximum=MINUTES_MAX, doc="local time limit per attempt, 0 for none")
 
@@ -55,20 +59,22 @@ class LocalSection:
 
 @dataclass
 class SlurmSection:
-    time_min: int = option(60, minimum=1, maximum=MINUTES_MAX)
-    nodes: int = option(1, minimum=1, maximum=100_000)
-    tasks_per_node: int = option(2, minimum=1, maximum=1024)
-    cpus_per_task: int = option(1, minimum=1, maximum=4096)
-    gpus_per_task: int = option(0, minimum=0, maximum=64)
-    mem_gb: float = option(0.0, minimum=0, maximum=1e6)
-    partition: str | None = option(None)
-    account: str | None = option(None)
-    qos: str | None = option(None)
+    """Placement of a SLURM job (`executor: slurm`): the sbatch request, the stop signal and the requeue budget."""
+
+    time_min: int = option(60, minimum=1, maximum=MINUTES_MAX, doc="time limit of each job (sbatch --time), in minutes")
+    nodes: int = option(1, minimum=1, maximum=100_000, doc="nodes each job asks for")
+    tasks_per_node: int = option(2, minimum=1, maximum=1024, doc="ranks on each node")
+    cpus_per_task: int = option(1, minimum=1, maximum=4096, doc="CPUs each rank asks for")
+    gpus_per_task: int = option(0, minimum=0, maximum=64, doc="GPUs each rank asks for")
+    mem_gb: float = option(0.0, minimum=0, maximum=1e6, doc="memory per node in GB (sbatch --mem), 0 for the cluster's default")
+    partition: str | None = option(None, doc="sbatch partition; empty for the cluster's default")
+    account: str | None = option(None, doc="sbatch account; empty for the cluster's default")
+    qos: str | None = option(None, doc="sbatch quality of service; empty for the cluster's default")
     signal: str = option("USR2", doc="stop signal the scheduler sends before the limit; the trainer listens for it")
-    signal_lead_s: int = option(90, minimum=1, maximum=SECONDS_MAX)
+    signal_lead_s: int = option(90, minimum=1, maximum=SECONDS_MAX, doc="seconds before the time limit the stop signal comes (--signal=USR2@90)")
     master_addr: str | None = option(None, doc="address where the ranks meet; empty means the job's first node")
     handle_sigterm: bool = option(False, doc="treat SIGTERM like the stop signal too")
-    max_requeues: int = option(10, minimum=0, maximum=100_000)
+    max_requeues: int = option(10, minimum=0, maximum=100_000, doc="budget shared by requeues and resubmissions")
     extra_sbatch: dict = option({}, doc="additional sbatch options, name to value")
     setup: list = option([], doc="shell lines run before the job starts")
 
@@ -95,27 +101,31 @@ class SlurmSection:
 
 @dataclass
 class TrainSection:
-    task: str | None = option("tiny_gpt", choices=("tiny_gpt", "mlp", None))
+    """What is trained and how: the task or entrypoint, its hyperparameters, device and backend."""
+
+    task: str | None = option("tiny_gpt", choices=("tiny_gpt", "mlp", None), doc="built-in task trained when train.entrypoint is empty")
     entrypoint: str | None = option(None, doc='a user function "pkg.module:function"')
-    steps: int = option(60, minimum=1, maximum=STEPS_MAX)
-    batch_size: int = option(8, minimum=1, maximum=2**20)
-    lr: float = option(3e-3, minimum=0, maximum=1e3)
-    warmup_steps: int = option(5, minimum=0, maximum=STEPS_MAX)
-    num_workers: int = option(0, minimum=0, maximum=256)
-    amp: bool = option(False)
+    steps: int = option(60, minimum=1, maximum=STEPS_MAX, doc="optimizer steps the whole run trains")
+    batch_size: int = option(8, minimum=1, maximum=2**20, doc="samples per batch on each rank")
+    lr: float = option(3e-3, minimum=0, maximum=1e3, doc="learning rate")
+    warmup_steps: int = option(5, minimum=0, maximum=STEPS_MAX, doc="learning-rate warmup steps")
+    num_workers: int = option(0, minimum=0, maximum=256, doc="DataLoader worker processes per rank")
+    amp: bool = option(False, doc="train under autocast (mixed precision)")
     amp_dtype: str = option("auto", choices=("auto", "bfloat16", "float16"), doc="autocast dtype with amp; auto is float16 on CUDA (with GradScaler), bfloat16 on CPU")
     device: str = option("auto", choices=("auto", "cpu", "cuda"), doc="auto trains on CUDA when the machine has it")
     backend: str = option("auto", choices=("auto", "nccl", "gloo"), doc="auto is NCCL when each local rank has its own GPU, else gloo")
-    collective_timeout_s: int = option(300, minimum=1, maximum=SECONDS_MAX)
+    collective_timeout_s: int = option(300, minimum=1, maximum=SECONDS_MAX, doc="how long a collective may wait for the other ranks")
     options: dict = option({}, doc="settings passed through to the task or entrypoint")
 
 
 @dataclass
 class CheckpointSection:
+    """When checkpoints are written, how many are kept, and how a resume is checked."""
+
     every_steps: int = option(0, minimum=0, maximum=STEPS_MAX, doc="periodic checkpoint every N steps, 0 for off")
     every_minutes: float = option(0.0, minimum=0, maximum=MINUTES_MAX, doc="periodic checkpoint every M minutes, 0 for off")
-    keep_last: int = option(3, minimum=1, maximum=KEEP_LAST_MAX)
-    verify: str = option("error", choices=("error", "warn"))
+    keep_last: int = option(3, minimum=1, maximum=KEEP_LAST_MAX, doc="checkpoints kept; older ones are pruned")
+    verify: str = option("error", choices=("error", "warn"), doc="warn turns a failed resume verification into a warning")
     hash_every_steps: int = option(10, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps")
     agree_every_steps: int = option(0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a second apart")
     replay_steps: int = option(32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and compares; 0 for off")
@@ -126,25 +136,35 @@ class CheckpointSection:
 
 @dataclass
 class DeterminismSection:
-    seed: int = option(1234, minimum=0, maximum=2**63 - 1)
-    mode: str = option("strict", choices=("strict", "fast"))
+    """The seed and how strictly the ranks are made deterministic."""
+
+    seed: int = option(1234, minimum=0, maximum=2**63 - 1, doc="the seed every random stream of the run derives from")
+    mode: str = option("strict", choices=("strict", "fast"), doc="strict: deterministic algorithms and flags; fast: seeds only")
     threads: int = option(0, minimum=0, maximum=4096, doc="torch threads per rank, 0 for cores / local ranks")
 
 
 @dataclass
 class ChaosSection:
+    """Fault injection for tests and demos: planted stop signals, slow steps, skipped restores, kills mid-write."""
+
     signal_rank: int = option(0, minimum=0, maximum=10**6, doc="the rank chaos signals; below the world size")
     signal_at_steps: list = option([], doc="after each listed step, signal_rank sends itself the stop signal")
-    preempt_every_s: float = option(0.0, minimum=0, maximum=SECONDS_MAX)
+    preempt_every_s: float = option(
+        0.0, minimum=0, maximum=SECONDS_MAX, doc="the supervisor signals every task this many seconds after each attempt began training, 0 for off"
+    )
     step_sleep_s: float = option(0.0, minimum=0, maximum=60, doc="every rank sleeps this long after each trained step (a slow node)")
     skip_restore: list = option([], doc="state components left unrestored on resume (fault injection): numpy, loader, data, optimizer, ...")
     consume_rng_after_restore: list = option([], doc="draw from these RNGs (python, numpy, torch) right after the restore (fault injection)")
     kill_in_checkpoint: int = option(0, minimum=0, maximum=STEPS_MAX, doc="SIGKILL every rank while writing this step's checkpoint")
-    kill_point: str = option("after_shards", choices=("after_shards", "after_manifest", "before_publish"))
+    kill_point: str = option(
+        "after_shards", choices=("after_shards", "after_manifest", "before_publish"), doc="where in that checkpoint write the kill comes"
+    )
 
 
 @dataclass
 class ReproSection:
+    """The environment capture at the start of each attempt and what of it is recorded."""
+
     enabled: bool = option(True, doc="capture the environment at the start of every attempt")
     command_timeout_s: float = option(5.0, minimum=0.1, maximum=3600, doc="limit for each external command of a capture")
     allow: list = option([], doc="variable or key names (globs) whose values are recorded; see README, Secrets")
@@ -153,8 +173,10 @@ class ReproSection:
 
 @dataclass
 class Config:
+    """A whole run configuration: one field per YAML section, plus `executor`."""
+
     run: RunSection = field(default_factory=RunSection)
-    executor: str = option("local", choices=("local", "slurm"))
+    executor: str = option("local", choices=("local", "slurm"), doc="where jobs run: local (this machine) or slurm")
     local: LocalSection = field(default_factory=LocalSection)
     slurm: SlurmSection = field(default_factory=SlurmSection)
     train: TrainSection = field(default_factory=TrainSection)
@@ -165,6 +187,7 @@ class Config:
 
     @property
     def run_dir(self) -> Path:
+        """The run directory: run.dir, else runs/<run.name>."""
         return Path(self.run.dir or f"runs/{self.run.name}")
 
     @property
