@@ -1,0 +1,163 @@
+"""The generic typed builder: a raw mapping in, a dataclass of checked values out.
+
+`option()` declares a field with its bounds and its one line of documentation;
+`build()` walks a dataclass schema, refusing unknown keys (with the nearest
+known one), wrong types and values out of bounds, each as a `UsageError` that
+names the key, the problem and the fix. The ceilings every value is held to
+live here, written once. This module must NEVER know a key of legato's own
+schema (that is `legato.config`), read a file or touch the filesystem.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import math
+import types
+import typing
+from dataclasses import field
+from pathlib import Path
+from typing import Any
+
+from legato.errors import UsageError
+
+# Ceilings far above any real run, low enough that no count, size or time overflows or hangs what uses it.
+STEPS_MAX = 10**9
+KEEP_LAST_MAX = 100_000
+SECONDS_MAX = 7 * 24 * 3600
+MINUTES_MAX = 366 * 24 * 60
+NAME_MAX = 200
+MAX_TEXT = 4096
+MAX_LIST = 10_000
+MAX_OVERRIDE = 64 * 1024
+PATH_MAX = 4096
+
+TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "a mapping"}
+
+
+def option(default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = "") -> Any:
+    """A config field; `key` spells its YAML name where that is a Python keyword (checkpoint.async)."""
+    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc, "key": key}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def yaml_key(f: dataclasses.Field) -> str:
+    """The name a field has in YAML: its `key`, else its Python name."""
+    return f.metadata.get("key") or f.name
+
+
+def as_dict(value: Any) -> Any:
+    """A dataclass as plain data, keyed as YAML spells it; anything else deep-copied."""
+    if dataclasses.is_dataclass(value):
+        return {yaml_key(f): as_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    return copy.deepcopy(value)
+
+
+def build(cls: type, raw: Any, prefix: str, source: str) -> Any:
+    """An instance of the dataclass `cls` from `raw`, every key known and every value checked; `prefix` spells the section."""
+    label = prefix.rstrip(".") or "the top level"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise UsageError(f"{source}: {label} must be a mapping of keys, not {show(raw)}. Write it as a YAML section.")
+    hints = typing.get_type_hints(cls)
+    fields = {yaml_key(f): f for f in dataclasses.fields(cls)}
+    unknown = [k for k in raw if k not in fields]
+    if unknown:
+        key = str(unknown[0])[:60]
+        close = difflib.get_close_matches(key, list(fields), n=1)
+        hint = f" Did you mean {prefix}{close[0]}?" if close else ""
+        raise UsageError(
+            f"{source}: {prefix}{key} is not a known key.{hint} Valid keys in {label}: "
+            f"{', '.join(fields)}. Fix or remove the key."
+        )
+    values = {}
+    for name, f in fields.items():
+        if name not in raw:
+            continue
+        hint = hints[f.name]
+        if dataclasses.is_dataclass(hint):
+            values[f.name] = build(hint, raw[name], f"{prefix}{name}.", source)
+        else:
+            values[f.name] = _check_value(f"{prefix}{name}", raw[name], hint, f.metadata, source)
+    return cls(**values)
+
+
+def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any:
+    allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    if value is None and type(None) in allowed:
+        return None
+    base = next(t for t in allowed if t is not type(None))
+    value = _coerce(key, value, base, source)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{source}: {key} is {value!r}; it must be a finite number. Write a number such as {meta.get('minimum') or 1}.")
+    if isinstance(value, str) and ("\x00" in value or len(value) > MAX_TEXT):
+        raise UsageError(f"{source}: {key} holds a NUL byte or is longer than {MAX_TEXT} characters. Write a short value.")
+    choices = meta.get("choices") or ()
+    if choices and value not in choices:
+        shown = ", ".join(str(c) for c in choices if c is not None)
+        raise UsageError(f"{source}: {key} is {show(value)}, which is not one of: {shown}. Pick one of those.")
+    minimum, maximum = meta.get("minimum"), meta.get("maximum")
+    if minimum is not None and value < minimum:
+        floor = "positive" if minimum == 1 else f"at least {minimum}"
+        raise UsageError(f"{source}: {key} is {show(value)}, but it must be {floor}. Set a value of {minimum} or more.")
+    if maximum is not None and value > maximum:
+        raise UsageError(f"{source}: {key} is {show(value)}, beyond the largest sensible value, {maximum:g}. Set a value of at most {maximum:g}.")
+    return value
+
+
+def _coerce(key: str, value: Any, base: type, source: str) -> Any:
+    ok = isinstance(value, base) and not (base in (int, float) and isinstance(value, bool))
+    if base is float and isinstance(value, int) and not isinstance(value, bool):
+        try:
+            return float(value)
+        except OverflowError:
+            raise UsageError(f"{source}: {key} is {show(value)}, beyond any sensible value. Write a number of sensible size.") from None
+    if base is float and isinstance(value, str):
+        # PyYAML follows YAML 1.1, which reads 1e-3 (no dot) as a string.
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    if not ok:
+        raise UsageError(
+            f"{source}: {key} must be {TYPE_WORDS[base]}, but it is {show(value)} ({type(value).__name__}). "
+            f"Write it as {TYPE_WORDS[base]}, without quotes for numbers and booleans."
+        )
+    return value
+
+
+def check_list(source: str, key: str, items: list, kind: type, low: int | None, high: int | None) -> None:
+    """A list field's entries: at most MAX_LIST of them, each of `kind`, texts short and NUL-free, numbers within bounds."""
+    if len(items) > MAX_LIST:
+        raise UsageError(f"{source}: {key} holds {len(items)} entries; at most {MAX_LIST} make sense. Shorten it.")
+    bad = [x for x in items if not isinstance(x, kind) or isinstance(x, bool)]
+    if bad:
+        raise UsageError(f"{source}: {key} must be a list of {TYPE_WORDS[kind][2:]}s, but it holds {show(bad[0])}. Fix that entry.")
+    if kind is str:
+        bad = [x for x in items if "\x00" in x or len(x) > MAX_TEXT]
+        if bad:
+            raise UsageError(f"{source}: {key} holds an entry with a NUL byte or over {MAX_TEXT} characters. Fix that entry.")
+        return
+    bad = [x for x in items if (low is not None and x < low) or (high is not None and x > high)]
+    if bad:
+        raise UsageError(f"{source}: {key} holds {show(bad[0])}; its entries must be from {low} to {high}. Fix that entry.")
+
+
+def show_path(path: Path) -> str:
+    """A path as a message may quote it: control characters escaped, at most 300 characters."""
+    text = str(path)
+    if any(ord(c) < 32 for c in text):
+        text = repr(text)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def show(value: Any, limit: int = 60) -> str:
+    """A value as a message may quote it: short, one line, never a huge number spelled out."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
