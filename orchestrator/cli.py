@@ -28,6 +28,7 @@ from pathlib import Path
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from legato.events import JOB_SUBMISSIONS, Kind
 from legato.orchestrator.display import LiveView, status_table
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.plot import plot_losses
@@ -275,11 +276,11 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"legato: {run_dir} is not running; nothing to cancel.")
         return EXIT_OK
     job_id = current_job(session)
-    ledger.append("cancel_requested", job_id=job_id)
+    ledger.append(Kind.CANCEL_REQUESTED, job_id=job_id)
     if job_id is not None:
         JobHandle(cfg.executor, job_id).cancel()
     if not SupervisorLock(run_dir).held_elsewhere():
-        ledger.append("cancelled", job_id=job_id, reason="cancelled by the user")
+        ledger.append(Kind.CANCELLED, job_id=job_id, reason="cancelled by the user")
     print(f"legato: cancelled job {job_id}; checkpoints in {run_dir} are kept, and `legato run` with the same config continues from them.")
     return EXIT_OK
 
@@ -287,7 +288,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     events = Ledger(run_dir).read()
-    jobs = [args.job] if args.job else list(dict.fromkeys(e["job_id"] for e in events if e["event"] in ("submitted", "resubmitted")))
+    jobs = [args.job] if args.job else list(dict.fromkeys(e["job_id"] for e in events if e["event"] in JOB_SUBMISSIONS))
     if not jobs:
         raise UsageError(f"{run_dir} has no submitted jobs in its ledger. Pass the run.dir of a run started with `legato run`.")
     for job_id in jobs:
@@ -364,7 +365,7 @@ def _verify_command(args: argparse.Namespace) -> int:
     return _report_verdict(verdict, args.json, png)
 
 
-VERIFY_EVENTS = ("attempt_started", "stop_signal", "resumed", "finished", "failed")
+VERIFY_EVENTS = (Kind.ATTEMPT_STARTED, Kind.STOP_SIGNAL, Kind.RESUMED, Kind.FINISHED, Kind.FAILED)
 
 
 def _parse_steps(text: str | None) -> list[int] | None:
@@ -424,7 +425,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not RunPaths(run_dir).trajectories.is_dir():
         raise UsageError(f"{run_dir} has no trajectory/: pass the run directory of a run that trained.")
-    resumed = [e for e in Ledger(run_dir).read() if e["event"] == "resumed"]
+    resumed = [e for e in Ledger(run_dir).read() if e["event"] == Kind.RESUMED]
     runs = {"reference": Path(args.reference)} if args.reference else {}
     runs[run_dir.name] = run_dir
     png = plot_losses(Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, [e["step"] for e in resumed], replays=_replays(resumed))
