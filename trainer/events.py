@@ -103,6 +103,10 @@ class _Attempt(TypedDict, total=False):
     restart: int
 
 
+JOB_TAG_FIELDS = frozenset(_Attempt.__annotations__)
+"""The fields that tie a record to one attempt of a job."""
+
+
 class RunStarted(TypedDict):
     command: list[str]
     executor: str
