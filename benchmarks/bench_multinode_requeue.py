@@ -21,6 +21,8 @@ import sys
 import time
 from pathlib import Path
 
+from legato.events import Kind
+
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "tiny_gpt_2node.yaml"
 
@@ -43,9 +45,9 @@ def main() -> int:
     code = subprocess.call(cmd, cwd=ROOT, env=client_env(), stdout=subprocess.DEVNULL)
     wall = time.monotonic() - started
     events = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
-    attempts = [e for e in events if e["event"] == "attempt_started"]
-    signals = [min((e for e in events if e["event"] == "stop_signal" and e["restart"] == a["restart"]), key=lambda e: e["time"], default=None) for a in attempts]
-    resumes = {e["restart"]: e for e in events if e["event"] == "resumed"}
+    attempts = [e for e in events if e["event"] == Kind.ATTEMPT_STARTED]
+    signals = [min((e for e in events if e["event"] == Kind.STOP_SIGNAL and e["restart"] == a["restart"]), key=lambda e: e["time"], default=None) for a in attempts]
+    resumes = {e["restart"]: e for e in events if e["event"] == Kind.RESUMED}
     into, cycles = [], []
     for attempt, sig in zip(attempts, signals):
         if sig is None:

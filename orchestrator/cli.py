@@ -36,6 +36,7 @@ from pathlib import Path
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
+from legato.events import JOB_SUBMISSIONS, Kind
 from legato.orchestrator.arguments import MULTINODE_ANY, build_parser
 from legato.orchestrator.control import DETACH_WAIT_S, cancel_run, hand_off
 from legato.orchestrator.display import LiveView, status_table
@@ -193,7 +194,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     events = Ledger(run_dir).read()
-    jobs = [args.job] if args.job else list(dict.fromkeys(e["job_id"] for e in events if e["event"] in ("submitted", "resubmitted")))
+    jobs = [args.job] if args.job else list(dict.fromkeys(e["job_id"] for e in events if e["event"] in JOB_SUBMISSIONS))
     if not jobs:
         raise UsageError(f"{run_dir} has no submitted jobs in its ledger. Pass the run.dir of a run started with `legato run`.")
     for job_id in jobs:
@@ -257,7 +258,7 @@ def _verify_command(args: argparse.Namespace) -> int:
     return _report_verdict(verdict, args.json, record_verdict(verdict, out))
 
 
-VERIFY_EVENTS = ("attempt_started", "stop_signal", "resumed", "finished", "failed")
+VERIFY_EVENTS = (Kind.ATTEMPT_STARTED, Kind.STOP_SIGNAL, Kind.RESUMED, Kind.FINISHED, Kind.FAILED)
 VERIFY_PHASES = {
     "reference": "legato: 1/2 reference run, uninterrupted",
     "interrupted": "legato: 2/2 interrupted run",
@@ -286,7 +287,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     if not RunPaths(run_dir).trajectories.is_dir():
         raise UsageError(f"{run_dir} has no trajectory/: pass the run directory of a run that trained.")
-    resumed = [e for e in Ledger(run_dir).read() if e["event"] == "resumed"]
+    resumed = [e for e in Ledger(run_dir).read() if e["event"] == Kind.RESUMED]
     runs = {"reference": Path(args.reference)} if args.reference else {}
     runs[run_dir.name] = run_dir
     png = plot_losses(Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, [e["step"] for e in resumed], replays=replay_spans(resumed))

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from legato.config import load_config
+from legato.events import Kind
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.rundir import SupervisorLock, captured_config
 from legato.orchestrator.status import current_job, current_session
@@ -67,9 +68,9 @@ def cancel_run(run_dir: Path) -> tuple[bool, str | None]:
     if session_exit_code(session) is not None:
         return False, None
     job_id = current_job(session)
-    ledger.append("cancel_requested", job_id=job_id)
+    ledger.append(Kind.CANCEL_REQUESTED, job_id=job_id)
     if job_id is not None:
         backend_for(cfg.executor).cancel(job_id)
     if not SupervisorLock(run_dir).held_elsewhere():
-        ledger.append("cancelled", job_id=job_id, reason="cancelled by the user")
+        ledger.append(Kind.CANCELLED, job_id=job_id, reason="cancelled by the user")
     return True, job_id

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import TextIO
 
+from legato.events import Kind
 from legato.orchestrator.status import RunSummary
 
 PLAIN_PROGRESS_EVERY_S = 5.0
@@ -46,7 +47,7 @@ class LiveView:
         self._step_seen = 0
 
     def __call__(self, kind: str, data: dict) -> None:
-        if kind == "progress":
+        if kind == Kind.PROGRESS:
             self._progress(data)
             return
         self._step_seen = max(self._step_seen, int(data.get("step") or data.get("last_step") or 0))
@@ -57,7 +58,7 @@ class LiveView:
     def learn(self, events: list[dict]) -> None:
         """Take in past events silently (attempt numbers), when attaching to a run in progress."""
         for e in events:
-            if e["event"] == "attempt_started":
+            if e["event"] == Kind.ATTEMPT_STARTED:
                 self.attempts[(str(e["job_id"]), e["restart"])] = len(self.attempts) + 1
 
     def attempt_of(self, data: dict) -> int | None:
@@ -65,43 +66,43 @@ class LiveView:
 
     def event_line(self, e: dict) -> str | None:
         kind = e["event"]
-        if kind == "attempt_started":
+        if kind == Kind.ATTEMPT_STARTED:
             self.attempts[(str(e["job_id"]), e["restart"])] = len(self.attempts) + 1
         n = self.attempt_of(e)
         tag = f"attempt {n}: " if n else ""
         lines = {
-            "run_started": lambda: f"run started: {e['executor']} executor, {e['world_size']} ranks, {e['total_steps']} steps",
-            "submitted": lambda: f"submitted job {e['job_id']}",
-            "job_state": lambda: f"job {e['job_id']} is {e['state']}",
-            "attempt_started": lambda: f"{tag}started (job {e['job_id']}, restart {e['restart']}, {e['world_size']} ranks on {', '.join(e['hosts'])})",
-            "preempt_sent": lambda: f"{tag}chaos: sent SIG{e['signal']} to every task",
-            "stop_signal": lambda: (
+            Kind.RUN_STARTED: lambda: f"run started: {e['executor']} executor, {e['world_size']} ranks, {e['total_steps']} steps",
+            Kind.SUBMITTED: lambda: f"submitted job {e['job_id']}",
+            Kind.JOB_STATE: lambda: f"job {e['job_id']} is {e['state']}",
+            Kind.ATTEMPT_STARTED: lambda: f"{tag}started (job {e['job_id']}, restart {e['restart']}, {e['world_size']} ranks on {', '.join(e['hosts'])})",
+            Kind.PREEMPT_SENT: lambda: f"{tag}chaos: sent SIG{e['signal']} to every task",
+            Kind.STOP_SIGNAL: lambda: (
                 f"{tag}stop signal reached rank {e['rank']} during start-up; the ranks stopped at step {e['step']} without a new checkpoint"
                 if e.get("at_start")
                 else f"{tag}stop signal reached rank {e['rank']}; the ranks agreed to stop after step {e['step']}"
             ),
-            "checkpoint_committed": lambda: f"{tag}{e['reason']} checkpoint at step {e['step']} committed in {e['seconds']:.2f}s ({_mb(e['bytes'])}), global hash {short(e['global_hash'])}",
-            "resumed": lambda: (
+            Kind.CHECKPOINT_COMMITTED: lambda: f"{tag}{e['reason']} checkpoint at step {e['step']} committed in {e['seconds']:.2f}s ({_mb(e['bytes'])}), global hash {short(e['global_hash'])}",
+            Kind.RESUMED: lambda: (
                 f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
                 + ("verified ✓" if e["match"] else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
             ),
-            "replay_stopped": lambda: f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands",
-            "requeued": lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
-            "requeue_failed": lambda: f"{tag}could not requeue: {e['reason']}",
-            "rank_lost": lambda: f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}",
-            "leftover_cancel": lambda: f"job {e['job_id']} still ran after the run failed; cancelled it",
-            "lost_rank_cancel": lambda: f"job {e['job_id']} still ran {e['grace_s']:.0f}s after it lost a rank; cancelled it",
-            "resubmitted": lambda: (
+            Kind.REPLAY_STOPPED: lambda: f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands",
+            Kind.REQUEUED: lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
+            Kind.REQUEUE_FAILED: lambda: f"{tag}could not requeue: {e['reason']}",
+            Kind.RANK_LOST: lambda: f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}",
+            Kind.LEFTOVER_CANCEL: lambda: f"job {e['job_id']} still ran after the run failed; cancelled it",
+            Kind.LOST_RANK_CANCEL: lambda: f"job {e['job_id']} still ran {e['grace_s']:.0f}s after it lost a rank; cancelled it",
+            Kind.RESUBMITTED: lambda: (
                 f"job {e['previous_job_id']} ended ({e['reason']}) without requeuing itself; resubmitted as job {e['job_id']}"
                 + "".join(f"; node {n} is {s}" for n, s in e.get("failed_nodes", {}).items())
                 + (f"; excluding {', '.join(e['excluded'])}" if e.get("excluded") else "")
             ),
-            "finished": lambda: f"{tag}training complete at step {e['step']}, final global hash {e['final_global_hash']}",
-            "failed": lambda: f"{tag}FAILED: {e['reason']}",
-            "cancel_requested": lambda: "cancel requested",
-            "repro_captured": lambda: f"{tag}environment captured in {e['seconds']:.2f}s ({e['path']})" + (f"; failed: {', '.join(e['failures'])}" if e["failures"] else ""),
-            "repro_failed": lambda: f"{tag}environment capture failed: {e['reason']}",
-            "cancelled": lambda: f"cancelled: {e.get('reason')}",
+            Kind.FINISHED: lambda: f"{tag}training complete at step {e['step']}, final global hash {e['final_global_hash']}",
+            Kind.FAILED: lambda: f"{tag}FAILED: {e['reason']}",
+            Kind.CANCEL_REQUESTED: lambda: "cancel requested",
+            Kind.REPRO_CAPTURED: lambda: f"{tag}environment captured in {e['seconds']:.2f}s ({e['path']})" + (f"; failed: {', '.join(e['failures'])}" if e["failures"] else ""),
+            Kind.REPRO_FAILED: lambda: f"{tag}environment capture failed: {e['reason']}",
+            Kind.CANCELLED: lambda: f"cancelled: {e.get('reason')}",
         }
         render = lines.get(kind)
         return render() if render else None

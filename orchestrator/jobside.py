@@ -35,6 +35,7 @@ import submitit
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
+from legato.events import DECISIONS, Kind
 from legato.files import write_atomic
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor, run_key
@@ -50,7 +51,6 @@ log = logging.getLogger(__name__)
 
 PORT_BASE, PORT_SPAN = 10000, 20000  # below Linux's ephemeral range
 DECISION_TIMEOUT_S = 60.0
-DECISIONS = ("requeued", "requeue_failed", "failed", "rank_lost")
 
 
 @dataclass(frozen=True)
@@ -109,15 +109,15 @@ class TrainTask:
         rank_env = ident.rank_env(cfg.slurm.master_addr)
         if ident.rank == 0:
             fields = {"executor": ident.executor, "hosts": list(ident.hosts), "world_size": ident.world_size, "master_addr": rank_env.master_addr}
-            ledger.append("attempt_started", **ident.tag(), **fields)
-        ledger.append("rank_started", **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
+            ledger.append(Kind.ATTEMPT_STARTED, **ident.tag(), **fields)
+        ledger.append(Kind.RANK_STARTED, **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
         if ident.local_rank == 0 and cfg.repro.enabled:
             _capture_environment(cfg, ledger, ident, self.command)
         events = JobEvents(ledger, ident, RunPaths(cfg.run_dir).progress)
         code = run_rank(cfg, rank_env, on_event=events)
         if code == EXIT_OK:
             if ident.rank == 0:
-                ledger.append("finished", **ident.tag(), step=events.last_step, final_global_hash=events.final_hash)
+                ledger.append(Kind.FINISHED, **ident.tag(), step=events.last_step, final_global_hash=events.final_hash)
             return {"final_global_hash": events.final_hash}
         decision = _decide(cfg, ledger, ident, code, events, self.attempts_before) if ident.rank == 0 else _await_decision(ledger, ident)
         sys.exit(_exit_code(ident, decision, code))
@@ -139,26 +139,26 @@ class JobEvents:
     def __call__(self, event: dict) -> None:
         kind = event["event"]
         self.last_step = max(self.last_step, int(event.get("step") or 0))
-        if kind == "stop_agreed" and event.get("signal_received_at") is not None:
+        if kind == Kind.STOP_AGREED and event.get("signal_received_at") is not None:
             at_start = bool(event.get("at_start"))
-            self.ledger.append("stop_signal", **self.ident.tag(), rank=self.ident.rank, step=event["step"], received_at=event["signal_received_at"], at_start=at_start)
+            self.ledger.append(Kind.STOP_SIGNAL, **self.ident.tag(), rank=self.ident.rank, step=event["step"], received_at=event["signal_received_at"], at_start=at_start)
         if self.ident.rank != 0:
             return
-        if kind == "progress":
+        if kind == Kind.PROGRESS:
             self._write_progress(event)
-        elif kind == "checkpoint_committed":
+        elif kind == Kind.CHECKPOINT_COMMITTED:
             if event["reason"] == "final":
                 self.final_hash = event["global_hash"]
             fields = {k: event[k] for k in ("step", "global_hash", "seconds", "bytes", "reason")}
-            self.ledger.append("checkpoint_committed", **self.ident.tag(), **fields)
-        elif kind == "resumed":
+            self.ledger.append(Kind.CHECKPOINT_COMMITTED, **self.ident.tag(), **fields)
+        elif kind == Kind.RESUMED:
             fields = {k: event.get(k) for k in ("step", "expected_hash", "recomputed_hash", "match", "mismatches", "replay")}
-            self.ledger.append("resumed", **self.ident.tag(), **fields)
-        elif kind == "replay_stopped":
-            self.ledger.append("replay_stopped", **self.ident.tag(), step=event["step"], checkpoint_step=event["checkpoint_step"])
-        elif kind == "bucket_layout":
-            self.ledger.append("bucket_layout", **self.ident.tag(), step=event["step"], pinned=event["pinned"], reason=event["reason"])
-        elif kind == "error":
+            self.ledger.append(Kind.RESUMED, **self.ident.tag(), **fields)
+        elif kind == Kind.REPLAY_STOPPED:
+            self.ledger.append(Kind.REPLAY_STOPPED, **self.ident.tag(), step=event["step"], checkpoint_step=event["checkpoint_step"])
+        elif kind == Kind.BUCKET_LAYOUT:
+            self.ledger.append(Kind.BUCKET_LAYOUT, **self.ident.tag(), step=event["step"], pinned=event["pinned"], reason=event["reason"])
+        elif kind == Kind.ERROR:
             self.error = event["message"]
             self.peer_lost = bool(event.get("peer_lost"))
 
@@ -190,11 +190,11 @@ def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: 
         manifest = capture(request)
     except Exception as exc:  # the capture must never stop training
         log.warning("environment capture into %s failed: %s", dest, exc)
-        ledger.append("repro_failed", **ident.tag(), node=node, reason=f"{type(exc).__name__}: {exc}")
+        ledger.append(Kind.REPRO_FAILED, **ident.tag(), node=node, reason=f"{type(exc).__name__}: {exc}")
         return
     failures = {name: c["error"] for name, c in manifest["commands"].items() if not c["ok"]}
     digests = {name: info["sha256"] for name, info in manifest["sections"].items()}
-    ledger.append("repro_captured", **ident.tag(), node=node, path=str(dest), seconds=manifest["capture_seconds"], failures=failures, sections=digests)
+    ledger.append(Kind.REPRO_CAPTURED, **ident.tag(), node=node, path=str(dest), seconds=manifest["capture_seconds"], failures=failures, sections=digests)
 
 
 def _code_paths(cfg: Config) -> tuple[Path, ...]:
@@ -229,26 +229,26 @@ def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: Job
     if resumable is not None:
         # Another rank (its process or its node) died: not this run's fault; the supervisor resubmits within the budget.
         reason = f"a rank lost its peers ({(events.error or '').splitlines()[0][:200]})"
-        ledger.append("rank_lost", **tag, exit_code=code, reason=reason, checkpoint_step=resumable)
-        return "rank_lost"
+        ledger.append(Kind.RANK_LOST, **tag, exit_code=code, reason=reason, checkpoint_step=resumable)
+        return Kind.RANK_LOST
     if code != EXIT_STOPPED:
         reason = events.error or f"rank 0 exited with code {code}; see `legato logs {cfg.run_dir}`"
-        ledger.append("failed", **tag, exit_code=code, reason=reason)
-        return "failed"
+        ledger.append(Kind.FAILED, **tag, exit_code=code, reason=reason)
+        return Kind.FAILED
     spent = attempts_before + ident.restart
     if spent >= cfg.slurm.max_requeues:
         reason = (
             f"requeue budget exhausted: {spent} interruptions so far and slurm.max_requeues is {cfg.slurm.max_requeues}; "
             f"the newest checkpoint is at step {events.last_step}. Raise slurm.max_requeues or the time limit, then run again."
         )
-        ledger.append("failed", **tag, exit_code=code, reason=reason)
-        return "failed"
+        ledger.append(Kind.FAILED, **tag, exit_code=code, reason=reason)
+        return Kind.FAILED
     problem = backend_for(ident.executor).requeue(ident.job_id)
     if problem:
-        ledger.append("requeue_failed", **tag, reason=problem)
-        return "requeue_failed"
-    ledger.append("requeued", **tag, budget_left=cfg.slurm.max_requeues - spent - 1)
-    return "requeued"
+        ledger.append(Kind.REQUEUE_FAILED, **tag, reason=problem)
+        return Kind.REQUEUE_FAILED
+    ledger.append(Kind.REQUEUED, **tag, budget_left=cfg.slurm.max_requeues - spent - 1)
+    return Kind.REQUEUED
 
 
 def _newest_checkpoint_step(cfg: Config) -> int | None:
@@ -272,12 +272,12 @@ def _await_decision(ledger: Ledger, ident: Identity) -> str:
                 return e["event"]
         time.sleep(0.1)
     log.warning("rank %d: no decision from rank 0 within %.0fs; exiting", ident.rank, DECISION_TIMEOUT_S)
-    return "requeue_failed"
+    return Kind.REQUEUE_FAILED
 
 
 def _exit_code(ident: Identity, decision: str, code: int) -> int:
-    if decision == "requeued":
+    if decision == Kind.REQUEUED:
         return backend_for(ident.executor).exit_code_after_requeue(code)
-    if decision == "failed" and code == EXIT_STOPPED:
+    if decision == Kind.FAILED and code == EXIT_STOPPED:
         return 1
     return code

@@ -11,9 +11,10 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from legato.events import JOB_SUBMISSIONS, TERMINAL, Kind
 from legato.paths import RunPaths
 
-TERMINAL = ("finished", "failed", "cancelled")
+SUBMITTED = Kind.SUBMITTED.value  # the run's state from `legato run` until its first attempt starts
 
 
 @dataclass
@@ -87,12 +88,12 @@ class RunSummary:
 
 def current_session(events: list[dict]) -> list[dict]:
     """Events since the newest `legato run` (a run directory can be run again after a failure)."""
-    starts = [i for i, e in enumerate(events) if e["event"] == "run_started"]
+    starts = [i for i, e in enumerate(events) if e["event"] == Kind.RUN_STARTED]
     return events[starts[-1]:] if starts else events
 
 
 def current_job(events: list[dict]) -> str | None:
-    jobs = [e["job_id"] for e in events if e["event"] in ("submitted", "resubmitted")]
+    jobs = [e["job_id"] for e in events if e["event"] in JOB_SUBMISSIONS]
     return jobs[-1] if jobs else None
 
 
@@ -105,36 +106,36 @@ def read_progress(run_dir: Path) -> dict | None:
 
 def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -> RunSummary:
     attempts: dict[tuple[str, int], Attempt] = {}
-    state, failure, final_hash, total = "submitted", None, None, None
+    state, failure, final_hash, total = SUBMITTED, None, None, None
     requeues = resubmissions = 0
     captures: list[dict] = []
     excluded: list[str] = []
     for e in events:
         kind, key = e["event"], (str(e.get("job_id")), e.get("restart"))
         attempt = attempts.get(key)
-        if kind == "run_started":
-            state, failure, total, excluded = "submitted", None, e.get("total_steps"), []
-        elif kind == "attempt_started":
+        if kind == Kind.RUN_STARTED:
+            state, failure, total, excluded = SUBMITTED, None, e.get("total_steps"), []
+        elif kind == Kind.ATTEMPT_STARTED:
             # An attempt of the same job that recorded no end was requeued by SLURM itself (a node failure).
             _end_open(attempts, key[0], "ended, requeued by SLURM")
             attempt = Attempt(len(attempts) + 1, key[0], key[1], e.get("hosts", []), e.get("world_size", 0), e["time"])
             attempts[key] = attempt
             state = "running"
-        elif kind == "resubmitted":
+        elif kind == Kind.RESUBMITTED:
             resubmissions += 1
             excluded = sorted(set(excluded) | set(e.get("excluded", ())))
             _end_open(attempts, e.get("previous_job_id"), f"ended ({e.get('reason')}), resubmitted")
         elif kind in TERMINAL:
             state = kind
-            failure = e.get("reason") if kind != "finished" else None
+            failure = e.get("reason") if kind != Kind.FINISHED else None
             final_hash = e.get("final_global_hash", final_hash)
-        if kind == "repro_captured":
+        if kind == Kind.REPRO_CAPTURED:
             captures.append(e)  # another node's capture can be written before rank 0 records the attempt
             continue
         if attempt is None:
             continue
         _apply(attempt, e)
-        requeues += kind == "requeued"
+        requeues += kind == Kind.REQUEUED
     if progress and (str(progress.get("job_id")), progress.get("restart")) in attempts:
         live = attempts[(str(progress["job_id"]), progress["restart"])]
         live.last_step = max(live.last_step, int(progress.get("step") or 0))
@@ -150,32 +151,28 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
                 attempt.ended = "ended"
     step = max((a.last_step for a in ordered), default=0)
     return RunSummary(
-        str(run_dir), state, state == "finished", final_hash, failure, total, step, ordered, current_job(events), requeues, resubmissions, excluded
+        str(run_dir), state, state == Kind.FINISHED, final_hash, failure, total, step, ordered, current_job(events), requeues, resubmissions, excluded
     )
 
 
 def _apply(attempt: Attempt, e: dict) -> None:
     kind = e["event"]
     attempt.last_step = max(attempt.last_step, int(e.get("step") or e.get("last_step") or 0))
-    if kind == "resumed":
+    if kind == Kind.RESUMED:
         attempt.resumed_from_step = e["step"]
         attempt.verified = bool(e["match"])
         attempt.expected_hash, attempt.recomputed_hash = e["expected_hash"], e["recomputed_hash"]
         attempt.replay = e.get("replay")
-    elif kind == "replay_stopped":
+    elif kind == Kind.REPLAY_STOPPED:
         attempt.replay = {"stopped_at": e["step"], "checkpoint_step": e["checkpoint_step"]}
-    elif kind == "checkpoint_committed":
+    elif kind == Kind.CHECKPOINT_COMMITTED:
         attempt.checkpoint_seconds.append(e["seconds"])
-    elif kind == "stop_signal" and attempt.stop_signal_step is None:
+    elif kind == Kind.STOP_SIGNAL and attempt.stop_signal_step is None:
         attempt.stop_signal_step = e["step"]
-    elif kind == "requeued":
-        attempt.ended = "requeued"
-    elif kind == "requeue_failed":
+    elif kind == Kind.REQUEUE_FAILED:
         attempt.ended = f"not requeued: {e.get('reason')}"
-    elif kind == "finished":
-        attempt.ended = "finished"
-    elif kind == "failed":
-        attempt.ended = "failed"
+    elif kind in (Kind.REQUEUED, Kind.FINISHED, Kind.FAILED):
+        attempt.ended = kind  # the attempt's end is named after its kind
 
 
 def _apply_capture(attempt: Attempt, e: dict) -> None:

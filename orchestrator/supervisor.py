@@ -27,9 +27,10 @@ from pathlib import Path
 
 from legato.config import Config, training_identity
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE, UsageError
+from legato.events import ATTEMPT_ENDING, TERMINAL, Kind
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
-from legato.orchestrator.status import TERMINAL, current_job, current_session, read_progress
+from legato.orchestrator.status import current_job, current_session, read_progress
 from legato.runtime.signals import parse_signal
 from legato.slurm.backend import Backend, JobState
 from legato.slurm.backends import backend_for
@@ -38,7 +39,6 @@ from legato.slurm.jobs import JobHandle
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str, dict], None]
-ENDING = ("requeued", "requeue_failed", "finished", "failed")
 LOST_RANK_GRACE_S = 60.0  # after `rank_lost`, how long the job's other tasks get to exit by themselves
 
 
@@ -54,10 +54,10 @@ def session_exit_code(session: list[dict]) -> int | None:
     if not ends:
         return None
     end = ends[-1]
-    if end["event"] == "finished":
-        verified = all(e["match"] for e in session if e["event"] == "resumed")
+    if end["event"] == Kind.FINISHED:
+        verified = all(e["match"] for e in session if e["event"] == Kind.RESUMED)
         return EXIT_OK if verified else EXIT_RESUME_MISMATCH
-    if end["event"] == "failed" and end.get("exit_code") in (EXIT_USAGE, EXIT_RESUME_MISMATCH):
+    if end["event"] == Kind.FAILED and end.get("exit_code") in (EXIT_USAGE, EXIT_RESUME_MISMATCH):
         return end["exit_code"]
     return EXIT_FAILED
 
@@ -65,7 +65,7 @@ def session_exit_code(session: list[dict]) -> int | None:
 def start_session(cfg: Config, ledger: Ledger, command: list[str]) -> None:
     """Record the intent to run (with the redacted command line); whichever supervisor holds the lock submits the first job."""
     ledger.append(
-        "run_started",
+        Kind.RUN_STARTED,
         command=command,
         executor=cfg.executor,
         world_size=cfg.world_size,
@@ -142,7 +142,7 @@ class Supervisor:
         job_id = current_job(session)
         if job_id is not None:
             self.backend.cancel(job_id)
-        self.ledger.append("cancelled", job_id=job_id, reason="cancelled by the user")
+        self.ledger.append(Kind.CANCELLED, job_id=job_id, reason="cancelled by the user")
         self._report_new()
 
     # -- internals ------------------------------------------------------
@@ -155,7 +155,7 @@ class Supervisor:
         progress = read_progress(self.cfg.run_dir)
         if progress and progress.get("time") != self._progress_time:
             self._progress_time = progress.get("time")
-            self.notify("progress", progress)
+            self.notify(Kind.PROGRESS, progress)
         return current_session(events)
 
     def _handle(self, job_id: str) -> JobHandle:
@@ -172,33 +172,33 @@ class Supervisor:
         previous = self._state[1].name if self._state and self._state[0] == handle.job_id else None
         self._state = (handle.job_id, state, now)
         if self.backend.records_state_changes and state.name != previous:
-            self.ledger.append("job_state", job_id=handle.job_id, state=state.name)
+            self.ledger.append(Kind.JOB_STATE, job_id=handle.job_id, state=state.name)
         return state
 
     def _after_job_end(self, handle: JobHandle, state: str) -> None:
         session = self._report_new()
         if session_exit_code(session) is not None:
             return
-        if any(e["event"] == "cancel_requested" for e in session):
-            self.ledger.append("cancelled", job_id=handle.job_id, reason=f"cancelled by the user (job ended {state})")
+        if any(e["event"] == Kind.CANCEL_REQUESTED for e in session):
+            self.ledger.append(Kind.CANCELLED, job_id=handle.job_id, reason=f"cancelled by the user (job ended {state})")
             return
-        started = [e for e in session if e["event"] == "attempt_started" and e.get("job_id") == handle.job_id]
+        started = [e for e in session if e["event"] == Kind.ATTEMPT_STARTED and e.get("job_id") == handle.job_id]
         if not started:
             self.ledger.append(
-                "failed",
+                Kind.FAILED,
                 job_id=handle.job_id,
                 exit_code=EXIT_FAILED,
                 reason=f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs {self.cfg.run_dir}`",
             )
             return
-        lost = [e for e in session if e["event"] == "rank_lost" and e.get("job_id") == handle.job_id]
+        lost = [e for e in session if e["event"] == Kind.RANK_LOST and e.get("job_id") == handle.job_id]
         self._submit(session, previous=handle.job_id, reason=f"{state}: {lost[-1]['reason']}" if lost else state)
 
     def _submit(self, session: list[dict], previous: str | None, reason: str | None) -> None:
-        attempts = sum(1 for e in session if e["event"] == "attempt_started")
+        attempts = sum(1 for e in session if e["event"] == Kind.ATTEMPT_STARTED)
         if previous is not None and attempts - 1 >= self.cfg.slurm.max_requeues:
             self.ledger.append(
-                "failed",
+                Kind.FAILED,
                 job_id=previous,
                 exit_code=EXIT_FAILED,
                 reason=(
@@ -220,10 +220,10 @@ class Supervisor:
             excluded = []
             job_id = self.backend.submit(self.cfg, task)
         if previous is None:
-            self.ledger.append("submitted", job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
+            self.ledger.append(Kind.SUBMITTED, job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
         else:
             self.ledger.append(
-                "resubmitted", job_id=job_id, previous_job_id=previous, reason=reason, attempts_before=attempts,
+                Kind.RESUBMITTED, job_id=job_id, previous_job_id=previous, reason=reason, attempts_before=attempts,
                 failed_nodes=failed, excluded=excluded,
             )
 
@@ -231,7 +231,7 @@ class Supervisor:
         """The ended job's nodes that the scheduler now reports failed (down, drained, not responding): name -> state."""
         if previous is None:
             return {}
-        hosts = [h for e in session if e["event"] == "attempt_started" and str(e.get("job_id")) == str(previous) for h in e.get("hosts", [])]
+        hosts = [h for e in session if e["event"] == Kind.ATTEMPT_STARTED and str(e.get("job_id")) == str(previous) for h in e.get("hosts", [])]
         return self.backend.failed_nodes(list(dict.fromkeys(hosts)))
 
     def _preempt(self, session: list[dict], handle: JobHandle) -> None:
@@ -248,24 +248,24 @@ class Supervisor:
         key = (str(live["job_id"]), live["restart"])
         if key in self._preempted or time.time() - self._training_since(key) < every:
             return
-        pids = [e["pid"] for e in session if e["event"] == "rank_started" and (str(e.get("job_id")), e.get("restart")) == key]
+        pids = [e["pid"] for e in session if e["event"] == Kind.RANK_STARTED and (str(e.get("job_id")), e.get("restart")) == key]
         if self.backend.signals_task_pids and len(pids) < live.get("world_size", 1):
             return
         self._preempted.add(key)
         handle.signal_tasks(parse_signal(self.cfg.slurm.signal), pids)
-        self.ledger.append("preempt_sent", job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
+        self.ledger.append(Kind.PREEMPT_SENT, job_id=key[0], restart=key[1], signal=self.cfg.slurm.signal)
 
     def _cancel_leftover_job(self, session: list[dict]) -> None:
         """A run that failed while its job still runs (rank 0 refused a setting during start-up while the other ranks
         wait for it in a collective) would leave those ranks waiting until the collective timeout: cancel the job."""
         job_id = current_job(session)
         ends = [e["event"] for e in session if e["event"] in TERMINAL]
-        if job_id is None or ends[-1] != "failed":
+        if job_id is None or ends[-1] != Kind.FAILED:
             return
         handle = self._handle(job_id)
         if not handle.state().active:
             return
-        self.ledger.append("leftover_cancel", job_id=job_id)
+        self.ledger.append(Kind.LEFTOVER_CANCEL, job_id=job_id)
         handle.cancel()
 
     def _end_after_lost_rank(self, session: list[dict], handle: JobHandle) -> None:
@@ -276,14 +276,14 @@ class Supervisor:
         if live is None or str(live["job_id"]) != handle.job_id:
             return
         key = (handle.job_id, live["restart"])
-        lost = any(e["event"] == "rank_lost" and (str(e.get("job_id")), e.get("restart")) == key for e in session)
+        lost = any(e["event"] == Kind.RANK_LOST and (str(e.get("job_id")), e.get("restart")) == key for e in session)
         if not lost or key in self._lost_cancelled:
             return
         since = self._lost_since.setdefault(key, time.monotonic())
         if time.monotonic() - since < LOST_RANK_GRACE_S:
             return
         self._lost_cancelled.add(key)
-        self.ledger.append("lost_rank_cancel", job_id=handle.job_id, restart=live["restart"], grace_s=LOST_RANK_GRACE_S)
+        self.ledger.append(Kind.LOST_RANK_CANCEL, job_id=handle.job_id, restart=live["restart"], grace_s=LOST_RANK_GRACE_S)
         handle.cancel()
 
     def _training_since(self, key: tuple[str, int]) -> float:
@@ -297,20 +297,20 @@ class Supervisor:
 
 
 def _command(session: list[dict]) -> tuple[str, ...]:
-    started = [e for e in session if e["event"] == "run_started"]
+    started = [e for e in session if e["event"] == Kind.RUN_STARTED]
     return tuple(started[-1].get("command", ())) if started else ()
 
 
 def _excluded(session: list[dict]) -> set[str]:
     """Nodes already excluded in this session: a node that failed the run once stays out of its later jobs."""
-    return {n for e in session if e["event"] == "resubmitted" for n in e.get("excluded", ())}
+    return {n for e in session if e["event"] == Kind.RESUBMITTED for n in e.get("excluded", ())}
 
 
 def _live_attempt(session: list[dict]) -> dict | None:
-    started = [e for e in session if e["event"] == "attempt_started"]
+    started = [e for e in session if e["event"] == Kind.ATTEMPT_STARTED]
     if not started:
         return None
     last = started[-1]
     key = (last.get("job_id"), last.get("restart"))
-    ended = any(e["event"] in ENDING and (e.get("job_id"), e.get("restart")) == key for e in session)
+    ended = any(e["event"] in ATTEMPT_ENDING and (e.get("job_id"), e.get("restart")) == key for e in session)
     return None if ended else last

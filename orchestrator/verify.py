@@ -22,6 +22,7 @@ from pathlib import Path
 
 from legato.config import KEEP_LAST_MAX, Config, config_from_dict
 from legato.errors import UsageError
+from legato.events import Kind
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.plot import plot_losses, replay_spans
 from legato.paths import RunPaths
@@ -96,12 +97,12 @@ def plan_runs(cfg: Config, out: Path, steps: list[int]) -> tuple[Config, Config]
 def compare_runs(reference: Path, run: Path) -> Verdict:
     ref_ranks, run_ranks = _ranks(reference), _ranks(run)
     ref_final, run_final = _final(reference), _final(run)
-    resumes = [{k: e.get(k) for k in ("step", "match", "mismatches", "replay", "job_id", "restart")} for e in Ledger(run).read() if e["event"] == "resumed"]
+    resumes = [{k: e.get(k) for k in ("step", "match", "mismatches", "replay", "job_id", "restart")} for e in Ledger(run).read() if e["event"] == Kind.RESUMED]
     unpinned = [
         {"run": label, **{k: e.get(k) for k in ("job_id", "restart", "step", "reason")}}
         for label, path in (("reference", reference), ("run", run))
         for e in Ledger(path).read()
-        if e["event"] == "bucket_layout" and not e.get("pinned")
+        if e["event"] == Kind.BUCKET_LAYOUT and not e.get("pinned")
     ]
     compared, mismatched = _compare_checkpoints(reference, run)
     steps = (ref_final or {}).get("step", 0)

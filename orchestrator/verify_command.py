@@ -7,14 +7,15 @@ LEGATO_CHAOS_SIGNAL_AT (the script's Session sends the signal to itself after
 those steps) and is relaunched after every exit 75 (`python -m
 legato.torchrun` turns torchrun's stop into 75). The two run directories are
 compared through what the Session wrote (trajectories, checkpoints) by
-`legato.orchestrator.verify.compare_runs`. Each launch's output goes to a log
-file inside the verify directory; nothing is written anywhere else.
+`legato.orchestrator.verify.compare_runs`, the resumes and their verdicts
+among them from the interrupted run's ledger (rank 0's Session records them
+there, `legato.recorder`). Each launch's output goes to a log file inside the
+verify directory; nothing is written anywhere else.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import shlex
 import subprocess
 from pathlib import Path
@@ -24,9 +25,6 @@ from legato.orchestrator.verify import Verdict, compare_runs, diagnose, nondeter
 
 PLACEHOLDER = "{run_dir}"
 CHAOS_VARS = ("LEGATO_CHAOS_SIGNAL_AT", "LEGATO_CHAOS_SIGNAL_RANK")
-_RESUMED = re.compile(r"rank 0: resumed at step (\d+) .* verified")
-
-
 def split_command(text: str) -> list[str]:
     """The command's argv; a UsageError when it is empty, unparsable, or never names `{run_dir}`."""
     try:
@@ -48,18 +46,15 @@ def launch(argv: list[str], run_dir: Path, log: Path, env: dict[str, str], timeo
     return proc.returncode
 
 
-def run_interrupted(argv: list[str], out: Path, steps: list[int], signal_rank: int, timeout_s: float) -> tuple[int, list[dict]]:
-    """Launch until an exit other than 75; the last exit code and the verified resumes rank 0 announced."""
+def run_interrupted(argv: list[str], out: Path, steps: list[int], signal_rank: int, timeout_s: float) -> int:
+    """Launch until an exit other than 75; the last exit code."""
     env = dict(os.environ, LEGATO_CHAOS_SIGNAL_AT=",".join(str(s) for s in steps), LEGATO_CHAOS_SIGNAL_RANK=str(signal_rank))
-    resumes: list[dict] = []
     code = EXIT_STOPPED
     for attempt in range(1, len(steps) + 3):
-        log = out / f"interrupted.attempt{attempt}.log"
-        code = launch(argv, out / "interrupted", log, env, timeout_s)
-        resumes += [{"step": int(m.group(1)), "match": True, "mismatches": {}, "replay": None} for m in _RESUMED.finditer(log.read_text(errors="replace"))]
+        code = launch(argv, out / "interrupted", out / f"interrupted.attempt{attempt}.log", env, timeout_s)
         if code != EXIT_STOPPED:
             break
-    return code, resumes
+    return code
 
 
 def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0, timeout_s: float = 3600) -> tuple[Verdict | None, str]:
@@ -69,9 +64,8 @@ def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0,
     code = launch(argv, out / "reference", out / "reference.log", clean, timeout_s)
     if code != EXIT_OK:
         return None, f"the reference run exited {code} (see {out / 'reference.log'}); the command must train to its end first"
-    code, resumes = run_interrupted(argv, out, steps, signal_rank, timeout_s)
+    code = run_interrupted(argv, out, steps, signal_rank, timeout_s)
     verdict = compare_runs(out / "reference", out / "interrupted")
-    verdict.resumes = resumes  # from rank 0's lines: a script's run directory has no ledger
     if code != EXIT_OK:
         verdict.identical = False
         verdict.cause = f"the interrupted run's last launch exited {code} (see the interrupted.attempt*.log files in {out})"

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from legato.config import Config
+from legato.events import Kind
 from legato.runtime import processes
 from legato.slurm import submission
 from legato.slurm.backend import Backend, JobPlace, JobState
@@ -43,7 +44,7 @@ class LocalBackend(Backend):
     def identify(self, env: Any, ledger_events: Callable[[], list[dict]]) -> JobPlace:
         """The controller restarts tasks without telling them; the ledger counts its requeues."""
         job_id = str(env.job_id)
-        restart = sum(1 for e in ledger_events() if e["event"] == "requeued" and e.get("job_id") == job_id)
+        restart = sum(1 for e in ledger_events() if e["event"] == Kind.REQUEUED and e.get("job_id") == job_id)
         return JobPlace(job_id, restart, (socket.gethostname(),))
 
     def state(self, job_id: str) -> JobState:

@@ -24,6 +24,7 @@ import torch.distributed as dist
 from legato.config import Config
 from legato.dist.stop import StopFlag, stop_signals
 from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
+from legato.events import Kind
 from legato.paths import RunPaths
 from legato.runtime.context import RunContext
 from legato.runtime.devices import resolve_placement
@@ -104,16 +105,16 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
     except UsageError as exc:
         if env.rank == 0:
             sys.stderr.write(f"error: {exc}\n")
-        report({"event": "error", "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
+        report({"event": Kind.ERROR, "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
     except ResumeMismatchError as exc:
         log.error("%s", exc)
-        report({"event": "error", "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
+        report({"event": Kind.ERROR, "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
     except Exception as exc:
         log.exception("rank %d failed", env.rank)
         message = f"{type(exc).__name__}: {exc}"
-        report({"event": "error", "rank": env.rank, "message": message, "exit_code": EXIT_FAILED, "peer_lost": peer_lost(exc)})
+        report({"event": Kind.ERROR, "rank": env.rank, "message": message, "exit_code": EXIT_FAILED, "peer_lost": peer_lost(exc)})
         return EXIT_FAILED
     finally:
         if dist.is_initialized():

@@ -15,6 +15,7 @@ from enum import Enum
 from pathlib import Path
 
 from legato.dist.stop import StopAgreement, StopFlag
+from legato.events import Kind
 from legato.session import replay
 from legato.session.resume import Resumer
 from legato.state import components as table
@@ -69,7 +70,7 @@ class Replayer:
             return Outcome.RUNNING
         telemetry, rank = self.resumer.telemetry, self.resumer.peers.rank
         telemetry.stop_agreed(step, self.flag.received_at)
-        telemetry.emit("replay_stopped", step=step, checkpoint_step=self.check.to_step)
+        telemetry.emit(Kind.REPLAY_STOPPED, step=step, checkpoint_step=self.check.to_step)
         log.info(
             "rank %d: ranks agreed to stop during the replay, after step %d; the checkpoint at step %d still stands",
             rank, step, self.check.to_step,

@@ -18,6 +18,7 @@ import torch
 
 from legato.dist.peers import Peers
 from legato.errors import ResumeMismatchError, UsageError
+from legato.events import Kind
 from legato.session import replay
 from legato.session.chaos import Chaos
 from legato.session.feed import Feed
@@ -90,7 +91,7 @@ class Resumer:
         step = self.feed.position.step
         self.resumed = Resumed(step, path, manifest["global_hash"], recomputed, mismatches, verdict)
         self.telemetry.emit(
-            "resumed",
+            Kind.RESUMED,
             step=step,
             path=str(path),
             expected_hash=manifest["global_hash"],

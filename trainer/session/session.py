@@ -44,7 +44,9 @@ from legato.dist.peers import Peers
 from legato.dist.reduction import Pinning, pin_bucket_layout
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
+from legato.events import Kind
 from legato.paths import RunPaths
+from legato.recorder import LedgerRecorder
 from legato.runtime.lifeline import die_with_launcher
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
@@ -149,7 +151,8 @@ class Session:
         # Stops planted from the environment land right after their step: the ranks agree at every step then.
         agree_every = 1 if chaos is None and self.chaos.signal_at_steps and not checkpoint.agree_every_steps else checkpoint.agree_every_steps
         self.training = training
-        self.on_event = on_event or (lambda event: None)
+        # A script's own Session records its resumes in the run's ledger; under `legato run` the job side does.
+        self.on_event = on_event or LedgerRecorder(self.run_dir)
         self.carried = Carried()
         self._peers = Peers.join()
         self.rank, self.world_size, self.group = self._peers.rank, self._peers.world_size, self._peers.group
@@ -313,7 +316,7 @@ class Session:
             self._resumer.restore(*found)
         # Before the first forward pass; chaos "buckets" leaves DDP's own layout on resume (fault injection).
         pinning = pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets") else Pinning(False, "chaos: DDP's own layout")
-        self._telemetry.emit("bucket_layout", step=self.step, pinned=pinning.pinned, reason=pinning.reason)
+        self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=pinning.pinned, reason=pinning.reason)
         self._telemetry.open_trajectory(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
         self._saving.take_snapshot()
         if agree_at_start(self._flag, self.group):

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from legato.events import Kind
 from legato.session.voice import say
 from legato.state.hashing import rank_hash
 from legato.store.commit import Committed
@@ -33,7 +34,7 @@ class Telemetry:
         self._trajectory: TrajectoryWriter | None = None
         self._last_progress_time = 0.0
 
-    def emit(self, event: str, **fields: Any) -> None:
+    def emit(self, event: Kind, **fields: Any) -> None:
         """Hand one event to the caller: {"event": ..., "rank": ..., **fields}."""
         self.on_event({"event": event, "rank": self.rank, **fields})
 
@@ -65,15 +66,15 @@ class Telemetry:
         if self.rank != 0 or (now - self._last_progress_time < PROGRESS_INTERVAL_S and step < self.total_steps):
             return
         self._last_progress_time = now
-        self.emit("progress", step=step, total_steps=self.total_steps, epoch=epoch, loss=loss)
+        self.emit(Kind.PROGRESS, step=step, total_steps=self.total_steps, epoch=epoch, loss=loss)
 
     def committed(self, committed: Committed, reason: str) -> None:
         """A published checkpoint."""
-        self.emit("checkpoint_committed", reason=reason, step=committed.step, global_hash=committed.global_hash, seconds=committed.seconds, bytes=committed.bytes)
+        self.emit(Kind.CHECKPOINT_COMMITTED, reason=reason, step=committed.step, global_hash=committed.global_hash, seconds=committed.seconds, bytes=committed.bytes)
 
     def stop_agreed(self, step: int, received_at: float | None, **extra: Any) -> None:
         """The ranks agreed to stop after `step`."""
-        self.emit("stop_agreed", step=step, signal_received_at=received_at, **extra)
+        self.emit(Kind.STOP_AGREED, step=step, signal_received_at=received_at, **extra)
 
     def close(self) -> None:
         """Close the trajectory log."""

@@ -1,0 +1,316 @@
+"""The event vocabulary: every kind of record in a run's ledger, and the trainer's reports that feed it, typed.
+
+A ledger line is one JSON object: `{"event": <Kind value>, "time": <unix s>, **fields}`,
+with the fields of its kind below. `Kind` is str-valued, so a record read back
+from disk (plain strings) compares equal to its member, and a member written
+to JSON is its plain string: the file format is the strings themselves.
+Three kinds (`PROGRESS`, `STOP_AGREED`, `ERROR`) are reports from the trainer
+to its `on_event` callback that never land in the ledger as such; the Session
+reports `CHECKPOINT_COMMITTED`, `RESUMED`, `REPLAY_STOPPED` and `BUCKET_LAYOUT`
+with the fields below plus `rank` (and `path` for a resume), and the job side
+writes them on with its job tag. Groupings readers need are defined here,
+once. This module must never do I/O, import torch, or import
+`legato.orchestrator` or `legato.slurm`: every package reads it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, TypedDict
+
+
+class Kind(str, enum.Enum):
+    """One kind of event; the value is the string in the ledger's "event" field."""
+
+    # The supervisor (`legato run`), once per session of the run directory, before anything is submitted.
+    RUN_STARTED = "run_started"
+    # The supervisor, after it submitted the session's first job.
+    SUBMITTED = "submitted"
+    # The supervisor, after a job ended without requeuing itself and a new job was submitted to resume.
+    RESUBMITTED = "resubmitted"
+    # The supervisor, when the scheduler's state of the current job changes.
+    JOB_STATE = "job_state"
+    # `legato cancel`, before it asks the scheduler to cancel the job.
+    CANCEL_REQUESTED = "cancel_requested"
+    # `legato cancel` or the supervisor, once a cancelled run has ended: terminal.
+    CANCELLED = "cancelled"
+    # The supervisor under `chaos.preempt_every_s`, after it sent the stop signal to every task.
+    PREEMPT_SENT = "preempt_sent"
+    # The supervisor, after it cancelled a job still running once the run had ended.
+    LEFTOVER_CANCEL = "leftover_cancel"
+    # The supervisor, after it cancelled a job whose other tasks outlived a lost rank's grace period.
+    LOST_RANK_CANCEL = "lost_rank_cancel"
+    # Rank 0's job side, when an attempt (a job, or one of its requeues) starts.
+    ATTEMPT_STARTED = "attempt_started"
+    # Every rank's job side, when its process starts.
+    RANK_STARTED = "rank_started"
+    # Each node's local rank 0, after capturing the node's environment.
+    REPRO_CAPTURED = "repro_captured"
+    # Each node's local rank 0, when the environment capture failed (never fatal).
+    REPRO_FAILED = "repro_failed"
+    # Every rank's job side, when the ranks agreed to stop after a stop signal reached it.
+    STOP_SIGNAL = "stop_signal"
+    # The Session (rank 0 has the global hash), after a checkpoint was published; written on by rank 0's job side.
+    CHECKPOINT_COMMITTED = "checkpoint_committed"
+    # The Session, after it restored a checkpoint and checked the restored state (and its replay).
+    RESUMED = "resumed"
+    # The Session, when the ranks stopped during a replay (the checkpoint being replayed still stands).
+    REPLAY_STOPPED = "replay_stopped"
+    # The Session, at its first step: whether DDP's gradient bucket layout is pinned.
+    BUCKET_LAYOUT = "bucket_layout"
+    # Rank 0's job side, after training completed: terminal.
+    FINISHED = "finished"
+    # Rank 0's job side or the supervisor, when the run cannot go on: terminal.
+    FAILED = "failed"
+    # Rank 0's job side, when a rank lost its peers and a checkpoint exists: the supervisor resubmits.
+    RANK_LOST = "rank_lost"
+    # Rank 0's job side, when `scontrol requeue` failed.
+    REQUEUE_FAILED = "requeue_failed"
+    # Rank 0's job side, after a stop at a committed checkpoint, when the job requeued itself.
+    REQUEUED = "requeued"
+    # The Session (rank 0), every few seconds: the live step and loss. Goes to progress.json, never the ledger.
+    PROGRESS = "progress"
+    # The Session, on every rank, when the ranks agreed to stop. The job side records it as `STOP_SIGNAL`.
+    STOP_AGREED = "stop_agreed"
+    # `run_rank`, when its rank failed. The job side keeps the message for the `FAILED` or `RANK_LOST` record.
+    ERROR = "error"
+
+    # As the plain string in text, like `enum.StrEnum` (Python >= 3.11): f"{kind}" is "resumed".
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+TERMINAL = (Kind.FINISHED, Kind.FAILED, Kind.CANCELLED)
+"""The kinds that end a session of the run directory (the run's state is then named after the kind)."""
+
+ATTEMPT_ENDING = (Kind.REQUEUED, Kind.REQUEUE_FAILED, Kind.FINISHED, Kind.FAILED)
+"""The kinds that end one attempt of a job (rank 0's job side recorded how it ended)."""
+
+DECISIONS = (Kind.REQUEUED, Kind.REQUEUE_FAILED, Kind.FAILED, Kind.RANK_LOST)
+"""Rank 0's decision at the end of an attempt that did not finish, which the other ranks wait for."""
+
+JOB_SUBMISSIONS = (Kind.SUBMITTED, Kind.RESUBMITTED)
+"""The kinds that name a newly submitted job (its `job_id`)."""
+
+NOT_IN_LEDGER = (Kind.PROGRESS, Kind.STOP_AGREED, Kind.ERROR)
+"""The trainer's reports to its callback that are never ledger records themselves."""
+
+
+class _Attempt(TypedDict, total=False):
+    """The job tag of a record written by a job's task; absent when a script's Session recorded it."""
+
+    job_id: str
+    restart: int
+
+
+JOB_TAG_FIELDS = frozenset(_Attempt.__annotations__)
+"""The fields that tie a record to one attempt of a job."""
+
+
+class RunStarted(TypedDict):
+    command: list[str]
+    executor: str
+    world_size: int
+    total_steps: int | None
+    config_digest: str
+    max_requeues: int
+
+
+class Submitted(TypedDict):
+    job_id: str
+    executor: str
+    config_digest: str
+
+
+class Resubmitted(TypedDict):
+    job_id: str
+    previous_job_id: str
+    reason: str | None
+    attempts_before: int
+    failed_nodes: dict[str, str]
+    excluded: list[str]
+
+
+class JobState(TypedDict):
+    job_id: str
+    state: str
+
+
+class CancelRequested(TypedDict):
+    job_id: str
+
+
+class Cancelled(TypedDict):
+    job_id: str
+    reason: str
+
+
+class PreemptSent(TypedDict):
+    job_id: str
+    restart: int
+    signal: str
+
+
+class LeftoverCancel(TypedDict):
+    job_id: str
+
+
+class LostRankCancel(TypedDict):
+    job_id: str
+    restart: int
+    grace_s: float
+
+
+class AttemptStarted(_Attempt):
+    executor: str
+    hosts: list[str]
+    world_size: int
+    master_addr: str
+
+
+class RankStarted(_Attempt):
+    rank: int
+    host: str
+    pid: int
+
+
+class ReproCaptured(_Attempt):
+    node: int
+    path: str
+    seconds: float
+    failures: dict[str, str]
+    sections: dict[str, str]
+
+
+class ReproFailed(_Attempt):
+    node: int
+    reason: str
+
+
+class StopSignal(_Attempt):
+    rank: int
+    step: int
+    received_at: float
+    at_start: bool
+
+
+class CheckpointCommitted(_Attempt):
+    step: int
+    global_hash: str
+    seconds: float
+    bytes: int
+    reason: str
+
+
+class Resumed(_Attempt):
+    step: int
+    expected_hash: str
+    recomputed_hash: str
+    match: bool
+    mismatches: dict[str, list[str]]
+    replay: dict[str, Any] | None
+
+
+class ReplayStopped(_Attempt):
+    step: int
+    checkpoint_step: int
+
+
+class BucketLayout(_Attempt):
+    step: int
+    pinned: bool
+    reason: str
+
+
+class Finished(_Attempt):
+    step: int
+    final_global_hash: str | None
+
+
+class _Ended(TypedDict, total=False):
+    """How far an attempt got; the supervisor's own `FAILED` records name only the job."""
+
+    restart: int
+    last_step: int
+
+
+class Failed(_Ended):
+    job_id: str
+    exit_code: int
+    reason: str
+
+
+class RankLost(_Ended):
+    job_id: str
+    exit_code: int
+    reason: str
+    checkpoint_step: int
+
+
+class RequeueFailed(_Ended):
+    job_id: str
+    reason: str
+
+
+class Requeued(_Ended):
+    job_id: str
+    budget_left: int
+
+
+class Progress(TypedDict):
+    rank: int
+    step: int
+    total_steps: int | None
+    epoch: int
+    loss: float | None
+
+
+class StopAgreed(TypedDict, total=False):
+    rank: int
+    step: int
+    signal_received_at: float | None
+    at_start: bool
+
+
+class Error(TypedDict, total=False):
+    rank: int
+    message: str
+    exit_code: int
+    peer_lost: bool
+
+
+FIELDS: dict[Kind, type] = {
+    Kind.RUN_STARTED: RunStarted,
+    Kind.SUBMITTED: Submitted,
+    Kind.RESUBMITTED: Resubmitted,
+    Kind.JOB_STATE: JobState,
+    Kind.CANCEL_REQUESTED: CancelRequested,
+    Kind.CANCELLED: Cancelled,
+    Kind.PREEMPT_SENT: PreemptSent,
+    Kind.LEFTOVER_CANCEL: LeftoverCancel,
+    Kind.LOST_RANK_CANCEL: LostRankCancel,
+    Kind.ATTEMPT_STARTED: AttemptStarted,
+    Kind.RANK_STARTED: RankStarted,
+    Kind.REPRO_CAPTURED: ReproCaptured,
+    Kind.REPRO_FAILED: ReproFailed,
+    Kind.STOP_SIGNAL: StopSignal,
+    Kind.CHECKPOINT_COMMITTED: CheckpointCommitted,
+    Kind.RESUMED: Resumed,
+    Kind.REPLAY_STOPPED: ReplayStopped,
+    Kind.BUCKET_LAYOUT: BucketLayout,
+    Kind.FINISHED: Finished,
+    Kind.FAILED: Failed,
+    Kind.RANK_LOST: RankLost,
+    Kind.REQUEUE_FAILED: RequeueFailed,
+    Kind.REQUEUED: Requeued,
+    Kind.PROGRESS: Progress,
+    Kind.STOP_AGREED: StopAgreed,
+    Kind.ERROR: Error,
+}
+"""Each kind's fields (besides "event" and "time"), as a TypedDict."""
+
+
+def field_names(kind: Kind) -> frozenset[str]:
+    """Every field a record of `kind` may carry (required and optional)."""
+    spec = FIELDS[kind]
+    return spec.__required_keys__ | spec.__optional_keys__
