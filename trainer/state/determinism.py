@@ -67,7 +67,8 @@ def _enable_strict(hashseed: str | None) -> None:
     if hashseed is None or hashseed == "random":
         raise UsageError(
             "Strict determinism needs PYTHONHASHSEED set before Python starts (set order and str hashes depend on it). "
-            "Export PYTHONHASHSEED=0 (legato's launchers do this for you) or set determinism.mode: fast."
+            "Export PYTHONHASHSEED=0 before launching (python -m legato.torchrun, python -m legato and legato run do this for "
+            "you; plain torchrun and srun do not), or pass seed_everything(..., mode=\"fast\") (determinism.mode: fast in a config)."
         )
     if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
