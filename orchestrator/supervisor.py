@@ -188,7 +188,8 @@ class Supervisor:
                 Kind.FAILED,
                 job_id=handle.job_id,
                 exit_code=EXIT_FAILED,
-                reason=f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs {self.cfg.run_dir}`",
+                reason=f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs "
+                       f"{self.cfg.run_dir}`",
             )
             return
         lost = [e for e in session if e["event"] == Kind.RANK_LOST and e.get("job_id") == handle.job_id]

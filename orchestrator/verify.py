@@ -230,7 +230,8 @@ def _unrestored(names: list[str], step: int) -> str:
             parts.append(f"the {name} state is missing from the restore")
     if "model" in names:
         parts.append("the model weights were not restored")
-    rest = [n for n in names if not n.startswith("rng.") and n not in ("data", "optimizer", "scheduler", "scaler", "model", "counters", "metrics")]
+    rest = [n for n in names if not n.startswith("rng.") and n not in ("data", "optimizer", "scheduler", "scaler", "model", "counters",
+                                                                       "metrics")]
     if rest:
         parts.append(f"these components were not restored: {', '.join(rest)}")
     if not parts:

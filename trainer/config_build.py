@@ -105,7 +105,8 @@ def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any
         floor = "positive" if minimum == 1 else f"at least {minimum}"
         raise UsageError(f"{source}: {key} is {show(value)}, but it must be {floor}. Set a value of {minimum} or more.")
     if maximum is not None and value > maximum:
-        raise UsageError(f"{source}: {key} is {show(value)}, beyond the largest sensible value, {maximum:g}. Set a value of at most {maximum:g}.")
+        raise UsageError(f"{source}: {key} is {show(value)}, beyond the largest sensible value, {maximum:g}. Set a value of at most "
+                         f"{maximum:g}.")
     return value
 
 

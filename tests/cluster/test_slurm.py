@@ -67,7 +67,8 @@ def start(run_dir: Path, *sets: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "legato.orchestrator.cli", "run", str(SLURM_GPT), "--set", f"run.dir={run_dir}"]
     for item in sets:
         cmd += ["--set", item]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ,
+                                                                                                                 PYTHONWARNINGS="ignore"))
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
@@ -161,7 +162,8 @@ def test_job_state_without_accounting_falls_back_and_never_stays_unknown(cluster
     assert legato("devcluster", "up", "--no-accounting", timeout=300).returncode == 0
     try:
         assert subprocess.run(["sacct", "-n"], capture_output=True).returncode != 0, "accounting should be off"
-        job_id = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 4"], capture_output=True, text=True, check=True).stdout.strip()
+        job_id = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 4"], capture_output=True, text=True,
+                                check=True).stdout.strip()
         handle = JobHandle(backend_for("slurm"), job_id)
         assert handle.state().active
         wait_for(lambda: not handle.state().active, timeout=60, what="the job to end")

@@ -104,7 +104,8 @@ def test_sigkill_of_the_launcher_or_a_rank_leaves_no_process_behind(tmp_path: Pa
 def run_pids(run_dir: Path) -> set[int]:
     """The local job's controller and its ranks, as the ledger names them."""
     events = ledger(run_dir)
-    return {int(e["job_id"]) for e in events if e["event"] in ("submitted", "resubmitted")} | {e["pid"] for e in events if e["event"] == "rank_started"}
+    return {int(e["job_id"]) for e in events if e["event"] in ("submitted",
+                                                               "resubmitted")} | {e["pid"] for e in events if e["event"] == "rank_started"}
 
 
 def detach(run_dir: Path, *sets: str) -> int:

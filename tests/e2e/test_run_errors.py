@@ -33,7 +33,8 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 CASES = {
     "invalid_yaml": ("run:\n  name: x\n train: [\n", [], ("not valid YAML", "line 3")),
-    "unknown_key": (GOOD.replace("batch_size:", "batch_sise:"), [], ("train.batch_sise is not a known key", "Did you mean train.batch_size?", "Valid keys")),
+    "unknown_key": (GOOD.replace("batch_size:", "batch_sise:"), [], ("train.batch_sise is not a known key", "Did you mean "
+                                                                     "train.batch_size?", "Valid keys")),
     "wrong_type": (GOOD, ["train.steps=many"], ("train.steps must be an integer", "'many'")),
     "missing_entrypoint": (GOOD, ["train.entrypoint=nosuchpkg.train:main"], ("nosuchpkg", "cannot be found", "PYTHONPATH")),
     "entrypoint_without_function": (GOOD, ["train.entrypoint=nosuchpkg"], ('"package.module:function"',)),

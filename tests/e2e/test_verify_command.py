@@ -49,7 +49,8 @@ def test_a_script_with_unseeded_global_rngs_is_caught_and_named(tmp_path: Path) 
 
 
 def test_a_command_without_its_run_dir_is_refused(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "verify", "--command", "python train.py", "--interrupt-at", "3", "--out", str(tmp_path / "v")]
+    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "verify", "--command", "python train.py", "--interrupt-at", "3", "--out",
+           str(tmp_path / "v")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "does not name {run_dir}" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "v").exists()

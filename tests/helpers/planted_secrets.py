@@ -108,7 +108,8 @@ REPRO_SECRETS = {
     "NOTIFY_HOOK": "xoxb-123456789012-abcdefABCDEF",
     "OPENAI_API_KEY": "sk-proj-" + "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2",
     "SOME_HEADER": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-    "DEPLOY_PEM": "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu\n-----END RSA PRIVATE KEY-----",
+    "DEPLOY_PEM": "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu\n-----END RSA "
+                  "PRIVATE KEY-----",
     "DATABASE_URL": "postgres://trainer:hunter2hunter2@db.example.org/runs",
     "MY_PASSWORD": "correct-horse-battery-staple",
 }

@@ -231,7 +231,8 @@ def test_a_good_entrypoint_and_good_configs_still_load(tmp_path: Path, monkeypat
         assert isinstance(load_config(config), Config)
     # Anchors, aliases and merge keys within the limits stay legal YAML.
     path = tmp_path / "anchored.yaml"
-    path.write_text(f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  warmup_steps: &n 3\ncheckpoint:\n  every_steps: *n\n")
+    path.write_text(f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  warmup_steps: &n 3\ncheckpoint:\n  "
+                    "every_steps: *n\n")
     cfg = load_config(path)
     assert (cfg.train.steps, cfg.train.warmup_steps, cfg.checkpoint.every_steps) == (7, 3, 3)
     assert load_config(None, ["train.lr=1e-3", "slurm.signal=sigusr1", f"run.dir={tmp_path}/r"]).slurm.signal == "USR1"
@@ -253,7 +254,8 @@ def _nested(inner: st.SearchStrategy) -> st.SearchStrategy:
 
 
 DOCS = st.recursive(SCALARS, _nested, max_leaves=30)
-SETS = st.lists(st.builds(lambda k, v: f"{k}={v}", st.lists(st.sampled_from(KEYS), min_size=1, max_size=3).map(".".join), st.text(max_size=30)),
+SETS = st.lists(st.builds(lambda k, v: f"{k}={v}", st.lists(st.sampled_from(KEYS), min_size=1, max_size=3).map(".".join),
+                          st.text(max_size=30)),
                 max_size=3)
 
 

@@ -164,7 +164,8 @@ class TorchSource(Source):
             self.generators[SAMPLER_GENERATOR] = own
         self.steps_per_epoch = len(loader)
         if self.steps_per_epoch == 0:
-            raise UsageError(f"The DataLoader yields no batch (batch size {loader.batch_size}, {len(self.user_sampler)} samples on this rank). Lower the batch size.")
+            raise UsageError(f"The DataLoader yields no batch (batch size {loader.batch_size}, {len(self.user_sampler)} samples on this "
+                             "rank). Lower the batch size.")
         self._opened: dict[str, torch.Tensor] = {}
         self.seeding: SeedPerSample | None = None
         if worker_rng and loader.num_workers > 0:
