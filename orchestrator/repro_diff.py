@@ -136,8 +136,8 @@ def _stack_diff(a: str, b: str) -> list[str]:
     head_a, _, rest_a = a.partition("\n\n")
     head_b, _, rest_b = b.partition("\n\n")
     try:
-        lines = _mapping_diff({k: json.dumps(v) for k, v in json.loads(head_a).items()}, {k: json.dumps(v) for k,
-                                                                                          v in json.loads(head_b).items()})
+        lines = _mapping_diff({k: json.dumps(v) for k, v in json.loads(head_a).items()},
+                              {k: json.dumps(v) for k, v in json.loads(head_b).items()})
     except json.JSONDecodeError:
         lines = _text_diff(head_a, head_b)
     return lines + _text_diff(rest_a, rest_b)

@@ -77,8 +77,8 @@ def capture_config(cfg: Config) -> Path:
     data = cfg.to_dict()
     data["run"]["dir"] = str(run_dir)
     path = RunPaths(run_dir).config
-    write_atomic(path, "# Captured by legato run: the resolved config every job of this run reads.\n" + yaml.safe_dump(data,
-                                                                                                                       sort_keys=False))
+    write_atomic(path, "# Captured by legato run: the resolved config every job of this run reads.\n"
+                 + yaml.safe_dump(data, sort_keys=False))
     return path
 
 

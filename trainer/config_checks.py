@@ -91,8 +91,8 @@ def _check_names(cfg: Config, source: str) -> None:
         if not isinstance(option, str) or not SBATCH_OPTION.fullmatch(option):
             raise UsageError(f"{source}: slurm.extra_sbatch has the option {show(option)}; sbatch options are words like 'constraint' "
                              "or 'exclusive'.")
-        if not isinstance(value, (str, int, float, bool)) or (isinstance(value,
-                                                                         float) and not math.isfinite(value)) or any(c in str(value) for c in "\x00\n\r"):
+        if (not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value))
+                or any(c in str(value) for c in "\x00\n\r")):
             raise UsageError(f"{source}: slurm.extra_sbatch.{option} is {show(value)}; give one line of text or a number.")
 
 

@@ -67,8 +67,8 @@ def start(run_dir: Path, *sets: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "legato.orchestrator.cli", "run", str(SLURM_GPT), "--set", f"run.dir={run_dir}"]
     for item in sets:
         cmd += ["--set", item]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ,
-                                                                                                                 PYTHONWARNINGS="ignore"))
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> str:

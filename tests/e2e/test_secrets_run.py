@@ -42,8 +42,8 @@ def test_no_planted_secret_reaches_the_run_directory_or_any_output(tmp_path: Pat
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     args = ["run", str(config_path), "--set", f"run.dir={run_dir}"]
-    for item in (*FAST_GPT, "chaos.signal_at_steps=[5]", *(f"train.options.arg_{name}={_yaml_quoted(value)}" for name, (value,
-                                                                                                                        _) in FORMATS.items())):
+    for item in (*FAST_GPT, "chaos.signal_at_steps=[5]",
+                 *(f"train.options.arg_{name}={_yaml_quoted(value)}" for name, (value, _) in FORMATS.items())):
         args += ["--set", item]
     env = dict(os.environ, PYTHONWARNINGS="ignore", **{f"PLANT_{n.upper()}": v for n, (v, _) in FORMATS.items()}, **ALLOWLISTED_PLANTS)
     secrets = [*SECRETS, "QQ77config-secret-value"]

@@ -120,8 +120,8 @@ def test_a_component_left_unrestored_is_caught_and_named(tmp_path: Path, compone
 
 def test_verify_warn_continues_and_records_the_mismatch(tmp_path: Path) -> None:
     run(tmp_path, stop_after=5)
-    session = run(tmp_path, chaos=legato.Chaos(skip_restore=frozenset({"rng.torch"})), policy=legato.CheckpointPolicy(verify="warn",
-                                                                                                                      replay_steps=0))
+    session = run(tmp_path, chaos=legato.Chaos(skip_restore=frozenset({"rng.torch"})),
+                  policy=legato.CheckpointPolicy(verify="warn", replay_steps=0))
     assert session.exit_code == EXIT_OK
     assert session.resumed is not None and session.resumed.mismatches == {0: ["rng.torch"]}
 
@@ -129,8 +129,8 @@ def test_verify_warn_continues_and_records_the_mismatch(tmp_path: Path) -> None:
 def test_rng_drawn_after_the_restore_passes_the_digest_check_but_not_the_trajectory(reference: Path, tmp_path: Path) -> None:
     """Without the replay, the digest check proves only the restore: the planted draw after it shows in the first resumed step."""
     run(tmp_path, stop_after=5)
-    session = run(tmp_path, chaos=legato.Chaos(consume_rng_after_restore=("torch",)), policy=legato.CheckpointPolicy(hash_every_steps=1,
-                                                                                                                     replay_steps=0))
+    session = run(tmp_path, chaos=legato.Chaos(consume_rng_after_restore=("torch",)),
+                  policy=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=0))
     assert session.resumed is not None and session.resumed.match
     ref, got = trajectory(reference), trajectory(tmp_path)
     assert got[:5] == ref[:5] and got[5]["loss_hex"] != ref[5]["loss_hex"]

@@ -61,8 +61,8 @@ def test_a_job_that_requeues_itself_at_a_checkpoint_is_not_resubmitted(tmp_path:
 
 def test_a_resume_that_did_not_verify_ends_with_the_mismatch_code(tmp_path: Path) -> None:
     resumed = {"event": "resumed", "restart": 1, "step": 20, "match": False}
-    script = [running(0), still("RUNNING", {"event": "requeued", "restart": 0}), running(1, ("n1",), resumed), ended("COMPLETED",
-                                                                                                                     {**FINISHED, "restart": 1})]
+    script = [running(0), still("RUNNING", {"event": "requeued", "restart": 0}), running(1, ("n1",), resumed),
+              ended("COMPLETED", {**FINISHED, "restart": 1})]
     code, _, _ = _supervise(_config(tmp_path), script)
     assert code == EXIT_RESUME_MISMATCH
 

@@ -321,8 +321,8 @@ class Session:
         else:
             self._resumer.restore(*found)
         # Before the first forward pass; chaos "buckets" leaves DDP's own layout on resume (fault injection).
-        pinning = pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets") else Pinning(False, "chaos: DDP's "
-                                                                                                                        "own layout")
+        pinning = (pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets")
+                   else Pinning(False, "chaos: DDP's own layout"))
         self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=pinning.pinned, reason=pinning.reason)
         self._telemetry.open_trajectory(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
         self._saving.take_snapshot()
@@ -360,9 +360,8 @@ class Session:
             # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
             Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
             # A ZeroRedundancyOptimizer's state is sharded: each rank saves the shard it owns.
-            Component("optimizer", ShardedOptimizer(self.optimizer)) if is_sharded(self.optimizer) else Component("optimizer",
-                                                                                                                  self.optimizer,
-                                                                                                                  table.TRAIN_STATE_FILE),
+            Component("optimizer", ShardedOptimizer(self.optimizer)) if is_sharded(self.optimizer) else
+            Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
         ]
         if self.scheduler is not None:
             rows.append(Component("scheduler", self.scheduler, table.TRAIN_STATE_FILE))
