@@ -87,7 +87,11 @@ def _loop_worker(rank: int, port: int, steps: int, rounds: int, tmp: str, out: d
         # The session ends with one final checkpoint; checkpoint cost is measured separately.
         return (time.perf_counter() - start - session.last_checkpoint.seconds) / steps
 
-    variants = {"plain (control)": lambda r: block(None), **{n: (lambda r, a=a: block(a)) for n, a in agreements.items()}, "session (auto)": session_block}
+    variants = {
+        "plain (control)": lambda r: block(None),
+        **{n: (lambda r, a=a: block(a)) for n, a in agreements.items()},
+        "session (auto)": session_block,
+    }
     ratios["plain (control)"] = []
     for r in range(rounds + 1):  # round 0 warms up and is not counted
         plain = block(None)

@@ -61,7 +61,11 @@ def main() -> int:
     print(f"exit {code}; {args.nodes} nodes x 1 task, {args.steps} steps, {len(attempts)} attempts, {wall:.0f}s wall; every resume "
           f"verified: {verified}")
     print("signal s into attempt: " + ", ".join(f"{s:.0f}" for s in into))
-    print("signal -> verified resume s: " + ", ".join(f"{c:.1f}" for c in cycles) + (f" (median {statistics.median(cycles):.1f})" if cycles else ""))
+    print(
+        "signal -> verified resume s: "
+        + ", ".join(f"{c:.1f}" for c in cycles)
+        + (f" (median {statistics.median(cycles):.1f})" if cycles else "")
+    )
     return code
 
 

@@ -142,7 +142,14 @@ class JobEvents:
         self.last_step = max(self.last_step, int(event.get("step") or 0))
         if kind == Kind.STOP_AGREED and event.get("signal_received_at") is not None:
             at_start = bool(event.get("at_start"))
-            self.ledger.append(Kind.STOP_SIGNAL, **self.ident.tag(), rank=self.ident.rank, step=event["step"], received_at=event["signal_received_at"], at_start=at_start)
+            self.ledger.append(
+                Kind.STOP_SIGNAL,
+                **self.ident.tag(),
+                rank=self.ident.rank,
+                step=event["step"],
+                received_at=event["signal_received_at"],
+                at_start=at_start,
+            )
         if self.ident.rank != 0:
             return
         if kind == Kind.PROGRESS:

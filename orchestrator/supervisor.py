@@ -232,7 +232,9 @@ class Supervisor:
         """The ended job's nodes that the scheduler now reports failed (down, drained, not responding): name -> state."""
         if previous is None:
             return {}
-        hosts = [h for e in session if e["event"] == Kind.ATTEMPT_STARTED and str(e.get("job_id")) == str(previous) for h in e.get("hosts", [])]
+        hosts = [
+            h for e in session if e["event"] == Kind.ATTEMPT_STARTED and str(e.get("job_id")) == str(previous) for h in e.get("hosts", [])
+        ]
         return self.backend.failed_nodes(list(dict.fromkeys(hosts)))
 
     def _preempt(self, session: list[dict], handle: JobHandle) -> None:

@@ -36,7 +36,9 @@ PATH_MAX = 4096
 TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "a mapping"}
 
 
-def option(default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = "") -> Any:
+def option(
+    default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = ""
+) -> Any:
     """A config field; `key` spells its YAML name where that is a Python keyword (checkpoint.async)."""
     meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc, "key": key}
     if isinstance(default, (list, dict)):

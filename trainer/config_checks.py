@@ -106,7 +106,11 @@ def _check_run_dir(run_dir: Path, source: str) -> None:
         problem = f"is longer than the OS allows ({PATH_MAX} bytes in all, 255 per name)"
     if problem is None:
         absolute = Path(os.path.abspath(text))
-        if absolute.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")) or os.path.realpath(text).split("/")[1:2] in (["proc"], ["sys"], ["dev"]):
+        if absolute.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")) or os.path.realpath(text).split("/")[1:2] in (
+            ["proc"],
+            ["sys"],
+            ["dev"],
+        ):
             problem = "is inside a kernel filesystem (/proc, /sys or /dev)"
         else:
             problem = _unwritable(absolute)

@@ -57,7 +57,9 @@ def load(text: str, where: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         what = " ".join(str(exc.problem or exc.context).split())
-        raise UsageError(f"{where} is not valid YAML{at}: {what}. Fix it there (indentation, a missing colon or quote, a repeated key).") from None
+        raise UsageError(
+            f"{where} is not valid YAML{at}: {what}. Fix it there (indentation, a missing colon or quote, a repeated key)."
+        ) from None
     except (yaml.YAMLError, ValueError, OverflowError) as exc:
         raise UsageError(f"{where} is not valid YAML: {' '.join(str(exc).split())[:200]}. Fix the syntax.") from None
 

@@ -145,7 +145,13 @@ def test_requeue_budget_ends_a_job_that_keeps_stopping(cluster, tmp_path: Path) 
     stop requeues the job through SLURM, the second ends the run with the reason. The time-limit path to the same
     budget rule is test_time_limit_requeues_one_job_until_done's; stops by signal keep this one short."""
     run_dir = tmp_path / "run"
-    sets = ("slurm.max_requeues=1", "train.steps=400", "checkpoint.agree_every_steps=1", "chaos.signal_rank=1", "chaos.signal_at_steps=[5, 10]")
+    sets = (
+        "slurm.max_requeues=1",
+        "train.steps=400",
+        "checkpoint.agree_every_steps=1",
+        "chaos.signal_rank=1",
+        "chaos.signal_at_steps=[5, 10]",
+    )
     proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", *(a for item in sets for a in ("--set", item)), timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:]
     data = status(run_dir)

@@ -56,7 +56,9 @@ def start_launcher(run_dir: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={run_dir}",
            "--set", "train.steps=1000000", "--set", "train.num_workers=2", "--set", "chaos.signal_at_steps=[]",
            "--set", "checkpoint.every_steps=0"]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONWARNINGS="ignore")
+    )
 
 
 def wait_for_six(launcher: subprocess.Popen, run_dir: Path, seen: set[int]) -> None:

@@ -56,7 +56,11 @@ def test_no_planted_secret_reaches_the_run_directory_or_any_output(tmp_path: Pat
                                                                                         str(run_dir), env=env),
                 _cli("repro", "diff", f"{job}/0", f"{job}/1", "--run", str(run_dir), env=env)]
     files = _files(run_dir)
-    assert any(p.name == "env.txt" for p in files) and any(p.name == "config.txt" for p in files) and any(p.name == "command.txt" for p in files)
+    assert (
+        any(p.name == "env.txt" for p in files)
+        and any(p.name == "config.txt" for p in files)
+        and any(p.name == "command.txt" for p in files)
+    )
     assert len([p for p in files if p.name == "env.txt"]) >= 2, "a capture for every attempt"
     for path in files:
         data = path.read_bytes()

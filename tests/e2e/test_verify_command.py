@@ -22,9 +22,24 @@ PORT = ROOT / "examples" / "port"
 
 
 def verify(tmp_path: Path, script: str, steps: str, *script_args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    command = f"{sys.executable} -m legato.torchrun --nproc-per-node 2 --master-port {free_port()} {PORT / script} {{run_dir}} {' '.join(script_args)}"
+    command = (f"{sys.executable} -m legato.torchrun --nproc-per-node 2 --master-port {free_port()} {PORT / script} "
+               f"{{run_dir}} {' '.join(script_args)}")
     out = tmp_path / "verify"
-    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "verify", "--command", command, "--interrupt-at", steps, "--signal-rank", "1", "--out", str(out), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "legato.orchestrator.cli",
+        "verify",
+        "--command",
+        command,
+        "--interrupt-at",
+        steps,
+        "--signal-rank",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     verdict = out / "verdict.json"
     return proc, json.loads(verdict.read_text()) if verdict.exists() else None

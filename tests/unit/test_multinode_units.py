@@ -86,7 +86,15 @@ def test_exclusion_joins_the_users_own(tmp_path: Path) -> None:
 def test_resubmission_event_shows_the_excluded_nodes(tmp_path: Path) -> None:
     from legato.orchestrator.display import LiveView, status_table
 
-    event = {"event": "resubmitted", "job_id": "9", "previous_job_id": "8", "reason": "FAILED", "failed_nodes": {"n1": "drained"}, "excluded": ["n1"], "time": 1.0}
+    event = {
+        "event": "resubmitted",
+        "job_id": "9",
+        "previous_job_id": "8",
+        "reason": "FAILED",
+        "failed_nodes": {"n1": "drained"},
+        "excluded": ["n1"],
+        "time": 1.0,
+    }
     line = LiveView().event_line(event)
     assert "node n1 is drained" in line and "excluding n1" in line
     summary = summarize(tmp_path, [{"event": "run_started", "time": 0.0}, event])

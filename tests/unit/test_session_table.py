@@ -88,15 +88,36 @@ def test_save_restore_verify_continues_bit_for_bit(reference: Path, tmp_path: Pa
     step_dir = tmp_path / "checkpoints" / "step_5"
     assert {"model.pt", "train_state.pt", "rank0.pt", "manifest.json"} <= {p.name for p in step_dir.iterdir()}
     names = set(manifest(tmp_path, 5)["ranks"][0]["components"])
-    expected = {"model", "optimizer", "scheduler", "counters", "metrics", "grads", "extra.ema", "data", "rng.python", "rng.numpy", "rng.torch", "rng.gen.loader"}
+    expected = {
+        "model",
+        "optimizer",
+        "scheduler",
+        "counters",
+        "metrics",
+        "grads",
+        "extra.ema",
+        "data",
+        "rng.python",
+        "rng.numpy",
+        "rng.torch",
+        "rng.gen.loader",
+    }
     assert names == expected | ({"rng.cuda"} if torch.cuda.is_available() else set())
     # Replicated state once in rank 0's shared files, per-rank state (and batch-norm buffers) in rank0.pt.
     shared = torch.load(step_dir / "train_state.pt", weights_only=True)
     own = torch.load(step_dir / "rank0.pt", weights_only=True)
     assert set(shared) == {"optimizer", "scheduler", "counters"}
-    assert set(own) == {"metrics", "grads", "extra.ema", "data", "rng.python", "rng.numpy", "rng.torch", "rng.gen.loader", "model_buffers"} | (
-        {"rng.cuda"} if torch.cuda.is_available() else set()
-    )
+    assert set(own) == {
+        "metrics",
+        "grads",
+        "extra.ema",
+        "data",
+        "rng.python",
+        "rng.numpy",
+        "rng.torch",
+        "rng.gen.loader",
+        "model_buffers",
+    } | ({"rng.cuda"} if torch.cuda.is_available() else set())
     assert set(own["model_buffers"]) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
 
     second = run(tmp_path)

@@ -151,7 +151,9 @@ class Session:
         # Without chaos from the caller, stops may be planted through the environment (tests, `legato verify --command`).
         self.chaos = chaos if chaos is not None else Chaos.from_env()
         # Stops planted from the environment land right after their step: the ranks agree at every step then.
-        agree_every = 1 if chaos is None and self.chaos.signal_at_steps and not checkpoint.agree_every_steps else checkpoint.agree_every_steps
+        agree_every = (
+            1 if chaos is None and self.chaos.signal_at_steps and not checkpoint.agree_every_steps else checkpoint.agree_every_steps
+        )
         self.training = training
         # A script's own Session records its resumes in the run's ledger; under `legato run` the job side does.
         self.on_event = on_event or LedgerRecorder(self.run_dir)
