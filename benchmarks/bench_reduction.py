@@ -85,17 +85,21 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     args = parser.parse_args(argv)
     params = sum(p.numel() for p in _model(args.hidden).parameters())
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, {args.world} ranks gloo, 1 thread each, model {params / 1e6:.2f}M parameters ({params * 4 / 2**20:.1f} MiB of gradients)")
+    print(f"torch {torch.__version__}, {os.cpu_count()} cores, {args.world} ranks gloo, 1 thread each, model {params / 1e6:.2f}M "
+          f"parameters ({params * 4 / 2**20:.1f} MiB of gradients)")
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(_worker, args=(args.world, free_port(), args, out), nprocs=args.world, join=True)
         result = dict(out)
-    print(f"per-step time; overhead = median over {args.rounds} rounds of (variant block / adjacent plain block), {args.steps} steps a block")
-    print(f"   {'plain (DDP layout)':<22} {result['plain'] * 1e3:9.3f} ms/step   overhead  +0.00%   buckets (bytes) {result['buckets']['plain']}")
+    print(f"per-step time; overhead = median over {args.rounds} rounds of (variant block / adjacent plain block), {args.steps} steps a "
+          "block")
+    print(f"   {'plain (DDP layout)':<22} {result['plain'] * 1e3:9.3f} ms/step   overhead  +0.00%   buckets (bytes) "
+          f"{result['buckets']['plain']}")
     for name in VARIANTS:
         ratio = result[name]
         label = "pinned (legato)" if name == "pinned" else name
-        print(f"   {label:<22} {result['plain'] * ratio * 1e3:9.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%   buckets (bytes) {result['buckets'][name]}")
+        print(f"   {label:<22} {result['plain'] * ratio * 1e3:9.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%   buckets (bytes) "
+              f"{result['buckets'][name]}")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,8 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     legato.seed_everything(seed=42, rank=rank, mode="strict")
 
-    data = torch.utils.data.TensorDataset(torch.randn(256, 8, generator=torch.Generator().manual_seed(0)), torch.randn(256, 1, generator=torch.Generator().manual_seed(1)))
+    data = torch.utils.data.TensorDataset(torch.randn(256, 8, generator=torch.Generator().manual_seed(0)),
+                                          torch.randn(256, 1, generator=torch.Generator().manual_seed(1)))
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.1), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)

@@ -76,7 +76,8 @@ EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose
 def cmd_run(args: argparse.Namespace) -> int:
     cfg, hidden = redact_config(load_config(args.config, args.overrides))
     for key in hidden:
-        print(f"legato: warning: {key} looks secret; it is redacted in everything legato writes, so the job sees a placeholder. Pass secrets through the environment.", file=sys.stderr)
+        print(f"legato: warning: {key} looks secret; it is redacted in everything legato writes, so the job sees a placeholder. Pass "
+              "secrets through the environment.", file=sys.stderr)
     check_entrypoint(cfg)
     check_compatible(cfg)
     lock = SupervisorLock(cfg.run_dir)
@@ -139,7 +140,8 @@ def _supervise(supervisor: Supervisor) -> int:
             supervisor.cancel()
             print("\nlegato: interrupted; the local job was stopped. Resume later with the same `legato run`.", file=sys.stderr)
         else:
-            print(f"\nlegato: detached; the job keeps running. `legato watch {cfg.run_dir}` re-attaches, `legato cancel {cfg.run_dir}` stops it.", file=sys.stderr)
+            print(f"\nlegato: detached; the job keeps running. `legato watch {cfg.run_dir}` re-attaches, `legato cancel {cfg.run_dir}` "
+                  "stops it.", file=sys.stderr)
         return EXIT_INTERRUPTED
     return _report_end(cfg, code)
 
@@ -159,7 +161,8 @@ def _detach(run_dir: Path) -> int:
         print(f"legato: follow it with `legato watch {handoff.run_dir}`, see it with `legato status {handoff.run_dir}`.")
         return EXIT_OK
     if handoff.exit_code is not None:
-        print(f"legato: the background supervisor exited with code {handoff.exit_code} before submitting; see {handoff.log}.", file=sys.stderr)
+        print(f"legato: the background supervisor exited with code {handoff.exit_code} before submitting; see {handoff.log}.",
+              file=sys.stderr)
         return handoff.exit_code or EXIT_FAILED
     print(f"legato: no job submitted within {DETACH_WAIT_S:.0f}s; see {handoff.log}.", file=sys.stderr)
     return EXIT_FAILED
@@ -236,7 +239,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _verify_phase(config: str):
     def say(phase: str, data: dict) -> None:
         if phase == "planned":
-            print(f"legato: verify {config}: {data['world_size']} ranks, {data['steps']} steps, stop signal to rank {data['signal_rank']} after steps {data['at']}")
+            print(f"legato: verify {config}: {data['world_size']} ranks, {data['steps']} steps, stop signal to rank "
+                  f"{data['signal_rank']} after steps {data['at']}")
         else:
             print(VERIFY_PHASES[phase])
 
@@ -246,7 +250,8 @@ def _verify_phase(config: str):
 def _verify_command(args: argparse.Namespace) -> int:
     steps = _parse_steps(args.interrupt_at)
     if args.config is not None or not steps:
-        raise UsageError('legato verify --command takes no CONFIG and needs --interrupt-at STEPS, e.g. --command "python train.py {run_dir}" --interrupt-at 7,19.')
+        raise UsageError('legato verify --command takes no CONFIG and needs --interrupt-at STEPS, e.g. --command "python train.py '
+                         '{run_dir}" --interrupt-at 7,19.')
     split_command(args.run_command)  # refuse a bad command before anything is created
     out = fresh_directory(args.out, "command")
     out.mkdir(parents=True, exist_ok=True)
@@ -290,7 +295,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     resumed = [e for e in Ledger(run_dir).read() if e["event"] == Kind.RESUMED]
     runs = {"reference": Path(args.reference)} if args.reference else {}
     runs[run_dir.name] = run_dir
-    png = plot_losses(Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, [e["step"] for e in resumed], replays=replay_spans(resumed))
+    png = plot_losses(Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, [e["step"] for e in resumed],
+                      replays=replay_spans(resumed))
     if png is None:
         raise UsageError("legato plot needs matplotlib: pip install 'legato[plot]'.")
     print(f"legato: wrote {png}")
@@ -394,7 +400,8 @@ def _say_attempt(kind: str, d: dict) -> None:
         print(f"legato: attempt {d['attempt']} failed with exit code {d['code']}; last checkpoint: {where}", file=sys.stderr)
 
 
-COMMANDS = {"verify": cmd_verify, "plot": cmd_plot, "repro": cmd_repro, "devcluster": cmd_devcluster, "run": cmd_run, "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
+COMMANDS = {"verify": cmd_verify, "plot": cmd_plot, "repro": cmd_repro, "devcluster": cmd_devcluster, "run": cmd_run,
+            "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
 
 
 def main(argv: list[str] | None = None) -> int:

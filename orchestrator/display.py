@@ -74,22 +74,31 @@ class LiveView:
             Kind.RUN_STARTED: lambda: f"run started: {e['executor']} executor, {e['world_size']} ranks, {e['total_steps']} steps",
             Kind.SUBMITTED: lambda: f"submitted job {e['job_id']}",
             Kind.JOB_STATE: lambda: f"job {e['job_id']} is {e['state']}",
-            Kind.ATTEMPT_STARTED: lambda: f"{tag}started (job {e['job_id']}, restart {e['restart']}, {e['world_size']} ranks on {', '.join(e['hosts'])})",
+            Kind.ATTEMPT_STARTED: lambda: (
+                f"{tag}started (job {e['job_id']}, restart {e['restart']}, {e['world_size']} ranks on {', '.join(e['hosts'])})"
+            ),
             Kind.PREEMPT_SENT: lambda: f"{tag}chaos: sent SIG{e['signal']} to every task",
             Kind.STOP_SIGNAL: lambda: (
                 f"{tag}stop signal reached rank {e['rank']} during start-up; the ranks stopped at step {e['step']} without a new checkpoint"
                 if e.get("at_start")
                 else f"{tag}stop signal reached rank {e['rank']}; the ranks agreed to stop after step {e['step']}"
             ),
-            Kind.CHECKPOINT_COMMITTED: lambda: f"{tag}{e['reason']} checkpoint at step {e['step']} committed in {e['seconds']:.2f}s ({_mb(e['bytes'])}), global hash {short(e['global_hash'])}",
+            Kind.CHECKPOINT_COMMITTED: lambda: (
+                f"{tag}{e['reason']} checkpoint at step {e['step']} committed in {e['seconds']:.2f}s "
+                f"({_mb(e['bytes'])}), global hash {short(e['global_hash'])}"
+            ),
             Kind.RESUMED: lambda: (
                 f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
                 + ("verified ✓" if e["match"] else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
             ),
-            Kind.REPLAY_STOPPED: lambda: f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands",
+            Kind.REPLAY_STOPPED: lambda: (
+                f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands"
+            ),
             Kind.REQUEUED: lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
             Kind.REQUEUE_FAILED: lambda: f"{tag}could not requeue: {e['reason']}",
-            Kind.RANK_LOST: lambda: f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}",
+            Kind.RANK_LOST: lambda: (
+                f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}"
+            ),
             Kind.LEFTOVER_CANCEL: lambda: f"job {e['job_id']} still ran after the run failed; cancelled it",
             Kind.LOST_RANK_CANCEL: lambda: f"job {e['job_id']} still ran {e['grace_s']:.0f}s after it lost a rank; cancelled it",
             Kind.RESUBMITTED: lambda: (
@@ -100,7 +109,10 @@ class LiveView:
             Kind.FINISHED: lambda: f"{tag}training complete at step {e['step']}, final global hash {e['final_global_hash']}",
             Kind.FAILED: lambda: f"{tag}FAILED: {e['reason']}",
             Kind.CANCEL_REQUESTED: lambda: "cancel requested",
-            Kind.REPRO_CAPTURED: lambda: f"{tag}environment captured in {e['seconds']:.2f}s ({e['path']})" + (f"; failed: {', '.join(e['failures'])}" if e["failures"] else ""),
+            Kind.REPRO_CAPTURED: lambda: (
+                f"{tag}environment captured in {e['seconds']:.2f}s ({e['path']})"
+                + (f"; failed: {', '.join(e['failures'])}" if e["failures"] else "")
+            ),
             Kind.REPRO_FAILED: lambda: f"{tag}environment capture failed: {e['reason']}",
             Kind.CANCELLED: lambda: f"cancelled: {e.get('reason')}",
         }
@@ -157,17 +169,20 @@ def status_table(summary: RunSummary) -> str:
         ckpt = f"{max(a.checkpoint_seconds):.2f}" if a.checkpoint_seconds else "-"
         resumed = "-" if a.resumed_from_step is None else str(a.resumed_from_step)
         env = "-" if a.environment_changed is None else ("CHANGED: " + ",".join(a.environment_changed) if a.environment_changed else "same")
-        rows.append((str(a.number), a.job_id, str(a.restart), ",".join(a.hosts), str(a.steps_run), resumed, verified, a.replay_text, ckpt, env, a.ended))
+        rows.append((str(a.number), a.job_id, str(a.restart), ",".join(a.hosts), str(a.steps_run), resumed, verified, a.replay_text,
+                     ckpt, env, a.ended))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     state = summary.state.upper()
     total = summary.total_steps or "?"
-    head = f"run {summary.run_dir}: {state}, step {summary.step}/{total}, {len(summary.attempts)} attempt(s), {summary.requeues} requeue(s), {summary.resubmissions} resubmission(s)"
+    head = (f"run {summary.run_dir}: {state}, step {summary.step}/{total}, {len(summary.attempts)} attempt(s), "
+            f"{summary.requeues} requeue(s), {summary.resubmissions} resubmission(s)")
     tail = []
     if summary.excluded_nodes:
         tail.append(f"nodes excluded after they failed: {', '.join(summary.excluded_nodes)}")
     if summary.finished:
-        tail.append(f"final global hash {summary.final_global_hash}; every resume verified: {'yes' if summary.all_resumes_verified else 'NO'}")
+        tail.append(f"final global hash {summary.final_global_hash}; every resume verified: "
+                    f"{'yes' if summary.all_resumes_verified else 'NO'}")
     if summary.failure:
         tail.append(f"reason: {summary.failure}")
     return "\n".join([head, "", *lines, *([""] + tail if tail else [])])

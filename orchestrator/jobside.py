@@ -108,7 +108,8 @@ class TrainTask:
             die_with_parent()
         rank_env = ident.rank_env(cfg.slurm.master_addr)
         if ident.rank == 0:
-            fields = {"executor": ident.executor, "hosts": list(ident.hosts), "world_size": ident.world_size, "master_addr": rank_env.master_addr}
+            fields = {"executor": ident.executor, "hosts": list(ident.hosts), "world_size": ident.world_size,
+                      "master_addr": rank_env.master_addr}
             ledger.append(Kind.ATTEMPT_STARTED, **ident.tag(), **fields)
         ledger.append(Kind.RANK_STARTED, **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
         if ident.local_rank == 0 and cfg.repro.enabled:
@@ -141,7 +142,14 @@ class JobEvents:
         self.last_step = max(self.last_step, int(event.get("step") or 0))
         if kind == Kind.STOP_AGREED and event.get("signal_received_at") is not None:
             at_start = bool(event.get("at_start"))
-            self.ledger.append(Kind.STOP_SIGNAL, **self.ident.tag(), rank=self.ident.rank, step=event["step"], received_at=event["signal_received_at"], at_start=at_start)
+            self.ledger.append(
+                Kind.STOP_SIGNAL,
+                **self.ident.tag(),
+                rank=self.ident.rank,
+                step=event["step"],
+                received_at=event["signal_received_at"],
+                at_start=at_start,
+            )
         if self.ident.rank != 0:
             return
         if kind == Kind.PROGRESS:
@@ -194,7 +202,8 @@ def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: 
         return
     failures = {name: c["error"] for name, c in manifest["commands"].items() if not c["ok"]}
     digests = {name: info["sha256"] for name, info in manifest["sections"].items()}
-    ledger.append(Kind.REPRO_CAPTURED, **ident.tag(), node=node, path=str(dest), seconds=manifest["capture_seconds"], failures=failures, sections=digests)
+    ledger.append(Kind.REPRO_CAPTURED, **ident.tag(), node=node, path=str(dest), seconds=manifest["capture_seconds"], failures=failures,
+                  sections=digests)
 
 
 def _code_paths(cfg: Config) -> tuple[Path, ...]:

@@ -54,7 +54,8 @@ ENV_ALLOWLIST = (
     "SLURM_SUBMIT_HOST", "SLURM_JOB_START_TIME", "SLURM_JOB_END_TIME", "SLURM_GTIDS", "SLURM_SRUN_COMM_PORT", "SLURM_STEP_LAUNCHER_PORT",
     "SLURM_LAUNCH_NODE_IPADDR", "SLURM_SUBMIT_DIR", "SLURM_SCRIPT_CONTEXT", "SLURM_JOB_UID", "SLURM_JOB_USER", "SLURM_JOB_NAME",
     # host, user, shell, locale
-    "HOSTNAME", "HOST", "USER", "LOGNAME", "HOME", "SHELL", "PWD", "OLDPWD", "TMPDIR", "TERM", "SHLVL", "_", "LANG", "LANGUAGE", "LC_*", "TZ",
+    "HOSTNAME", "HOST", "USER", "LOGNAME", "HOME", "SHELL", "PWD", "OLDPWD", "TMPDIR", "TERM", "SHLVL", "_", "LANG", "LANGUAGE", "LC_*",
+    "TZ",
     "TMUX_PANE", "TERM_SESSION_ID", "SSH_TTY",
     # what legato and its launchers set
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT", "LEGATO_*", "SUBMITIT_*",
@@ -67,7 +68,8 @@ SECRET_WORDS = {
     "apikey", "credential", "credentials", "creds", "auth", "cookie", "cookies", "session", "private", "signature", "sig", "dsn",
     "webhook", "bearer", "sas", "connstr",
 }
-SECRET_FRAGMENTS = ("password", "passwd", "secret", "token", "apikey", "credential", "privatekey", "accesskey", "accountkey", "webhook", "connectionstring")
+SECRET_FRAGMENTS = ("password", "passwd", "secret", "token", "apikey", "credential", "privatekey", "accesskey", "accountkey", "webhook",
+                    "connectionstring")
 # Names that contain a secret-looking word but hold nothing secret.
 NOT_SECRET = {"TOKENIZERS_PARALLELISM", "SSH_AUTH_SOCK", "PWD", "OLDPWD", "KEYBOARD"}
 
@@ -115,11 +117,13 @@ ASSIGNMENT_KEYWORD = re.compile(
     re.I,
 )
 NAME_REST = re.compile(r"[A-Za-z0-9_.-]*")
-ASSIGNED_VALUE = re.compile(r"[\"']?[ \t]{0,8}[:=][ \t]{0,8}[\"']?(?!<redacted|(?:true|false|null|none|[0-9.]+)\b)(?P<value>[^\s\"',;&}]{4,})", re.I)
+ASSIGNED_VALUE = re.compile(r"[\"']?[ \t]{0,8}[:=][ "
+                            r"\t]{0,8}[\"']?(?!<redacted|(?:true|false|null|none|[0-9.]+)\b)(?P<value>[^\s\"',;&}]{4,})", re.I)
 TOKEN = re.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}")
 FLAG_WITH_VALUE = re.compile(r"^(?P<flag>--?[A-Za-z0-9_.-]+)=(?P<value>.*)$", re.S)
 # Config keys whose values name things legato itself uses (paths, modules): never judged by entropy.
-STRUCTURAL_KEYS = {"run.name", "run.dir", "train.entrypoint", "train.task", "executor", "slurm.partition", "slurm.account", "slurm.qos", "slurm.signal"}
+STRUCTURAL_KEYS = {"run.name", "run.dir", "train.entrypoint", "train.task", "executor", "slurm.partition", "slurm.account", "slurm.qos",
+                   "slurm.signal"}
 
 
 def marker(why: str) -> str:
@@ -300,7 +304,8 @@ class Redactor:
         judged = self.words(key)
         if judged == key:
             return key
-        clashes = sum(1 for other in mapping if isinstance(other, str) and other != key and self.words(other) == judged and str(other) < key)
+        clashes = sum(1 for other in mapping if isinstance(other,
+                                                           str) and other != key and self.words(other) == judged and str(other) < key)
         return judged if clashes == 0 else f"{judged} #{clashes + 1}"
 
 

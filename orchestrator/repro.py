@@ -197,7 +197,8 @@ def _git_state(label: str, path: Path, r: Redactor, timeout: float) -> str:
 
 
 def _stack() -> str:
-    info: dict[str, Any] = {"python": sys.version.split()[0], "implementation": platform.python_implementation(), "executable": sys.executable}
+    info: dict[str, Any] = {"python": sys.version.split()[0], "implementation": platform.python_implementation(),
+                            "executable": sys.executable}
     try:
         import torch
     except ImportError:
@@ -211,7 +212,8 @@ def _stack() -> str:
 
 
 def _host(r: Redactor, threads: str | None = None) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines() if line.startswith("model name")), platform.processor())
+    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines() if line.startswith("model name")),
+               platform.processor())
     memory = next((line.split(":", 1)[1].strip() for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), "?")
     lines = [
         f"hostname {socket.gethostname()}",
@@ -222,7 +224,8 @@ def _host(r: Redactor, threads: str | None = None) -> str:
     ]
     if threads is not None:
         lines.append(f"torch threads per rank {threads}")
-    lines += [f"{k}={v}" for k, v in r.environ({k: v for k, v in os.environ.items() if k.startswith("SLURM_")}).items() if not is_fingerprint(v)]
+    lines += [f"{k}={v}" for k, v in r.environ({k: v for k,
+                                                v in os.environ.items() if k.startswith("SLURM_")}).items() if not is_fingerprint(v)]
     return "\n".join(lines) + "\n"
 
 

@@ -88,7 +88,8 @@ def _env_diff(a: dict[str, str], b: dict[str, str], same_key: bool) -> list[str]
         else:
             lines.append(f"~ {k}: {a[k]} -> {b[k]}")
     if incomparable:
-        lines.append(f"? {incomparable} variables recorded by fingerprint only cannot be compared: the captures were keyed by different run directories")
+        lines.append(f"? {incomparable} variables recorded by fingerprint only cannot be compared: the captures were keyed by different "
+                     "run directories")
     return lines
 
 
@@ -135,7 +136,8 @@ def _stack_diff(a: str, b: str) -> list[str]:
     head_a, _, rest_a = a.partition("\n\n")
     head_b, _, rest_b = b.partition("\n\n")
     try:
-        lines = _mapping_diff({k: json.dumps(v) for k, v in json.loads(head_a).items()}, {k: json.dumps(v) for k, v in json.loads(head_b).items()})
+        lines = _mapping_diff({k: json.dumps(v) for k, v in json.loads(head_a).items()},
+                              {k: json.dumps(v) for k, v in json.loads(head_b).items()})
     except json.JSONDecodeError:
         lines = _text_diff(head_a, head_b)
     return lines + _text_diff(rest_a, rest_b)

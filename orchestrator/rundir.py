@@ -77,14 +77,16 @@ def capture_config(cfg: Config) -> Path:
     data = cfg.to_dict()
     data["run"]["dir"] = str(run_dir)
     path = RunPaths(run_dir).config
-    write_atomic(path, "# Captured by legato run: the resolved config every job of this run reads.\n" + yaml.safe_dump(data, sort_keys=False))
+    write_atomic(path, "# Captured by legato run: the resolved config every job of this run reads.\n"
+                 + yaml.safe_dump(data, sort_keys=False))
     return path
 
 
 def captured_config(run_dir: Path) -> Path:
     path = RunPaths(run_dir).config
     if not path.is_file():
-        raise UsageError(f"{run_dir} is not a legato run directory (it has no {path.name}). Pass the run.dir of a run started with `legato run`.")
+        raise UsageError(f"{run_dir} is not a legato run directory (it has no {path.name}). Pass the run.dir of a run started with "
+                         "`legato run`.")
     return path
 
 
@@ -129,7 +131,8 @@ class SupervisorLock:
 
 def _check_checkpoints(cfg: Config) -> None:
     manifest.check_tree(RunPaths(cfg.run_dir).checkpoints)
-    run = manifest.RunShape(cfg.world_size, training_settings(cfg), manifest.installed_torch_version(), expected_threads(cfg), cfg.determinism.mode == "strict")
+    run = manifest.RunShape(cfg.world_size, training_settings(cfg), manifest.installed_torch_version(), expected_threads(cfg),
+                            cfg.determinism.mode == "strict")
     manifest.newest_usable(RunPaths(cfg.run_dir).checkpoints, run)
 
 

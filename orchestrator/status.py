@@ -151,7 +151,8 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
                 attempt.ended = "ended"
     step = max((a.last_step for a in ordered), default=0)
     return RunSummary(
-        str(run_dir), state, state == Kind.FINISHED, final_hash, failure, total, step, ordered, current_job(events), requeues, resubmissions, excluded
+        str(run_dir), state, state == Kind.FINISHED, final_hash, failure, total, step, ordered, current_job(events), requeues,
+        resubmissions, excluded
     )
 
 

@@ -188,7 +188,8 @@ class Supervisor:
                 Kind.FAILED,
                 job_id=handle.job_id,
                 exit_code=EXIT_FAILED,
-                reason=f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs {self.cfg.run_dir}`",
+                reason=f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs "
+                       f"{self.cfg.run_dir}`",
             )
             return
         lost = [e for e in session if e["event"] == Kind.RANK_LOST and e.get("job_id") == handle.job_id]
@@ -231,7 +232,9 @@ class Supervisor:
         """The ended job's nodes that the scheduler now reports failed (down, drained, not responding): name -> state."""
         if previous is None:
             return {}
-        hosts = [h for e in session if e["event"] == Kind.ATTEMPT_STARTED and str(e.get("job_id")) == str(previous) for h in e.get("hosts", [])]
+        hosts = [
+            h for e in session if e["event"] == Kind.ATTEMPT_STARTED and str(e.get("job_id")) == str(previous) for h in e.get("hosts", [])
+        ]
         return self.backend.failed_nodes(list(dict.fromkeys(hosts)))
 
     def _preempt(self, session: list[dict], handle: JobHandle) -> None:

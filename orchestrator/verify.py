@@ -97,7 +97,11 @@ def plan_runs(cfg: Config, out: Path, steps: list[int]) -> tuple[Config, Config]
 def compare_runs(reference: Path, run: Path) -> Verdict:
     ref_ranks, run_ranks = _ranks(reference), _ranks(run)
     ref_final, run_final = _final(reference), _final(run)
-    resumes = [{k: e.get(k) for k in ("step", "match", "mismatches", "replay", "job_id", "restart")} for e in Ledger(run).read() if e["event"] == Kind.RESUMED]
+    resumes = [
+        {k: e.get(k) for k in ("step", "match", "mismatches", "replay", "job_id", "restart")}
+        for e in Ledger(run).read()
+        if e["event"] == Kind.RESUMED
+    ]
     unpinned = [
         {"run": label, **{k: e.get(k) for k in ("job_id", "restart", "step", "reason")}}
         for label, path in (("reference", reference), ("run", run))
@@ -173,7 +177,8 @@ def diagnose(v: Verdict, complete: bool) -> str:
         replay = first.get("replay") or {}
         if not names and replay.get("first_divergence"):
             d = replay["first_divergence"]
-            return f"the resume at step {first['step']} failed its replay, which diverged first at step {d['step']} (rank {d['rank']}): {d['cause']}."
+            return (f"the resume at step {first['step']} failed its replay, which diverged first at step {d['step']} "
+                    f"(rank {d['rank']}): {d['cause']}.")
         return _unrestored(names, first["step"])
     d = v.divergence
     if d is None:
@@ -211,7 +216,8 @@ def diagnose(v: Verdict, complete: bool) -> str:
 
 
 def _reduction_order(v: Verdict, d: Divergence, resumed_at: int) -> bool:
-    """Same loss and RNG streams but another update (parameters, optimizer state, saved gradients), with 3+ ranks, and a layout that was not pinned (or unknown at the first resumed step)."""
+    """Same loss and RNG streams but another update (parameters, optimizer state, saved gradients), with 3+ ranks,
+    and a layout that was not pinned (or unknown at the first resumed step)."""
     if v.world_size < 3 or d.loss_differs or not d.components or not set(d.components) <= {"model", "optimizer", "grads"}:
         return False
     return bool(v.unpinned_layouts) or d.step == resumed_at + 1
@@ -230,12 +236,15 @@ def _unrestored(names: list[str], step: int) -> str:
             parts.append(f"the {name} state is missing from the restore")
     if "model" in names:
         parts.append("the model weights were not restored")
-    rest = [n for n in names if not n.startswith("rng.") and n not in ("data", "optimizer", "scheduler", "scaler", "model", "counters", "metrics")]
+    rest = [n for n in names if not n.startswith("rng.") and n not in ("data", "optimizer", "scheduler", "scaler", "model", "counters",
+                                                                       "metrics")]
     if rest:
         parts.append(f"these components were not restored: {', '.join(rest)}")
     if not parts:
         parts.append(f"the restored {', '.join(names)} differ from what was saved")
-    return f"the resume at step {step} did not restore the saved state: " + "; ".join(parts) + f" (differing components: {', '.join(names)})."
+    return (
+        f"the resume at step {step} did not restore the saved state: " + "; ".join(parts) + f" (differing components: {', '.join(names)})."
+    )
 
 
 def fresh_directory(out: str | None, name: str) -> Path:

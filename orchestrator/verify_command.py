@@ -42,7 +42,8 @@ def split_command(text: str) -> list[str]:
 def launch(argv: list[str], run_dir: Path, log: Path, env: dict[str, str], timeout_s: float) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        proc = subprocess.run([a.replace(PLACEHOLDER, str(run_dir)) for a in argv], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s)
+        proc = subprocess.run([a.replace(PLACEHOLDER, str(run_dir)) for a in argv], env=env, stdout=out, stderr=subprocess.STDOUT,
+                              timeout=timeout_s)
     return proc.returncode
 
 

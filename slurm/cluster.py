@@ -22,7 +22,19 @@ from legato.slurm import submission
 from legato.slurm.backend import Backend, JobPlace, JobState
 
 REQUEUE_TIMEOUT_S = 60.0
-ACTIVE = {"PENDING", "RUNNING", "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED", "STAGE_OUT", "SIGNALING"}
+ACTIVE = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "REQUEUE_FED",
+    "REQUEUE_HOLD",
+    "CONFIGURING",
+    "COMPLETING",
+    "RESIZING",
+    "SUSPENDED",
+    "STAGE_OUT",
+    "SIGNALING",
+}
 UNHEALTHY = ("down", "drain", "fail", "not_responding", "maint", "reboot")  # sinfo's %T; a trailing * means not responding
 TOOLS = ("sbatch", "srun")
 

@@ -124,7 +124,8 @@ def install_packages(say, packages: tuple[str, ...] = PACKAGES, binaries: tuple[
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
         proc = subprocess.run(install, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise UsageError(f"apt-get could not install SLURM: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+            raise UsageError("apt-get could not install SLURM: "
+                             f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
 
 
 # -- daemons -----------------------------------------------------------------

@@ -71,7 +71,8 @@ class SlurmSection:
     account: str | None = option(None, doc="sbatch account; empty for the cluster's default")
     qos: str | None = option(None, doc="sbatch quality of service; empty for the cluster's default")
     signal: str = option("USR2", doc="stop signal the scheduler sends before the limit; the trainer listens for it")
-    signal_lead_s: int = option(90, minimum=1, maximum=SECONDS_MAX, doc="seconds before the time limit the stop signal comes (--signal=USR2@90)")
+    signal_lead_s: int = option(90, minimum=1, maximum=SECONDS_MAX, doc="seconds before the time limit the stop signal comes "
+                                "(--signal=USR2@90)")
     master_addr: str | None = option(None, doc="address where the ranks meet; empty means the job's first node")
     handle_sigterm: bool = option(False, doc="treat SIGTERM like the stop signal too")
     max_requeues: int = option(10, minimum=0, maximum=100_000, doc="budget shared by requeues and resubmissions")
@@ -111,7 +112,8 @@ class TrainSection:
     warmup_steps: int = option(5, minimum=0, maximum=STEPS_MAX, doc="learning-rate warmup steps")
     num_workers: int = option(0, minimum=0, maximum=256, doc="DataLoader worker processes per rank")
     amp: bool = option(False, doc="train under autocast (mixed precision)")
-    amp_dtype: str = option("auto", choices=("auto", "bfloat16", "float16"), doc="autocast dtype with amp; auto is float16 on CUDA (with GradScaler), bfloat16 on CPU")
+    amp_dtype: str = option("auto", choices=("auto", "bfloat16", "float16"), doc="autocast dtype with amp; auto is float16 on CUDA "
+                            "(with GradScaler), bfloat16 on CPU")
     device: str = option("auto", choices=("auto", "cpu", "cuda"), doc="auto trains on CUDA when the machine has it")
     backend: str = option("auto", choices=("auto", "nccl", "gloo"), doc="auto is NCCL when each local rank has its own GPU, else gloo")
     collective_timeout_s: int = option(300, minimum=1, maximum=SECONDS_MAX, doc="how long a collective may wait for the other ranks")
@@ -127,8 +129,10 @@ class CheckpointSection:
     keep_last: int = option(3, minimum=1, maximum=KEEP_LAST_MAX, doc="checkpoints kept; older ones are pruned")
     verify: str = option("error", choices=("error", "warn"), doc="warn turns a failed resume verification into a warning")
     hash_every_steps: int = option(10, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps")
-    agree_every_steps: int = option(0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a second apart")
-    replay_steps: int = option(32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and compares; 0 for off")
+    agree_every_steps: int = option(0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a "
+                                                                         "second apart")
+    replay_steps: int = option(32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and "
+                                                                     "compares; 0 for off")
     async_: bool | None = option(
         None, key="async", doc="periodic checkpoints copy the state and write it in the background; unset: on when the model is on a GPU"
     )
@@ -150,11 +154,13 @@ class ChaosSection:
     signal_rank: int = option(0, minimum=0, maximum=10**6, doc="the rank chaos signals; below the world size")
     signal_at_steps: list = option([], doc="after each listed step, signal_rank sends itself the stop signal")
     preempt_every_s: float = option(
-        0.0, minimum=0, maximum=SECONDS_MAX, doc="the supervisor signals every task this many seconds after each attempt began training, 0 for off"
+        0.0, minimum=0, maximum=SECONDS_MAX, doc="the supervisor signals every task this many seconds after each attempt began "
+                                                 "training, 0 for off"
     )
     step_sleep_s: float = option(0.0, minimum=0, maximum=60, doc="every rank sleeps this long after each trained step (a slow node)")
     skip_restore: list = option([], doc="state components left unrestored on resume (fault injection): numpy, loader, data, optimizer, ...")
-    consume_rng_after_restore: list = option([], doc="draw from these RNGs (python, numpy, torch) right after the restore (fault injection)")
+    consume_rng_after_restore: list = option([], doc="draw from these RNGs (python, numpy, torch) right after the restore (fault "
+                                                     "injection)")
     kill_in_checkpoint: int = option(0, minimum=0, maximum=STEPS_MAX, doc="SIGKILL every rank while writing this step's checkpoint")
     kill_point: str = option(
         "after_shards", choices=("after_shards", "after_manifest", "before_publish"), doc="where in that checkpoint write the kill comes"

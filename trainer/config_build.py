@@ -36,7 +36,9 @@ PATH_MAX = 4096
 TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "a mapping"}
 
 
-def option(default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = "") -> Any:
+def option(
+    default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = ""
+) -> Any:
     """A config field; `key` spells its YAML name where that is a Python keyword (checkpoint.async)."""
     meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc, "key": key}
     if isinstance(default, (list, dict)):
@@ -105,7 +107,8 @@ def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any
         floor = "positive" if minimum == 1 else f"at least {minimum}"
         raise UsageError(f"{source}: {key} is {show(value)}, but it must be {floor}. Set a value of {minimum} or more.")
     if maximum is not None and value > maximum:
-        raise UsageError(f"{source}: {key} is {show(value)}, beyond the largest sensible value, {maximum:g}. Set a value of at most {maximum:g}.")
+        raise UsageError(f"{source}: {key} is {show(value)}, beyond the largest sensible value, {maximum:g}. Set a value of at most "
+                         f"{maximum:g}.")
     return value
 
 

@@ -56,7 +56,8 @@ def check_cross_fields(cfg: Config, source: str) -> None:
         )
     if cfg.train.entrypoint is not None and not ENTRYPOINT.fullmatch(cfg.train.entrypoint):
         raise UsageError(
-            f'{source}: train.entrypoint is {show(cfg.train.entrypoint)}; it must name a module and a function as "package.module:function".'
+            f'{source}: train.entrypoint is {show(cfg.train.entrypoint)}; it must name a module and a function as '
+            '"package.module:function".'
         )
     if cfg.train.entrypoint is None and cfg.train.task is None:
         raise UsageError(f"{source}: set train.task (tiny_gpt or mlp) or train.entrypoint; both are empty.")
@@ -88,8 +89,10 @@ def _check_names(cfg: Config, source: str) -> None:
             raise UsageError(f"{source}: slurm.{key} is {show(value)}; SLURM names are letters, digits and _.,:+- only. Fix the name.")
     for option, value in cfg.slurm.extra_sbatch.items():
         if not isinstance(option, str) or not SBATCH_OPTION.fullmatch(option):
-            raise UsageError(f"{source}: slurm.extra_sbatch has the option {show(option)}; sbatch options are words like 'constraint' or 'exclusive'.")
-        if not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value)) or any(c in str(value) for c in "\x00\n\r"):
+            raise UsageError(f"{source}: slurm.extra_sbatch has the option {show(option)}; sbatch options are words like 'constraint' "
+                             "or 'exclusive'.")
+        if (not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value))
+                or any(c in str(value) for c in "\x00\n\r")):
             raise UsageError(f"{source}: slurm.extra_sbatch.{option} is {show(value)}; give one line of text or a number.")
 
 
@@ -103,12 +106,17 @@ def _check_run_dir(run_dir: Path, source: str) -> None:
         problem = f"is longer than the OS allows ({PATH_MAX} bytes in all, 255 per name)"
     if problem is None:
         absolute = Path(os.path.abspath(text))
-        if absolute.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")) or os.path.realpath(text).split("/")[1:2] in (["proc"], ["sys"], ["dev"]):
+        if absolute.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")) or os.path.realpath(text).split("/")[1:2] in (
+            ["proc"],
+            ["sys"],
+            ["dev"],
+        ):
             problem = "is inside a kernel filesystem (/proc, /sys or /dev)"
         else:
             problem = _unwritable(absolute)
     if problem:
-        raise UsageError(f"{source}: run.dir {show(text, 300)} {problem}. Set run.dir (or run.name) to a directory you can write, such as runs/<name>.")
+        raise UsageError(f"{source}: run.dir {show(text, 300)} {problem}. Set run.dir (or run.name) to a directory you can write, such "
+                         "as runs/<name>.")
 
 
 def _unwritable(path: Path) -> str | None:

@@ -37,9 +37,11 @@ class _Loader(_Base):  # type: ignore[misc,valid-type]
             try:
                 duplicate = key in seen
             except TypeError:
-                raise yaml.constructor.ConstructorError(None, None, "a key is a list or mapping, which YAML mappings here cannot hold", key_node.start_mark) from None
+                raise yaml.constructor.ConstructorError(None, None, "a key is a list or mapping, which YAML mappings here cannot hold",
+                                                        key_node.start_mark) from None
             if duplicate:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {str(key)[:60]!r} appears twice in one mapping", key_node.start_mark)
+                raise yaml.constructor.ConstructorError(None, None, f"the key {str(key)[:60]!r} appears twice in one mapping",
+                                                        key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -55,7 +57,9 @@ def load(text: str, where: str) -> Any:
         mark = exc.problem_mark or exc.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         what = " ".join(str(exc.problem or exc.context).split())
-        raise UsageError(f"{where} is not valid YAML{at}: {what}. Fix it there (indentation, a missing colon or quote, a repeated key).") from None
+        raise UsageError(
+            f"{where} is not valid YAML{at}: {what}. Fix it there (indentation, a missing colon or quote, a repeated key)."
+        ) from None
     except (yaml.YAMLError, ValueError, OverflowError) as exc:
         raise UsageError(f"{where} is not valid YAML: {' '.join(str(exc).split())[:200]}. Fix the syntax.") from None
 
@@ -72,7 +76,8 @@ def _check_shape(text: str, where: str) -> None:
                 depth += 1
                 if depth > MAX_DEPTH:
                     line = event.start_mark.line + 1 if event.start_mark else "?"
-                    raise UsageError(f"{where} nests deeper than {MAX_DEPTH} levels (at line {line}). A config needs a few levels; flatten it.")
+                    raise UsageError(f"{where} nests deeper than {MAX_DEPTH} levels (at line {line}). A config needs a few levels; "
+                                     "flatten it.")
                 sizes.append(1)
                 anchors.append(event.anchor)
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):

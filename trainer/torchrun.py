@@ -79,7 +79,8 @@ def forward_stops(stops: list[signal.Signals]) -> threading.Thread:
             got = signal.Signals(signal.sigwait(taken))
             sig = stops[0] if got == signal.SIGTERM and got not in stops else got
             ranks = child_pids(os.getpid())
-            say(log, 0, "%s reached the launcher: sending %s to %d rank(s), which stop at the next agreed step", got.name, sig.name, len(ranks))
+            say(log, 0, "%s reached the launcher: sending %s to %d rank(s), which stop at the next agreed step", got.name, sig.name,
+                len(ranks))
             for pid in ranks:
                 try:
                     os.kill(pid, sig)

@@ -64,7 +64,8 @@ class Trainer:
             self._run_batch(source, targets)
 
     def train(self, max_epochs):
-        self.session = legato.Session(self.out_dir, model=self.model, optimizer=self.optimizer, loader=self.train_data, total_epochs=max_epochs)
+        self.session = legato.Session(self.out_dir, model=self.model, optimizer=self.optimizer, loader=self.train_data,
+                                      total_epochs=max_epochs)
         for epoch in self.session.epochs():
             self._run_epoch(epoch)
 

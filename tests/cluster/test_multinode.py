@@ -52,7 +52,11 @@ def cluster() -> None:
         problem = "no apt-get to install SLURM"
     elif not shutil.which("ip") or not shutil.which("nsenter"):
         problem = "no iproute2/util-linux for network namespaces"
-    already_up = problem is None and legato("devcluster", "status", "--nodes").returncode == 0 and f"legato-n{NODES} " in legato("devcluster", "status", "--nodes").stdout
+    already_up = (
+        problem is None
+        and legato("devcluster", "status", "--nodes").returncode == 0
+        and f"legato-n{NODES} " in legato("devcluster", "status", "--nodes").stdout
+    )
     if problem is None and not already_up:
         proc = legato("devcluster", "up", "--nodes", str(NODES), timeout=900)
         if proc.returncode != 0:

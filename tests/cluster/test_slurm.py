@@ -67,7 +67,8 @@ def start(run_dir: Path, *sets: str) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "legato.orchestrator.cli", "run", str(SLURM_GPT), "--set", f"run.dir={run_dir}"]
     for item in sets:
         cmd += ["--set", item]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
@@ -144,7 +145,13 @@ def test_requeue_budget_ends_a_job_that_keeps_stopping(cluster, tmp_path: Path) 
     stop requeues the job through SLURM, the second ends the run with the reason. The time-limit path to the same
     budget rule is test_time_limit_requeues_one_job_until_done's; stops by signal keep this one short."""
     run_dir = tmp_path / "run"
-    sets = ("slurm.max_requeues=1", "train.steps=400", "checkpoint.agree_every_steps=1", "chaos.signal_rank=1", "chaos.signal_at_steps=[5, 10]")
+    sets = (
+        "slurm.max_requeues=1",
+        "train.steps=400",
+        "checkpoint.agree_every_steps=1",
+        "chaos.signal_rank=1",
+        "chaos.signal_at_steps=[5, 10]",
+    )
     proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", *(a for item in sets for a in ("--set", item)), timeout=600)
     assert proc.returncode == 1, proc.stdout[-3000:]
     data = status(run_dir)
@@ -161,7 +168,8 @@ def test_job_state_without_accounting_falls_back_and_never_stays_unknown(cluster
     assert legato("devcluster", "up", "--no-accounting", timeout=300).returncode == 0
     try:
         assert subprocess.run(["sacct", "-n"], capture_output=True).returncode != 0, "accounting should be off"
-        job_id = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 4"], capture_output=True, text=True, check=True).stdout.strip()
+        job_id = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 4"], capture_output=True, text=True,
+                                check=True).stdout.strip()
         handle = JobHandle(backend_for("slurm"), job_id)
         assert handle.state().active
         wait_for(lambda: not handle.state().active, timeout=60, what="the job to end")

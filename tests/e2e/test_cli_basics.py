@@ -37,7 +37,8 @@ def test_version_falls_back_to_pyproject(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_version_does_not_import_torch() -> None:
-    code = "from legato.orchestrator.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n    pass\nimport sys\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
+    code = ("from legato.orchestrator.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n    pass\nimport sys\n"
+            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip().splitlines() == [f"legato {importlib.metadata.version('legato')}", "NO-TORCH"], proc.stdout + proc.stderr
 
@@ -108,7 +109,9 @@ def test_argument_errors_name_the_flag_but_never_the_value(capsys: pytest.Captur
         assert flag in err, err
 
 
-@pytest.mark.parametrize("item", [f"train..steps={SECRET}", f"nosuch.key={SECRET}", f"train.steps.deeper={SECRET}", f"train.options=[{SECRET}"])
+@pytest.mark.parametrize(
+    "item", [f"train..steps={SECRET}", f"nosuch.key={SECRET}", f"train.steps.deeper={SECRET}", f"train.options=[{SECRET}"]
+)
 def test_set_errors_name_the_key_but_never_the_value(capsys: pytest.CaptureFixture[str], tmp_path: Path, item: str) -> None:
     code = main(["run", str(TINY_GPT), "--set", f"run.dir={tmp_path / 'run'}", "--set", item])
     out, err = capsys.readouterr()

@@ -101,7 +101,11 @@ def test_fast_mode_non_determinism_is_told_apart_from_a_resume_fault(tmp_path: P
 
 
 def test_environment_capture_on_a_gpu_machine_names_the_gpu_and_redacts_secrets(tmp_path: Path) -> None:
-    secrets = {"WANDB_API_KEY": "wandb-secret-0123456789abcdef", "HF_TOKEN": "hf_secretTOKENvalue0123456789", "MY_PASSWORD": "hunter2-long-secret"}
+    secrets = {
+        "WANDB_API_KEY": "wandb-secret-0123456789abcdef",
+        "HF_TOKEN": "hf_secretTOKENvalue0123456789",
+        "MY_PASSWORD": "hunter2-long-secret",
+    }
     out = tmp_path / "capture"
     proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "repro", "capture", str(out)], cwd=ROOT, capture_output=True,
                           text=True, timeout=300, env=dict(os.environ, **secrets))

@@ -77,7 +77,9 @@ def test_flipped_byte_falls_back_to_the_previous_checkpoint(reference: Path, tmp
 @pytest.mark.slow
 @pytest.mark.parametrize("point", ["after_shards", "after_manifest", "before_publish"])
 def test_sigkill_inside_a_checkpoint_write_leaves_the_previous_one(reference: Path, tmp_path: Path, point: str) -> None:
-    killed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, "checkpoint.every_steps=4", "chaos.kill_in_checkpoint=12", f"chaos.kill_point={point}")
+    killed = run_trainer(
+        TINY_GPT, tmp_path, *FAST_GPT, "checkpoint.every_steps=4", "chaos.kill_in_checkpoint=12", f"chaos.kill_point={point}"
+    )
     assert killed.returncode not in (0, 75)
     assert not (tmp_path / "checkpoints" / "step_12").exists()
     attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, "checkpoint.every_steps=4")

@@ -20,7 +20,9 @@ from legato.store import checkpoint as ckpt
 from legato.store import manifest as manifests
 
 STRACE = shutil.which("strace")
-TRACED = "trace=open,openat,openat2,creat,mkdir,mkdirat,rename,renameat,renameat2,unlink,unlinkat,rmdir,link,linkat,symlink,symlinkat,truncate"
+TRACED = (
+    "trace=open,openat,openat2,creat,mkdir,mkdirat,rename,renameat,renameat2,unlink,unlinkat,rmdir,link,linkat,symlink,symlinkat,truncate"
+)
 
 
 def tree_digest(root: Path) -> dict[str, str]:

@@ -14,9 +14,15 @@ from helpers.cli import assert_usage_error, legato
 @pytest.mark.parametrize(
     "sets, needles",
     [
-        (["slurm.time_min=1", "slurm.signal_lead_s=30"], ("slurm.time_min is 1", "slurm.signal_lead_s is 30", "leaves 0s", "Raise slurm.time_min to 2")),
+        (
+            ["slurm.time_min=1", "slurm.signal_lead_s=30"],
+            ("slurm.time_min is 1", "slurm.signal_lead_s is 30", "leaves 0s", "Raise slurm.time_min to 2"),
+        ),
         (["slurm.time_min=2", "slurm.signal_lead_s=90"], ("leaves 0s", "Raise slurm.time_min to 3", "lower slurm.signal_lead_s to 30")),
-        (["slurm.time_min=60", "slurm.signal_lead_s=3520"], ("slurm.signal_lead_s is 3520", "leaves 50s", "Raise slurm.time_min to 61", "lower slurm.signal_lead_s to 3510")),
+        (
+            ["slurm.time_min=60", "slurm.signal_lead_s=3520"],
+            ("slurm.signal_lead_s is 3520", "leaves 50s", "Raise slurm.time_min to 61", "lower slurm.signal_lead_s to 3510"),
+        ),
     ],
 )
 def test_a_stop_signal_that_could_come_during_start_up_is_refused(tmp_path: Path, sets: list[str], needles: tuple[str, ...]) -> None:

@@ -56,7 +56,9 @@ def start_launcher(run_dir: Path) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={run_dir}",
            "--set", "train.steps=1000000", "--set", "train.num_workers=2", "--set", "chaos.signal_at_steps=[]",
            "--set", "checkpoint.every_steps=0"]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONWARNINGS="ignore")
+    )
 
 
 def wait_for_six(launcher: subprocess.Popen, run_dir: Path, seen: set[int]) -> None:
@@ -104,7 +106,8 @@ def test_sigkill_of_the_launcher_or_a_rank_leaves_no_process_behind(tmp_path: Pa
 def run_pids(run_dir: Path) -> set[int]:
     """The local job's controller and its ranks, as the ledger names them."""
     events = ledger(run_dir)
-    return {int(e["job_id"]) for e in events if e["event"] in ("submitted", "resubmitted")} | {e["pid"] for e in events if e["event"] == "rank_started"}
+    return {int(e["job_id"]) for e in events if e["event"] in ("submitted",
+                                                               "resubmitted")} | {e["pid"] for e in events if e["event"] == "rank_started"}
 
 
 def detach(run_dir: Path, *sets: str) -> int:

@@ -49,7 +49,8 @@ def run_port(
     attempt_args: tuple[tuple[str, ...], ...] = ((), (), ()),
     unseeded: tuple[str, ...] = (),
 ) -> None:
-    """`equal_args` for the plain-vs-port runs, `attempt_args` for each of the 3 attempts of the resumed run (its reference takes the first)."""
+    """`equal_args` for the plain-vs-port runs, `attempt_args` for each of the 3 attempts of the resumed run
+    (its reference takes the first)."""
     plain, ported = PORT / f"{name}_plain.py", PORT / f"{name}_legato.py"
     assert changed_lines(plain, ported) <= 10
     if plain_edit is not None:
@@ -71,7 +72,9 @@ def run_port(
     assert [codes(a) for a in attempts] == [[75, 75], [75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
     for later, step in zip(attempts[1:], resumed_at):
         voice = [line for line in later[0].stderr.splitlines() if line.startswith("legato: rank 0: resumed at step")]
-        assert len(voice) == 1 and voice[0].startswith(f"legato: rank 0: resumed at step {step} ") and "verified" in voice[0], later[0].stderr[-3000:]
+        assert len(voice) == 1 and voice[0].startswith(f"legato: rank 0: resumed at step {step} ") and "verified" in voice[0], later[
+            0
+        ].stderr[-3000:]
         assert "legato:" not in later[1].stderr
     assert_same_run(reference, resumed, steps, unseeded)
     for rank in range(2):

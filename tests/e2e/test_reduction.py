@@ -72,7 +72,9 @@ def test_eight_ranks_resume_bitwise_across_two_interruptions(tmp_path: Path) -> 
 
 def test_planted_layout_fault_is_caught_and_named_reduction_order(tmp_path: Path) -> None:
     # Replay off: with it, the resume's own replay already fails on the planted layout; this is verify's diagnosis.
-    code, verdict, out = verify(tmp_path, "--interrupt-at", "2", sets=("local.tasks=4", "chaos.skip_restore=[buckets]", "checkpoint.replay_steps=0", *SMALL))
+    code, verdict, out = verify(
+        tmp_path, "--interrupt-at", "2", sets=("local.tasks=4", "chaos.skip_restore=[buckets]", "checkpoint.replay_steps=0", *SMALL)
+    )
     assert code == 1, out[-3000:]
     assert not verdict["identical"] and verdict["resumes"][0]["match"]
     assert "reduction order" in verdict["cause"] and "chaos: DDP's own layout" in verdict["cause"], verdict["cause"]

@@ -31,7 +31,8 @@ def test_no_secret_reaches_any_file_of_a_real_run(tmp_path: Path) -> None:
     for item in (*FAST_GPT, "chaos.signal_at_steps=[5]"):
         args += ["--set", item]
     env = dict(os.environ, PYTHONWARNINGS="ignore", **SECRETS)
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "train.options.hf_token looks secret" in proc.stderr
     files = _run_dir_files(run_dir)
@@ -61,7 +62,8 @@ def _job(run_dir: Path, env: dict, *sets: str) -> str:
     # Identical settings for every job (the run is continued); the signal after step 3 only fires in the first.
     for item in (*FAST_GPT, "train.steps=100000", "checkpoint.every_steps=0", "chaos.signal_at_steps=[3]", *sets):
         args += ["--set", item]
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert proc.returncode == 0, proc.stderr
     job = [e for e in ledger(run_dir) if e["event"] in ("submitted", "resubmitted")][-1]["job_id"]
     wait_for(lambda: any(e["event"] == "repro_captured" and e["job_id"] == job for e in ledger(run_dir)), what="a capture")

@@ -33,7 +33,11 @@ def tree_digest(root: Path) -> dict[str, str]:
 
 CASES = {
     "invalid_yaml": ("run:\n  name: x\n train: [\n", [], ("not valid YAML", "line 3")),
-    "unknown_key": (GOOD.replace("batch_size:", "batch_sise:"), [], ("train.batch_sise is not a known key", "Did you mean train.batch_size?", "Valid keys")),
+    "unknown_key": (
+        GOOD.replace("batch_size:", "batch_sise:"),
+        [],
+        ("train.batch_sise is not a known key", "Did you mean train.batch_size?", "Valid keys"),
+    ),
     "wrong_type": (GOOD, ["train.steps=many"], ("train.steps must be an integer", "'many'")),
     "missing_entrypoint": (GOOD, ["train.entrypoint=nosuchpkg.train:main"], ("nosuchpkg", "cannot be found", "PYTHONPATH")),
     "entrypoint_without_function": (GOOD, ["train.entrypoint=nosuchpkg"], ('"package.module:function"',)),
@@ -49,8 +53,12 @@ CASES = {
     "heads_do_not_divide_dim": (GOOD, ["train.options.heads=5"], ("does not divide",)),
     "signal_rank_beyond_world": (GOOD, ["chaos.signal_rank=7"], ("chaos.signal_rank is 7",)),
     "astronomic_steps": (GOOD, ["train.steps=" + "9" * 5000], ("5000-digit number",)),
-    "alias_bomb": ("a: &a [x, x, x, x, x, x, x, x, x]\n" + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")),
-                   [], ("billion laughs",)),
+    "alias_bomb": (
+        "a: &a [x, x, x, x, x, x, x, x, x]\n"
+        + "".join(f"{c}: &{c} [{', '.join(['*' + p] * 9)}]\n" for p, c in zip("abcdefgh", "bcdefghi")),
+        [],
+        ("billion laughs",),
+    ),
     "duplicate_section": (GOOD + "train:\n  steps: 5\n", [], ("appears twice",)),
     "empty_file": ("", [], ("is empty",)),
 }

@@ -85,7 +85,11 @@ def test_signal_while_ranks_start_stops_at_the_restored_step_without_a_new_check
 @pytest.mark.slow
 def test_stop_signal_during_startup_under_legato_run_is_a_requeue(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = legato(*run_args(run_dir, "train.steps=6", "train.num_workers=0", "repro.enabled=false", "chaos.signal_rank=1", "chaos.signal_at_steps=[0]"))
+    proc = legato(
+        *run_args(
+            run_dir, "train.steps=6", "train.num_workers=0", "repro.enabled=false", "chaos.signal_rank=1", "chaos.signal_at_steps=[0]"
+        )
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     data = status(run_dir)
     assert data["state"] == "finished" and data["resubmissions"] == 0
@@ -122,9 +126,12 @@ def main(ctx):
 def test_a_dead_rank_after_a_checkpoint_is_resubmitted_and_resumed(tmp_path: Path) -> None:
     (tmp_path / "legato_hang_at_exit.py").write_text(HANG_AT_EXIT)
     run_dir = tmp_path / "run"
-    args = run_args(run_dir, "train.steps=400", "checkpoint.every_steps=25", "repro.enabled=false", "train.entrypoint=legato_hang_at_exit:main")
+    args = run_args(
+        run_dir, "train.steps=400", "checkpoint.every_steps=25", "repro.enabled=false", "train.entrypoint=legato_hang_at_exit:main"
+    )
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(tmp_path))
-    supervisor = subprocess.Popen([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    supervisor = subprocess.Popen([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True)
     try:
         wait_for(lambda: run_dir.joinpath("ledger.jsonl").exists() and any(
             e["event"] == "checkpoint_committed" and e["step"] >= 25 for e in ledger(run_dir)), timeout=300, what="a periodic checkpoint")

@@ -56,7 +56,8 @@ def test_hard_kill_resubmits_and_resumes_from_last_periodic_checkpoint(tmp_path:
     sets = ("train.steps=400", "checkpoint.every_steps=25")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "legato.orchestrator.cli", *run_args(run_dir, *sets)], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "legato.orchestrator.cli", *run_args(run_dir, *sets)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True
     )
     try:
         wait_for(lambda: run_dir.joinpath("ledger.jsonl").exists() and any(

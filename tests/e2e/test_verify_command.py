@@ -22,9 +22,24 @@ PORT = ROOT / "examples" / "port"
 
 
 def verify(tmp_path: Path, script: str, steps: str, *script_args: str) -> tuple[subprocess.CompletedProcess, dict | None]:
-    command = f"{sys.executable} -m legato.torchrun --nproc-per-node 2 --master-port {free_port()} {PORT / script} {{run_dir}} {' '.join(script_args)}"
+    command = (f"{sys.executable} -m legato.torchrun --nproc-per-node 2 --master-port {free_port()} {PORT / script} "
+               f"{{run_dir}} {' '.join(script_args)}")
     out = tmp_path / "verify"
-    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "verify", "--command", command, "--interrupt-at", steps, "--signal-rank", "1", "--out", str(out), "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "legato.orchestrator.cli",
+        "verify",
+        "--command",
+        command,
+        "--interrupt-at",
+        steps,
+        "--signal-rank",
+        "1",
+        "--out",
+        str(out),
+        "--json",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     verdict = out / "verdict.json"
     return proc, json.loads(verdict.read_text()) if verdict.exists() else None
@@ -49,7 +64,8 @@ def test_a_script_with_unseeded_global_rngs_is_caught_and_named(tmp_path: Path) 
 
 
 def test_a_command_without_its_run_dir_is_refused(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "verify", "--command", "python train.py", "--interrupt-at", "3", "--out", str(tmp_path / "v")]
+    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "verify", "--command", "python train.py", "--interrupt-at", "3", "--out",
+           str(tmp_path / "v")]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "does not name {run_dir}" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "v").exists()

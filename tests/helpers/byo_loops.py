@@ -114,7 +114,8 @@ def main() -> int:
     else:
         loader = DataLoader(Stream(80, rank, world), batch_size=4)
         extras = {}
-    session = legato.Session(args.run_dir, model=net, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=30, extras=extras)
+    session = legato.Session(args.run_dir, model=net, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=30,
+                             extras=extras)
     if args.signal_before_loop and rank == world - 1:
         os.kill(os.getpid(), signal.SIGUSR2)
     for x, y in session:

@@ -17,7 +17,8 @@ from conftest import FAST_GPT, ROOT, TINY_GPT
 def legato(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     """Run `legato ARGS...` as a user would, with its output captured."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=timeout, env=env)
 
 
 def run_args(run_dir: Path, *sets: str) -> list[str]:

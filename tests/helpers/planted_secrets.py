@@ -1,7 +1,8 @@
 """The secrets tests plant: over thirty formats of credentials, each with the part that must never be found.
 
-Also the environment the repro tests plant (REPRO_SECRETS). Shared by unit/test_secrets.py (the redactor on each format) and e2e/test_secrets_run.py (a real run with all of
-them planted). The values are random but fixed by the seed, so the two modules plant the same ones.
+Also the environment the repro tests plant (REPRO_SECRETS). Shared by unit/test_secrets.py (the redactor on each format)
+and e2e/test_secrets_run.py (a real run with all of them planted).
+The values are random but fixed by the seed, so the two modules plant the same ones.
 """
 
 from __future__ import annotations
@@ -108,10 +109,22 @@ REPRO_SECRETS = {
     "NOTIFY_HOOK": "xoxb-123456789012-abcdefABCDEF",
     "OPENAI_API_KEY": "sk-proj-" + "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2",
     "SOME_HEADER": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
-    "DEPLOY_PEM": "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu\n-----END RSA PRIVATE KEY-----",
+    "DEPLOY_PEM": "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu\n-----END RSA "
+                  "PRIVATE KEY-----",
     "DATABASE_URL": "postgres://trainer:hunter2hunter2@db.example.org/runs",
     "MY_PASSWORD": "correct-horse-battery-staple",
 }
-REPRO_SECRET_VALUES = ["A1b2C3d4E5f6G7h8I9j0", "QwErTyUiOpAsDfGhJkLzXcVbNm1234", "AKIAIOSFODNN7EXAMPLE", "123456789012-abcdefABCDEF",
-                 "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2", "dozjgNryP4J3jVmNHl0w5N", "MIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu",
-                 "hunter2hunter2", "correct-horse-battery-staple", "cmdline-secret-value-0042", "QQ77config-secret-value", "pw-in-config-url-9"]
+REPRO_SECRET_VALUES = [
+    "A1b2C3d4E5f6G7h8I9j0",
+    "QwErTyUiOpAsDfGhJkLzXcVbNm1234",
+    "AKIAIOSFODNN7EXAMPLE",
+    "123456789012-abcdefABCDEF",
+    "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2",
+    "dozjgNryP4J3jVmNHl0w5N",
+    "MIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu",
+    "hunter2hunter2",
+    "correct-horse-battery-staple",
+    "cmdline-secret-value-0042",
+    "QQ77config-secret-value",
+    "pw-in-config-url-9",
+]

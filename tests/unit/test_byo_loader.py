@@ -139,7 +139,8 @@ def _shuffled_run(run_dir: Path | None, stop_after: int | None = None) -> list[s
     """A loop over DataLoader(shuffle=True) (RandomSampler seeded from the global RNG as each epoch starts) and dropout;
     with `run_dir` None the plain loop, else the Session's. Returns every step's loss bits."""
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(40, 3, generator=torch.Generator().manual_seed(1)), torch.randn(40, 1, generator=torch.Generator().manual_seed(2)))
+    data = TensorDataset(torch.randn(40, 3, generator=torch.Generator().manual_seed(1)),
+                         torch.randn(40, 1, generator=torch.Generator().manual_seed(2)))
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(data, batch_size=4, shuffle=True)

@@ -66,8 +66,11 @@ CASES: dict[str, tuple[str | None, list[str], tuple[str, ...]]] = {
     "signal_segv": (GOOD, ["slurm.signal=SEGV"], ("slurm.signal", "cannot use")),
     "signal_number": (GOOD, ["slurm.signal=9"], ("slurm.signal", "a string")),
     "signal_rank_beyond_world": (GOOD, ["chaos.signal_rank=2"], ("chaos.signal_rank is 2", "2 ranks", "never fire")),
-    "signal_rank_beyond_slurm_world": (None, ["executor=slurm", "slurm.tasks_per_node=4", "chaos.signal_rank=4", "chaos.signal_at_steps=[3]"],
-                                       ("4 ranks",)),
+    "signal_rank_beyond_slurm_world": (
+        None,
+        ["executor=slurm", "slurm.tasks_per_node=4", "chaos.signal_rank=4", "chaos.signal_at_steps=[3]"],
+        ("4 ranks",),
+    ),
     "signal_step_negative": (GOOD, ["chaos.signal_at_steps=[-1]"], ("chaos.signal_at_steps", "from 0")),
     "unknown_rng": (GOOD, ["chaos.consume_rng_after_restore=[cuda]"], ("consume_rng_after_restore", "python, numpy and torch")),
     "entrypoint_with_spaces": (GOOD, ["train.entrypoint=my module:main"], ("package.module:function",)),
@@ -81,15 +84,26 @@ CASES: dict[str, tuple[str | None, list[str], tuple[str, ...]]] = {
     "run_name_newline": (GOOD.replace("name: tiny_gpt", 'name: "a\\nb"'), [], ("run.name",)),
     "run_name_dotdot": (GOOD, ["run.name=.."], ("run.name",)),
     "partition_with_shell": (GOOD, ["slurm.partition=gpu; rm -rf ~"], ("slurm.partition", "letters, digits")),
-    "sbatch_value_newline": (GOOD.replace("executor: local", 'executor: local\nslurm:\n  extra_sbatch: {comment: "a\\n#SBATCH --x"}'), [],
-                             ("slurm.extra_sbatch.comment", "one line")),
+    "sbatch_value_newline": (
+        GOOD.replace("executor: local", 'executor: local\nslurm:\n  extra_sbatch: {comment: "a\\n#SBATCH --x"}'),
+        [],
+        ("slurm.extra_sbatch.comment", "one line"),
+    ),
     "sbatch_option_odd": (GOOD.replace("executor: local", 'executor: local\nslurm:\n  extra_sbatch: {"x y": 1}'), [], ("extra_sbatch",)),
     "list_too_long": (GOOD, ["chaos.signal_at_steps=[" + ", ".join(["1"] * 10_001) + "]"], ("chaos.signal_at_steps", "10000")),
     "duplicate_key": (GOOD.replace("  steps: 60\n", "  steps: 60\n  steps: 70\n"), [], ("appears twice", "steps")),
     "duplicate_section": (GOOD + "train:\n  steps: 5\n", [], ("appears twice", "train")),
-    "alias_bomb_in_options": ("train:\n  options:\n" + "".join("    " + line + "\n" for line in LAUGHS.splitlines()), [], ("billion laughs",)),
+    "alias_bomb_in_options": (
+        "train:\n  options:\n" + "".join("    " + line + "\n" for line in LAUGHS.splitlines()),
+        [],
+        ("billion laughs",),
+    ),
     "alias_bomb_top_level": (LAUGHS, [], ("billion laughs",)),
-    "alias_bomb_in_set": (GOOD, ["train.options={" + LAUGHS.replace("\n", ", ").rstrip(", ").replace(": &", ": &") + "}"], ("billion laughs",)),
+    "alias_bomb_in_set": (
+        GOOD,
+        ["train.options={" + LAUGHS.replace("\n", ", ").rstrip(", ").replace(": &", ": &") + "}"],
+        ("billion laughs",),
+    ),
     "deep_nesting": ("train:\n  options:\n    x: " + "[" * 5000 + "]" * 5000 + "\n", [], ("nests deeper",)),
     "deep_nesting_in_set": (GOOD, ["train.options.x=" + "[" * 5000 + "]" * 5000], ("nests deeper",)),
     "python_tag": ("run: !!python/object/apply:os.system ['touch /tmp/legato-pwned']\n", [], ("not valid YAML",)),
@@ -231,7 +245,8 @@ def test_a_good_entrypoint_and_good_configs_still_load(tmp_path: Path, monkeypat
         assert isinstance(load_config(config), Config)
     # Anchors, aliases and merge keys within the limits stay legal YAML.
     path = tmp_path / "anchored.yaml"
-    path.write_text(f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  warmup_steps: &n 3\ncheckpoint:\n  every_steps: *n\n")
+    path.write_text(f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  warmup_steps: &n 3\ncheckpoint:\n  "
+                    "every_steps: *n\n")
     cfg = load_config(path)
     assert (cfg.train.steps, cfg.train.warmup_steps, cfg.checkpoint.every_steps) == (7, 3, 3)
     assert load_config(None, ["train.lr=1e-3", "slurm.signal=sigusr1", f"run.dir={tmp_path}/r"]).slurm.signal == "USR1"
@@ -253,7 +268,8 @@ def _nested(inner: st.SearchStrategy) -> st.SearchStrategy:
 
 
 DOCS = st.recursive(SCALARS, _nested, max_leaves=30)
-SETS = st.lists(st.builds(lambda k, v: f"{k}={v}", st.lists(st.sampled_from(KEYS), min_size=1, max_size=3).map(".".join), st.text(max_size=30)),
+SETS = st.lists(st.builds(lambda k, v: f"{k}={v}", st.lists(st.sampled_from(KEYS), min_size=1, max_size=3).map(".".join),
+                          st.text(max_size=30)),
                 max_size=3)
 
 

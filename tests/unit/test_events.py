@@ -98,7 +98,9 @@ def test_a_scripts_session_records_rank_0s_resumes_where_verify_reads_them(tmp_p
     assert record["event"] == "resumed" and set(record) - {"event", "time"} == field_names(Kind.RESUMED) - JOB_TAG_FIELDS
     assert record["replay"]["identical"] and record["match"]
     verdict = compare_runs(tmp_path / "reference", run)
-    assert verdict.resumes == [{"step": 5, "match": True, "mismatches": {}, "replay": _resumed_report(0)["replay"], "job_id": None, "restart": None}]
+    assert verdict.resumes == [
+        {"step": 5, "match": True, "mismatches": {}, "replay": _resumed_report(0)["replay"], "job_id": None, "restart": None}
+    ]
 
 
 @pytest.mark.parametrize("kind", sorted(TERMINAL))

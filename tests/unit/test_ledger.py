@@ -47,10 +47,30 @@ def test_summary_marks_unverified_resume_and_resubmission(tmp_path: Path) -> Non
         {"event": "run_started", "time": 1, "total_steps": 30},
         {"event": "submitted", "time": 1, "job_id": "5"},
         {"event": "attempt_started", "time": 2, "job_id": "5", "restart": 0, "hosts": ["a"], "world_size": 2},
-        {"event": "checkpoint_committed", "time": 3, "job_id": "5", "restart": 0, "step": 10, "seconds": 0.1, "global_hash": "h", "bytes": 1, "reason": "periodic"},
+        {
+            "event": "checkpoint_committed",
+            "time": 3,
+            "job_id": "5",
+            "restart": 0,
+            "step": 10,
+            "seconds": 0.1,
+            "global_hash": "h",
+            "bytes": 1,
+            "reason": "periodic",
+        },
         {"event": "resubmitted", "time": 4, "job_id": "6", "previous_job_id": "5", "reason": "NODE_FAIL"},
         {"event": "attempt_started", "time": 5, "job_id": "6", "restart": 0, "hosts": ["b"], "world_size": 2},
-        {"event": "resumed", "time": 6, "job_id": "6", "restart": 0, "step": 10, "expected_hash": "h", "recomputed_hash": "g", "match": False, "mismatches": {"0": ["rng.numpy"]}},
+        {
+            "event": "resumed",
+            "time": 6,
+            "job_id": "6",
+            "restart": 0,
+            "step": 10,
+            "expected_hash": "h",
+            "recomputed_hash": "g",
+            "match": False,
+            "mismatches": {"0": ["rng.numpy"]},
+        },
     ]
     summary = summarize(tmp_path, events)
     first, second = summary.attempts

@@ -57,7 +57,8 @@ def test_status_compares_every_nodes_environment(tmp_path: Path, node1_first: bo
 
 
 def test_an_attempt_slurm_requeued_by_itself_is_marked_ended(tmp_path: Path) -> None:
-    started = [{"event": "attempt_started", "job_id": "7", "restart": r, "time": float(r), "hosts": ["n1", "n2"], "world_size": 2} for r in (0, 1)]
+    started = [{"event": "attempt_started", "job_id": "7", "restart": r, "time": float(r), "hosts": ["n1", "n2"],
+                "world_size": 2} for r in (0, 1)]
     summary = summarize(tmp_path, [{"event": "run_started", "time": 0.0}, *started])
     assert [a.ended for a in summary.attempts] == ["ended, requeued by SLURM", "running"]
 
@@ -85,7 +86,15 @@ def test_exclusion_joins_the_users_own(tmp_path: Path) -> None:
 def test_resubmission_event_shows_the_excluded_nodes(tmp_path: Path) -> None:
     from legato.orchestrator.display import LiveView, status_table
 
-    event = {"event": "resubmitted", "job_id": "9", "previous_job_id": "8", "reason": "FAILED", "failed_nodes": {"n1": "drained"}, "excluded": ["n1"], "time": 1.0}
+    event = {
+        "event": "resubmitted",
+        "job_id": "9",
+        "previous_job_id": "8",
+        "reason": "FAILED",
+        "failed_nodes": {"n1": "drained"},
+        "excluded": ["n1"],
+        "time": 1.0,
+    }
     line = LiveView().event_line(event)
     assert "node n1 is drained" in line and "excluding n1" in line
     summary = summarize(tmp_path, [{"event": "run_started", "time": 0.0}, event])

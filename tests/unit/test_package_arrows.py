@@ -27,4 +27,5 @@ def test_package_arrows_point_one_way() -> None:
         for path in sorted((ROOT / folder).rglob("*.py")):
             found += [f"{path.relative_to(ROOT)} imports {name}" for name in _imports(path) if name.startswith(banned)]
     assert found == []
-    assert not any(name.startswith(("trainer", "slurm", "orchestrator")) for p in ROOT.glob("*/**/*.py") if ".venv" not in p.parts for name in _imports(p))
+    assert not any(name.startswith(("trainer", "slurm",
+                                    "orchestrator")) for p in ROOT.glob("*/**/*.py") if ".venv" not in p.parts for name in _imports(p))

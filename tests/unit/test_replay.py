@@ -92,7 +92,8 @@ def test_checkpoint_carries_the_replay_base_and_the_records(tmp_path: Path) -> N
     train(tmp_path, signal_at=(STOP,), steps=STEPS)
     step_dir = tmp_path / "checkpoints" / f"step_{STOP}"
     names = {p.name for p in step_dir.iterdir()}
-    assert {"model.pt", "train_state.pt", "rank0.pt", "replay_model.pt", "replay_train_state.pt", "replay_rank0.pt", "manifest.json"} == names
+    assert {"model.pt", "train_state.pt", "rank0.pt", "replay_model.pt", "replay_train_state.pt", "replay_rank0.pt",
+            "manifest.json"} == names
     m = manifest(tmp_path, STOP)
     assert m["replay"]["from_step"] == 4
     base = m["replay"]["ranks"][0]

@@ -56,12 +56,40 @@ def test_environment_by_allowlist_with_stable_keyed_fingerprints(tmp_path: Path)
 
 def test_command_lines_and_configs_keep_what_is_not_secret() -> None:
     r = Redactor()
-    argv = ["legato", "run", "configs/tiny_gpt.yaml", "--set", "run.dir=/tmp/Exp42/RunA7b", "--set", "train.lr=0.003", "--api-token", "abc123",
-            "--password=xyz789", "train.options.hf_token=plain", "--set", "train.entrypoint=my_pkg.train_v2:main"]
-    assert r.argv(argv) == ["legato", "run", "configs/tiny_gpt.yaml", "--set", "run.dir=/tmp/Exp42/RunA7b", "--set", "train.lr=0.003", "--api-token",
-                            "<redacted: follows a secret-looking flag>", "--password=<redacted: the name looks secret>",
-                            "train.options.hf_token=<redacted: the name looks secret>", "--set", "train.entrypoint=my_pkg.train_v2:main"]
-    config = {"run": {"name": "MyExperimentRun2024Final", "dir": "/tmp/Abc123XyZ987QwErTy55Zx"}, "train": {"options": {"layers": 2, "note": "ResNet50ImageNetTrainer"}}}
+    argv = [
+        "legato",
+        "run",
+        "configs/tiny_gpt.yaml",
+        "--set",
+        "run.dir=/tmp/Exp42/RunA7b",
+        "--set",
+        "train.lr=0.003",
+        "--api-token",
+        "abc123",
+        "--password=xyz789",
+        "train.options.hf_token=plain",
+        "--set",
+        "train.entrypoint=my_pkg.train_v2:main",
+    ]
+    assert r.argv(argv) == [
+        "legato",
+        "run",
+        "configs/tiny_gpt.yaml",
+        "--set",
+        "run.dir=/tmp/Exp42/RunA7b",
+        "--set",
+        "train.lr=0.003",
+        "--api-token",
+        "<redacted: follows a secret-looking flag>",
+        "--password=<redacted: the name looks secret>",
+        "train.options.hf_token=<redacted: the name looks secret>",
+        "--set",
+        "train.entrypoint=my_pkg.train_v2:main",
+    ]
+    config = {
+        "run": {"name": "MyExperimentRun2024Final", "dir": "/tmp/Abc123XyZ987QwErTy55Zx"},
+        "train": {"options": {"layers": 2, "note": "ResNet50ImageNetTrainer"}},
+    }
     assert r.tree(config) == config
     ledger_line = json.dumps({"event": "checkpoint_committed", "global_hash": "ab" * 32, "tokens_per_s": 4, "path": "/runs/x/step_3"})
     assert r.text(ledger_line) == ledger_line

@@ -37,7 +37,8 @@ class Ema:
         self.value = state["value"].clone()
 
 
-def run(run_dir: Path, *, stop_after: int | None = None, chaos: legato.Chaos | None = None, policy: legato.CheckpointPolicy | None = None) -> legato.Session:
+def run(run_dir: Path, *, stop_after: int | None = None, chaos: legato.Chaos | None = None,
+        policy: legato.CheckpointPolicy | None = None) -> legato.Session:
     """One 'process' of a training run: fresh objects, reseeded RNGs, one pass over the session."""
     legato.seed_everything(7, rank=0, mode="fast")
     features = torch.randn(96, 6, generator=torch.Generator().manual_seed(0))
@@ -49,7 +50,8 @@ def run(run_dir: Path, *, stop_after: int | None = None, chaos: legato.Chaos | N
     ema = Ema()
     base = chaos or legato.Chaos()
     if stop_after is not None:
-        base = legato.Chaos(signal_at_steps=(stop_after,), skip_restore=base.skip_restore, consume_rng_after_restore=base.consume_rng_after_restore)
+        base = legato.Chaos(signal_at_steps=(stop_after,), skip_restore=base.skip_restore,
+                            consume_rng_after_restore=base.consume_rng_after_restore)
     session = legato.Session(
         run_dir, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=STEPS,
         extras={"ema": ema}, checkpoint=policy or legato.CheckpointPolicy(hash_every_steps=1, replay_steps=0), chaos=base,
@@ -86,15 +88,36 @@ def test_save_restore_verify_continues_bit_for_bit(reference: Path, tmp_path: Pa
     step_dir = tmp_path / "checkpoints" / "step_5"
     assert {"model.pt", "train_state.pt", "rank0.pt", "manifest.json"} <= {p.name for p in step_dir.iterdir()}
     names = set(manifest(tmp_path, 5)["ranks"][0]["components"])
-    expected = {"model", "optimizer", "scheduler", "counters", "metrics", "grads", "extra.ema", "data", "rng.python", "rng.numpy", "rng.torch", "rng.gen.loader"}
+    expected = {
+        "model",
+        "optimizer",
+        "scheduler",
+        "counters",
+        "metrics",
+        "grads",
+        "extra.ema",
+        "data",
+        "rng.python",
+        "rng.numpy",
+        "rng.torch",
+        "rng.gen.loader",
+    }
     assert names == expected | ({"rng.cuda"} if torch.cuda.is_available() else set())
     # Replicated state once in rank 0's shared files, per-rank state (and batch-norm buffers) in rank0.pt.
     shared = torch.load(step_dir / "train_state.pt", weights_only=True)
     own = torch.load(step_dir / "rank0.pt", weights_only=True)
     assert set(shared) == {"optimizer", "scheduler", "counters"}
-    assert set(own) == {"metrics", "grads", "extra.ema", "data", "rng.python", "rng.numpy", "rng.torch", "rng.gen.loader", "model_buffers"} | (
-        {"rng.cuda"} if torch.cuda.is_available() else set()
-    )
+    assert set(own) == {
+        "metrics",
+        "grads",
+        "extra.ema",
+        "data",
+        "rng.python",
+        "rng.numpy",
+        "rng.torch",
+        "rng.gen.loader",
+        "model_buffers",
+    } | ({"rng.cuda"} if torch.cuda.is_available() else set())
     assert set(own["model_buffers"]) == {"1.running_mean", "1.running_var", "1.num_batches_tracked"}
 
     second = run(tmp_path)
@@ -118,7 +141,8 @@ def test_a_component_left_unrestored_is_caught_and_named(tmp_path: Path, compone
 
 def test_verify_warn_continues_and_records_the_mismatch(tmp_path: Path) -> None:
     run(tmp_path, stop_after=5)
-    session = run(tmp_path, chaos=legato.Chaos(skip_restore=frozenset({"rng.torch"})), policy=legato.CheckpointPolicy(verify="warn", replay_steps=0))
+    session = run(tmp_path, chaos=legato.Chaos(skip_restore=frozenset({"rng.torch"})),
+                  policy=legato.CheckpointPolicy(verify="warn", replay_steps=0))
     assert session.exit_code == EXIT_OK
     assert session.resumed is not None and session.resumed.mismatches == {0: ["rng.torch"]}
 
@@ -126,7 +150,8 @@ def test_verify_warn_continues_and_records_the_mismatch(tmp_path: Path) -> None:
 def test_rng_drawn_after_the_restore_passes_the_digest_check_but_not_the_trajectory(reference: Path, tmp_path: Path) -> None:
     """Without the replay, the digest check proves only the restore: the planted draw after it shows in the first resumed step."""
     run(tmp_path, stop_after=5)
-    session = run(tmp_path, chaos=legato.Chaos(consume_rng_after_restore=("torch",)), policy=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=0))
+    session = run(tmp_path, chaos=legato.Chaos(consume_rng_after_restore=("torch",)),
+                  policy=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=0))
     assert session.resumed is not None and session.resumed.match
     ref, got = trajectory(reference), trajectory(tmp_path)
     assert got[:5] == ref[:5] and got[5]["loss_hex"] != ref[5]["loss_hex"]
@@ -136,4 +161,5 @@ def test_an_extra_without_state_dict_is_refused(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 1)
     loader = legato.resumable_loader(torch.utils.data.TensorDataset(torch.zeros(8, 2)), batch_size=2, seed=0)
     with pytest.raises(legato.UsageError, match="no state_dict"):
-        legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=loader, total_steps=2, extras={"x": 3})
+        legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=loader, total_steps=2,
+                       extras={"x": 3})

@@ -38,7 +38,8 @@ class Feed:
         except StopIteration:
             # An epoch of unknown length ended: the next one starts where the plain loop starts it.
             if self.position.step_in_epoch == 0:
-                raise UsageError(f"The loader yielded no batch in epoch {self.position.epoch}. Pass a loader that yields at least one batch per epoch.") from None
+                raise UsageError(f"The loader yielded no batch in epoch {self.position.epoch}. Pass a loader that yields at least one "
+                                 "batch per epoch.") from None
             if self.epoch_mode:
                 self._batches = None
                 return EPOCH_OVER

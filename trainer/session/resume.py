@@ -51,7 +51,8 @@ class Resumed:
 class Resumer:
     """One rank's side of selecting, restoring and verifying a checkpoint."""
 
-    def __init__(self, root: Path, peers: Peers, components: list[Component], feed: Feed, chaos: Chaos, telemetry: Telemetry, verify: str) -> None:
+    def __init__(self, root: Path, peers: Peers, components: list[Component], feed: Feed, chaos: Chaos, telemetry: Telemetry,
+                 verify: str) -> None:
         self.root, self.peers, self.components, self.feed = root, peers, components, feed
         self.chaos, self.telemetry, self.verify = chaos, telemetry, verify
         self.resumed: Resumed | None = None
@@ -86,7 +87,8 @@ class Resumer:
         reports = self.peers.gather((own_hash, differing))
         return {r: names for r, (_, names) in enumerate(reports) if names}, global_hash([h for h, _ in reports])
 
-    def conclude(self, path: Path, manifest: dict, recomputed: str, mismatches: dict[int, list[str]], verdict: replay.Verdict | None = None) -> None:
+    def conclude(self, path: Path, manifest: dict, recomputed: str, mismatches: dict[int, list[str]],
+                 verdict: replay.Verdict | None = None) -> None:
         """Report the resume; raise (or warn, under checkpoint.verify: warn) when it did not verify."""
         step = self.feed.position.step
         self.resumed = Resumed(step, path, manifest["global_hash"], recomputed, mismatches, verdict)
@@ -102,7 +104,8 @@ class Resumer:
         )
         if self.resumed.match:
             how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step}"
-            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s", self.peers.rank, step, path, recomputed, how)
+            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s", self.peers.rank, step, path,
+                               recomputed, how)
             return
         message = _problems(step, path, manifest, mismatches, verdict)
         if self.verify == "warn":

@@ -163,9 +163,11 @@ class Saver:
             files.update(layout.files(self.components, self.snapshot.parts, rank, prefix=REPLAY_PREFIX))
         seen_all = (seen,) if base is None else (seen, self.snapshot.seen)
         share = ckpt.RankShare(rank, files, components, rank_hash(components), replay=base, seen=seen_all)
-        committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, self._meta(reason), self.policy.keep_last, self.kill)
+        committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, self._meta(reason),
+                                          self.policy.keep_last, self.kill)
         self.last_save_time = time.monotonic()
-        log.info("rank %d: %s checkpoint step %d committed in %.3fs, global hash %s", rank, reason, step, committed.seconds, committed.global_hash)
+        log.info("rank %d: %s checkpoint step %d committed in %.3fs, global hash %s", rank, reason, step, committed.seconds,
+                 committed.global_hash)
         self._committed(committed, reason)
 
     def _stage(self, parts: dict[str, Any]) -> Snapshot:

@@ -84,7 +84,8 @@ class CheckpointPolicy:
     verify: str = "error"  # "error" or "warn" on a resume whose state hash does not match
     hash_every_steps: int = 10
     agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
-    replay_steps: int = 32  # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
+    # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
+    replay_steps: int = 32
     # Periodic checkpoints written in the background (legato.store.async_checkpoint). None: on when the model lives on a
     # GPU, where the device-to-pinned-host copy blocks about 0.01x a synchronous write (docs/gpu.md), off on the CPU,
     # where the two measured a tie end to end (docs/benchmarks.md) and the copy would only cost host memory.
@@ -99,7 +100,8 @@ class StopPolicy:
 
 
 def resumable_loader(
-    dataset: Any, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, shuffle: bool = True, **kwargs: Any
+    dataset: Any, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, shuffle: bool = True,
+    **kwargs: Any
 ) -> DataLoader:
     """A DataLoader whose position the Session can save and restore exactly."""
     sampler = ResumableDistributedSampler(len(dataset), rank, world_size, seed, shuffle=shuffle)
@@ -149,7 +151,9 @@ class Session:
         # Without chaos from the caller, stops may be planted through the environment (tests, `legato verify --command`).
         self.chaos = chaos if chaos is not None else Chaos.from_env()
         # Stops planted from the environment land right after their step: the ranks agree at every step then.
-        agree_every = 1 if chaos is None and self.chaos.signal_at_steps and not checkpoint.agree_every_steps else checkpoint.agree_every_steps
+        agree_every = (
+            1 if chaos is None and self.chaos.signal_at_steps and not checkpoint.agree_every_steps else checkpoint.agree_every_steps
+        )
         self.training = training
         # A script's own Session records its resumes in the run's ledger; under `legato run` the job side does.
         self.on_event = on_event or LedgerRecorder(self.run_dir)
@@ -166,11 +170,13 @@ class Session:
         self._telemetry = Telemetry(self.rank, self.total_steps, self.on_event)
         self._agreement = StopAgreement(self.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
-        self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry, checkpoint.verify)
+        self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
+                                checkpoint.verify)
         self._replayer = Replayer(self._resumer, self._agreement, self._flag, checkpoint.verify)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
         self._saving = Saver(
-            self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry, {"training": training}, self.chaos.kill, background
+            self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry, {"training": training},
+            self.chaos.kill, background
         )
         self._loss: float | None = None
         self._lr: float | None = None
@@ -258,9 +264,11 @@ class Session:
     def batches(self, loader: Any = None) -> Iterator[Any]:
         """This epoch's batches from the session's loader, from where the run stands (inside `epochs()`)."""
         if not self._feed.epoch_mode:
-            raise UsageError("session.batches() runs inside `for epoch in session.epochs():`. Iterate the session itself for a loop without epochs.")
+            raise UsageError("session.batches() runs inside `for epoch in session.epochs():`. Iterate the session itself for a loop "
+                             "without epochs.")
         if loader is not None and loader is not self.loader:
-            raise UsageError("session.batches(loader) was given another loader than the Session's. Pass the Session the loader you iterate.")
+            raise UsageError("session.batches(loader) was given another loader than the Session's. Pass the Session the loader you "
+                             "iterate.")
         if self.source is None:
             raise UsageError("session.batches() needs a loader: pass loader= to the Session, or iterate the session itself.")
         yield from self._steps()
@@ -315,14 +323,16 @@ class Session:
         else:
             self._resumer.restore(*found)
         # Before the first forward pass; chaos "buckets" leaves DDP's own layout on resume (fault injection).
-        pinning = pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets") else Pinning(False, "chaos: DDP's own layout")
+        pinning = (pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets")
+                   else Pinning(False, "chaos: DDP's own layout"))
         self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=pinning.pinned, reason=pinning.reason)
         self._telemetry.open_trajectory(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
         self._saving.take_snapshot()
         if agree_at_start(self._flag, self.group):
             # A stop signal during start-up: stop before the first step; the newest checkpoint already holds this state.
             # Name the checkpoint's step, not a replay base's: it is where the next attempt starts.
-            self._telemetry.say("rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank, resume_step)
+            self._telemetry.say("rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank,
+                                resume_step)
             self._telemetry.stop_agreed(resume_step, self._flag.received_at, at_start=True)
             self.stopped = True
 
@@ -352,7 +362,8 @@ class Session:
             # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
             Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
             # A ZeroRedundancyOptimizer's state is sharded: each rank saves the shard it owns.
-            Component("optimizer", ShardedOptimizer(self.optimizer)) if is_sharded(self.optimizer) else Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
+            Component("optimizer", ShardedOptimizer(self.optimizer)) if is_sharded(self.optimizer) else
+            Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
         ]
         if self.scheduler is not None:
             rows.append(Component("scheduler", self.scheduler, table.TRAIN_STATE_FILE))

@@ -70,7 +70,8 @@ class Telemetry:
 
     def committed(self, committed: Committed, reason: str) -> None:
         """A published checkpoint."""
-        self.emit(Kind.CHECKPOINT_COMMITTED, reason=reason, step=committed.step, global_hash=committed.global_hash, seconds=committed.seconds, bytes=committed.bytes)
+        self.emit(Kind.CHECKPOINT_COMMITTED, reason=reason, step=committed.step, global_hash=committed.global_hash,
+                  seconds=committed.seconds, bytes=committed.bytes)
 
     def stop_agreed(self, step: int, received_at: float | None, **extra: Any) -> None:
         """The ranks agreed to stop after `step`."""

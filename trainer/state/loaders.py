@@ -164,7 +164,8 @@ class TorchSource(Source):
             self.generators[SAMPLER_GENERATOR] = own
         self.steps_per_epoch = len(loader)
         if self.steps_per_epoch == 0:
-            raise UsageError(f"The DataLoader yields no batch (batch size {loader.batch_size}, {len(self.user_sampler)} samples on this rank). Lower the batch size.")
+            raise UsageError(f"The DataLoader yields no batch (batch size {loader.batch_size}, {len(self.user_sampler)} samples on this "
+                             "rank). Lower the batch size.")
         self._opened: dict[str, torch.Tensor] = {}
         self.seeding: SeedPerSample | None = None
         if worker_rng and loader.num_workers > 0:
@@ -259,7 +260,11 @@ def _iterable(loader: DataLoader) -> Source:
     dataset = loader.dataset
     if _stateful(dataset) and loader.num_workers == 0:
         return StatefulSource(loader, dataset)
-    why = "has no state_dict()/load_state_dict()" if not _stateful(dataset) else f"is read by {loader.num_workers} workers, whose copies hold the position"
+    why = (
+        "has no state_dict()/load_state_dict()"
+        if not _stateful(dataset)
+        else f"is read by {loader.num_workers} workers, whose copies hold the position"
+    )
     raise UsageError(
         f"The DataLoader reads an IterableDataset ({type(dataset).__name__}) that {why}, so legato cannot know which sample "
         "comes next after a resume. Give the dataset state_dict()/load_state_dict() and use num_workers=0, or use "

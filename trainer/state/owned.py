@@ -49,7 +49,8 @@ class NumpyGenerator:
     def load_state_dict(self, state: dict) -> None:
         current = self.generator.bit_generator.state
         if current["bit_generator"] != state["kind"]:
-            raise UsageError(f"A numpy Generator extra was saved as {state['kind']} and is now {current['bit_generator']}. Build it with the same bit generator.")
+            raise UsageError(f"A numpy Generator extra was saved as {state['kind']} and is now {current['bit_generator']}. Build it "
+                             "with the same bit generator.")
         self.generator.bit_generator.state = _unwords(current, state["words"])
 
 

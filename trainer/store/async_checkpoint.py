@@ -83,7 +83,8 @@ class _InFlight:
 class AsyncCheckpointer:
     """One rank's side of the asynchronous checkpoints of a Session."""
 
-    def __init__(self, root: Path, rank: int, world_size: int, group: dist.ProcessGroup | None, keep_last: int, kill: KillPoint | None) -> None:
+    def __init__(self, root: Path, rank: int, world_size: int, group: dist.ProcessGroup | None, keep_last: int,
+                 kill: KillPoint | None) -> None:
         self.root, self.rank, self.world_size, self.group = root, rank, world_size, group
         self.keep_last, self.kill = keep_last, kill
         self.staging = Snapshot()
@@ -195,7 +196,8 @@ class AsyncCheckpointer:
             commit.publish(self.root, tmp, step, self.world_size, reports, ghash, flight.job.meta, self.kill)
             commit.prune(self.root, self.keep_last, keep=step)
         seconds = time.perf_counter() - flight.started
-        log.info("rank %d: asynchronous checkpoint step %d committed %.3fs after its step (%.3fs blocking)", self.rank, step, seconds, flight.job.blocking_s)
+        log.info("rank %d: asynchronous checkpoint step %d committed %.3fs after its step (%.3fs blocking)", self.rank, step, seconds,
+                 flight.job.blocking_s)
         return commit.committed(self.root, step, reports, ghash, seconds)
 
     def _abandon(self, why: str) -> None:

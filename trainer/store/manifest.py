@@ -129,7 +129,8 @@ def _verify_file(path: Path, info: dict) -> None:
     combined = xxhash.xxh3_128()
     with open(path, "rb") as f:
         if os.fstat(f.fileno()).st_size != size:
-            raise ValueError(f"{path.name} does not match the manifest: it has {os.fstat(f.fileno()).st_size} bytes, the manifest says {size} (truncated)")
+            raise ValueError(f"{path.name} does not match the manifest: it has {os.fstat(f.fileno()).st_size} bytes, the manifest says "
+                             f"{size} (truncated)")
         pos = 0
         for offset, length in segments:
             combined.update(region_record("G", offset - pos, _hash_next(f, offset - pos)))

@@ -7,10 +7,31 @@ from __future__ import annotations
 
 import random
 
-_SUBJECTS = ["the cluster", "a job", "every rank", "the scheduler", "our model", "the node", "a checkpoint", "the user", "the optimizer", "each worker"]
+_SUBJECTS = ["the cluster", "a job", "every rank", "the scheduler", "our model", "the node", "a checkpoint", "the user",
+             "the optimizer", "each worker"]
 _VERBS = ["waits for", "writes", "restores", "signals", "trains", "requeues", "verifies", "reads", "hashes", "resumes"]
-_OBJECTS = ["the state", "a barrier", "its shard", "the manifest", "every step", "the loss", "a random seed", "the data", "one epoch", "the gradient"]
-_TAILS = ["before the limit", "after the signal", "bit for bit", "on every rank", "without loss", "in one pass", "at the boundary", "again and again"]
+_OBJECTS = [
+    "the state",
+    "a barrier",
+    "its shard",
+    "the manifest",
+    "every step",
+    "the loss",
+    "a random seed",
+    "the data",
+    "one epoch",
+    "the gradient",
+]
+_TAILS = [
+    "before the limit",
+    "after the signal",
+    "bit for bit",
+    "on every rank",
+    "without loss",
+    "in one pass",
+    "at the boundary",
+    "again and again",
+]
 
 
 def make_corpus(n_sentences: int = 4000, seed: int = 0) -> str:

@@ -88,7 +88,8 @@ def _windows(tokens: int, v: dict) -> int:
 
 def _check_mlp(v: dict, world_size: int) -> None:
     if v["samples"] < world_size:
-        raise UsageError(f"train.options.samples is {v['samples']}, fewer than the {world_size} ranks. Give every rank at least one sample.")
+        raise UsageError(f"train.options.samples is {v['samples']}, fewer than the {world_size} ranks. Give every rank at least one "
+                         "sample.")
     if v["samples"] * v["features"] > MAX_MLP_VALUES:
         raise UsageError(
             f"train.options: {v['samples']} samples of {v['features']} features would hold {v['samples'] * v['features']:,} values "
