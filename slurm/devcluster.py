@@ -87,6 +87,7 @@ def up(settings: Settings, say=print) -> list[Daemon]:
 
 
 def down(say=print) -> None:
+    """Stop the one-node cluster's recorded daemons and forget them (needs root)."""
     _require_root()
     daemons = _load_state()
     if not daemons:

@@ -56,6 +56,8 @@ MAX_NODES = 32
 
 @dataclass(frozen=True)
 class Node:
+    """One node of the multi-node cluster, by index: its hostname, host-side link, address and state folder."""
+
     index: int
 
     @property
@@ -102,6 +104,7 @@ class State:
 
 
 def controller_address() -> str:
+    """The controller's address: the bridge's, the first host of the subnet."""
     return str(SUBNET.network_address + 1)
 
 
@@ -136,6 +139,7 @@ def up(nodes: int, settings: Settings, say=print) -> list[Daemon]:
 
 
 def down(say=print) -> None:
+    """Tear down everything the recorded `up` made (needs root)."""
     _require_root()
     state = load_state()
     if not (state.daemons or state.namespaces or state.bridge):
@@ -154,6 +158,7 @@ def status() -> tuple[list[Daemon], str | None]:
 
 
 def load_state() -> State:
+    """The recorded state of the last `up`, or an empty State when there is none or it cannot be read."""
     try:
         return State(**json.loads((STATE_DIR / "state.json").read_text()))
     except (OSError, json.JSONDecodeError, TypeError):

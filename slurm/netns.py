@@ -59,10 +59,12 @@ def subnet_taken(network: ipaddress.IPv4Network, bridge: str) -> str | None:
 
 
 def link_exists(name: str) -> bool:
+    """Whether the network link `name` exists."""
     return ip("link", "show", "dev", name, check=False)
 
 
 def create_bridge(name: str, address: str, prefix: int) -> None:
+    """Create the bridge `name` with `address`/`prefix` and bring it up."""
     ip("link", "add", name, "type", "bridge")
     ip("addr", "add", f"{address}/{prefix}", "dev", name)
     ip("link", "set", name, "up")
@@ -94,6 +96,7 @@ def remove_node(ns: str, veth: str) -> None:
 
 
 def remove_bridge(name: str) -> None:
+    """Delete the bridge `name` if it exists."""
     if link_exists(name):
         ip("link", "delete", name, "type", "bridge", check=False)
 

@@ -29,6 +29,7 @@ def launcher(signal_names: Iterable[str]) -> str:
 
 
 def main(argv: list[str]) -> None:
+    """Block the signals numbered in argv[0] (comma-separated), then exec the interpreter on the rest of argv."""
     numbers, command = argv[0], argv[1:]
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.Signals(int(n)) for n in numbers.split(",") if n})
     os.execv(sys.executable, [sys.executable, *command])
