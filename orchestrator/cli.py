@@ -74,6 +74,7 @@ EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    """`legato run`: start the config's run, or re-attach to the one in progress, and supervise it until it ends (or `--detach`)."""
     cfg, hidden = redact_config(load_config(args.config, args.overrides))
     for key in hidden:
         print(f"legato: warning: {key} looks secret; it is redacted in everything legato writes, so the job sees a placeholder. Pass "
@@ -104,6 +105,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
+    """`legato watch`: follow a run's progress; take over its supervision when no other supervisor holds it."""
     run_dir = Path(args.run_dir)
     config_path = captured_config(run_dir)
     cfg = load_config(config_path)
@@ -172,6 +174,7 @@ def _detach(run_dir: Path) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """`legato status`: the attempts and state of a run (the newest run when none is named), as a table or `--json`."""
     run_dir = Path(args.run_dir) if args.run_dir else newest_run()
     ledger = Ledger(run_dir)
     if not ledger.exists():
@@ -185,6 +188,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
+    """`legato cancel`: cancel a run's job, keeping its checkpoints so that `legato run` continues from them."""
     run_dir = Path(args.run_dir)
     running, job_id = cancel_run(run_dir)
     if not running:
@@ -195,6 +199,7 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
+    """`legato logs`: print the task logs of one rank for every job of a run (or `--job`)."""
     run_dir = Path(args.run_dir)
     events = Ledger(run_dir).read()
     jobs = [args.job] if args.job else list(dict.fromkeys(e["job_id"] for e in events if e["event"] in JOB_SUBMISSIONS))
@@ -213,6 +218,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
+    """`legato verify`: prove a config (or `--run-command`) resumes bit for bit, or `--compare` two finished runs."""
     if args.compare:
         reference, run = (Path(p) for p in args.compare)
         for path in (reference, run):
@@ -289,6 +295,7 @@ def _report_verdict(verdict: Verdict, as_json: bool, png: Path | None) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
+    """`legato plot`: write a run's loss curve (against `--reference` if given), marking its resumes and replays."""
     run_dir = Path(args.run_dir)
     if not RunPaths(run_dir).trajectories.is_dir():
         raise UsageError(f"{run_dir} has no trajectory/: pass the run directory of a run that trained.")
@@ -307,6 +314,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_repro(args: argparse.Namespace) -> int:
+    """`legato repro capture|show|diff`: capture this machine's environment, show a capture, or diff two captures."""
     if args.repro_command == "capture":
         dest = Path(args.dir)
         if (dest / "manifest.json").exists():
@@ -335,6 +343,7 @@ def cmd_repro(args: argparse.Namespace) -> int:
 
 
 def cmd_devcluster(args: argparse.Namespace) -> int:
+    """`legato devcluster`: bring the local SLURM cluster (one node, or `--nodes N`) up or down, or report its state."""
     say = lambda text: print(f"devcluster: {text}", flush=True)  # noqa: E731
     if args.nodes is not None:
         return _multinode(args, say)
@@ -377,6 +386,7 @@ def _multinode(args: argparse.Namespace, say) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """`legato train`: train the config on this machine without SLURM, relaunching it after each stop (exit 75) as a requeue would."""
     run_dir = load_config(args.config, args.overrides).run_dir
     if args.fresh and final_manifest(run_dir) is not None:
         raise UsageError(f"--fresh: {run_dir} already holds checkpoints. Remove it, or drop --fresh to resume it.")

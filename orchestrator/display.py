@@ -18,6 +18,7 @@ PLAIN_PROGRESS_EVERY_S = 5.0
 
 
 def short(h: str | None) -> str:
+    """The first 12 characters of a hash, or "-" when there is none."""
     return (h or "-")[:12]
 
 
@@ -162,6 +163,7 @@ def _resume_problem(e: dict) -> str:
 
 
 def status_table(summary: RunSummary) -> str:
+    """The run summary as the text table `legato status` prints: one row per attempt, then the run's state."""
     header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "replay", "ckpt s", "environment", "ended")
     rows = [header]
     for a in summary.attempts:

@@ -14,6 +14,7 @@ from legato.store.trajectory import read_trajectory
 
 
 def losses(run_dir: Path, rank: int = 0) -> tuple[list[int], list[float]]:
+    """The steps and losses (from their `float.hex` records) in one rank's trajectory of a run."""
     records = [r for r in read_trajectory(RunPaths(run_dir).trajectory(rank)) if r.get("loss_hex")]
     return [r["step"] for r in records], [float.fromhex(r["loss_hex"]) for r in records]
 

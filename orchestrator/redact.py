@@ -127,15 +127,18 @@ STRUCTURAL_KEYS = {"run.name", "run.dir", "train.entrypoint", "train.task", "exe
 
 
 def marker(why: str) -> str:
+    """The text written in place of a value withheld for the reason `why`."""
     return f"<redacted: {why}>"
 
 
 def fingerprint_line(key: bytes, value: str) -> str:
+    """The text written in place of `value`: its keyed fingerprint (the first 16 hex digits of an HMAC-SHA256)."""
     digest = hmac.new(key, value.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()[:16]
     return f"<not recorded: fingerprint {digest}>"
 
 
 def is_fingerprint(value: str) -> bool:
+    """Whether `value` is a fingerprint written by `fingerprint_line`."""
     return value.startswith("<not recorded: fingerprint ")
 
 
@@ -188,6 +191,8 @@ def looks_random(token: str) -> bool:
 
 @dataclass(frozen=True)
 class Redactor:
+    """Decides what may be recorded: names, values and text with secrets withheld, per the allow and deny lists and a fingerprint key."""
+
     allow: frozenset[str] = field(default_factory=frozenset)
     deny: tuple[str, ...] = ()
     key: bytes = field(default_factory=lambda: os.urandom(32), repr=False)

@@ -27,6 +27,8 @@ SECTIONS = ("env", "packages", "git", "stack", "gpu", "host", "modules", "os_pac
 
 @dataclass
 class SectionDiff:
+    """The differing lines of one section of two captures."""
+
     section: str
     lines: list[str]
 
@@ -52,6 +54,7 @@ def resolve_capture(spec: str, run_dir: str | None) -> Path:
 
 
 def diff_captures(a: Path, b: Path) -> list[SectionDiff]:
+    """The sections in which captures `a` and `b` differ,, in section order."""
     left_manifest, left = read_capture(a)
     right_manifest, right = read_capture(b)
     same_key = left_manifest.get("fingerprint_key") == right_manifest.get("fingerprint_key")

@@ -83,6 +83,7 @@ def capture_config(cfg: Config) -> Path:
 
 
 def captured_config(run_dir: Path) -> Path:
+    """The config captured in `run_dir` by `legato run`; a UsageError when the directory is not a legato run."""
     path = RunPaths(run_dir).config
     if not path.is_file():
         raise UsageError(f"{run_dir} is not a legato run directory (it has no {path.name}). Pass the run.dir of a run started with "

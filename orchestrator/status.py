@@ -19,6 +19,8 @@ SUBMITTED = Kind.SUBMITTED.value  # the run's state from `legato run` until its 
 
 @dataclass
 class Attempt:
+    """One attempt of a run (one restart of one job) as its ledger events tell it."""
+
     number: int
     job_id: str
     restart: int
@@ -60,6 +62,8 @@ class Attempt:
 
 @dataclass
 class RunSummary:
+    """What `legato status` reports of a run: its state, progress, and every attempt."""
+
     run_dir: str
     state: str
     finished: bool
@@ -93,11 +97,13 @@ def current_session(events: list[dict]) -> list[dict]:
 
 
 def current_job(events: list[dict]) -> str | None:
+    """The job id of the run's newest submission, or None when nothing was submitted."""
     jobs = [e["job_id"] for e in events if e["event"] in JOB_SUBMISSIONS]
     return jobs[-1] if jobs else None
 
 
 def read_progress(run_dir: Path) -> dict | None:
+    """The run's live progress file, or None when it is missing or unreadable."""
     try:
         return json.loads(RunPaths(run_dir).progress.read_text())
     except (OSError, json.JSONDecodeError):
@@ -105,6 +111,7 @@ def read_progress(run_dir: Path) -> dict | None:
 
 
 def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -> RunSummary:
+    """Fold a run's ledger events (and its live progress) into a RunSummary."""
     attempts: dict[tuple[str, int], Attempt] = {}
     state, failure, final_hash, total = SUBMITTED, None, None, None
     requeues = resubmissions = 0

@@ -34,6 +34,8 @@ RNG_WORDS = {"rng.python": "python's", "rng.numpy": "numpy's", "rng.torch": "tor
 
 @dataclass
 class Divergence:
+    """The first step at which the interrupted run differs from the reference: its rank, components and losses."""
+
     step: int
     rank: int
     components: list[str]
@@ -44,6 +46,8 @@ class Divergence:
 
 @dataclass
 class Verdict:
+    """The outcome of comparing an interrupted run with the reference: identical, or where and likely why not."""
+
     identical: bool
     steps: int
     world_size: int
@@ -68,6 +72,7 @@ class Verdict:
 
 
 def interruption_steps(total: int, at: list[int] | None, count: int | None, seed: int) -> list[int]:
+    """The steps after which to interrupt: the `at` steps, else `count` (default 1) steps drawn with `seed`, within 1..total-1."""
     if at:
         bad = [s for s in at if not 1 <= s < total]
         if bad:
@@ -95,6 +100,7 @@ def plan_runs(cfg: Config, out: Path, steps: list[int]) -> tuple[Config, Config]
 
 
 def compare_runs(reference: Path, run: Path) -> Verdict:
+    """Compare two finished run directories (trajectories, checkpoint manifests, ledgers) and return the Verdict."""
     ref_ranks, run_ranks = _ranks(reference), _ranks(run)
     ref_final, run_final = _final(reference), _final(run)
     resumes = [

@@ -40,6 +40,7 @@ def split_command(text: str) -> list[str]:
 
 
 def launch(argv: list[str], run_dir: Path, log: Path, env: dict[str, str], timeout_s: float) -> int:
+    """Run `argv` once with the run directory in place of its placeholder, its output to `log`; the exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         proc = subprocess.run([a.replace(PLACEHOLDER, str(run_dir)) for a in argv], env=env, stdout=out, stderr=subprocess.STDOUT,
