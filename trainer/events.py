@@ -108,6 +108,8 @@ JOB_TAG_FIELDS = frozenset(_Attempt.__annotations__)
 
 
 class RunStarted(TypedDict):
+    """The fields of a `RUN_STARTED` record: the run as `legato run` started it."""
+
     command: list[str]
     executor: str
     world_size: int
@@ -117,12 +119,16 @@ class RunStarted(TypedDict):
 
 
 class Submitted(TypedDict):
+    """The fields of a `SUBMITTED` record: the session's first job."""
+
     job_id: str
     executor: str
     config_digest: str
 
 
 class Resubmitted(TypedDict):
+    """The fields of a `RESUBMITTED` record: the new job, the one it replaces, and why."""
+
     job_id: str
     previous_job_id: str
     reason: str | None
@@ -132,36 +138,50 @@ class Resubmitted(TypedDict):
 
 
 class JobState(TypedDict):
+    """The fields of a `JOB_STATE` record: the scheduler's new state of the current job."""
+
     job_id: str
     state: str
 
 
 class CancelRequested(TypedDict):
+    """The fields of a `CANCEL_REQUESTED` record: the job `legato cancel` asks to cancel."""
+
     job_id: str
 
 
 class Cancelled(TypedDict):
+    """The fields of a `CANCELLED` record: the cancelled job and why."""
+
     job_id: str
     reason: str
 
 
 class PreemptSent(TypedDict):
+    """The fields of a `PREEMPT_SENT` record: the attempt the supervisor sent the stop signal, and which signal."""
+
     job_id: str
     restart: int
     signal: str
 
 
 class LeftoverCancel(TypedDict):
+    """The fields of a `LEFTOVER_CANCEL` record: the job still running after the run ended."""
+
     job_id: str
 
 
 class LostRankCancel(TypedDict):
+    """The fields of a `LOST_RANK_CANCEL` record: the attempt cancelled after a lost rank's grace period."""
+
     job_id: str
     restart: int
     grace_s: float
 
 
 class AttemptStarted(_Attempt):
+    """The fields of an `ATTEMPT_STARTED` record: where and how wide the attempt runs."""
+
     executor: str
     hosts: list[str]
     world_size: int
@@ -169,12 +189,16 @@ class AttemptStarted(_Attempt):
 
 
 class RankStarted(_Attempt):
+    """The fields of a `RANK_STARTED` record: one rank's host and process id."""
+
     rank: int
     host: str
     pid: int
 
 
 class ReproCaptured(_Attempt):
+    """The fields of a `REPRO_CAPTURED` record: one node's environment capture, where it is and what failed."""
+
     node: int
     path: str
     seconds: float
@@ -183,11 +207,15 @@ class ReproCaptured(_Attempt):
 
 
 class ReproFailed(_Attempt):
+    """The fields of a `REPRO_FAILED` record: the node whose capture failed, and why."""
+
     node: int
     reason: str
 
 
 class StopSignal(_Attempt):
+    """The fields of a `STOP_SIGNAL` record: the step the ranks agreed to stop at, and when the signal came."""
+
     rank: int
     step: int
     received_at: float
@@ -195,6 +223,8 @@ class StopSignal(_Attempt):
 
 
 class CheckpointCommitted(_Attempt):
+    """The fields of a `CHECKPOINT_COMMITTED` record: the published checkpoint's step, hash, cost and reason."""
+
     step: int
     global_hash: str
     seconds: float
@@ -203,6 +233,8 @@ class CheckpointCommitted(_Attempt):
 
 
 class Resumed(_Attempt):
+    """The fields of a `RESUMED` record: the restored step, the expected and recomputed hashes, and the replay."""
+
     step: int
     expected_hash: str
     recomputed_hash: str
@@ -212,17 +244,23 @@ class Resumed(_Attempt):
 
 
 class ReplayStopped(_Attempt):
+    """The fields of a `REPLAY_STOPPED` record: the step a replay stopped at and the checkpoint that still stands."""
+
     step: int
     checkpoint_step: int
 
 
 class BucketLayout(_Attempt):
+    """The fields of a `BUCKET_LAYOUT` record: whether DDP's gradient bucket layout is pinned, and why."""
+
     step: int
     pinned: bool
     reason: str
 
 
 class Finished(_Attempt):
+    """The fields of a `FINISHED` record: the last step and the final global hash."""
+
     step: int
     final_global_hash: str | None
 
@@ -235,12 +273,16 @@ class _Ended(TypedDict, total=False):
 
 
 class Failed(_Ended):
+    """The fields of a `FAILED` record: the job, its exit code and why."""
+
     job_id: str
     exit_code: int
     reason: str
 
 
 class RankLost(_Ended):
+    """The fields of a `RANK_LOST` record: the job, its exit code, why, and the checkpoint to resubmit from."""
+
     job_id: str
     exit_code: int
     reason: str
@@ -248,16 +290,22 @@ class RankLost(_Ended):
 
 
 class RequeueFailed(_Ended):
+    """The fields of a `REQUEUE_FAILED` record: the job and why `scontrol requeue` failed."""
+
     job_id: str
     reason: str
 
 
 class Requeued(_Ended):
+    """The fields of a `REQUEUED` record: the job and the requeues left in its budget."""
+
     job_id: str
     budget_left: int
 
 
 class Progress(TypedDict):
+    """The fields of a `PROGRESS` report: the live step, epoch and loss (to progress.json, never the ledger)."""
+
     rank: int
     step: int
     total_steps: int | None
@@ -266,6 +314,8 @@ class Progress(TypedDict):
 
 
 class StopAgreed(TypedDict, total=False):
+    """The fields of a `STOP_AGREED` report: the step the ranks agreed to stop at."""
+
     rank: int
     step: int
     signal_received_at: float | None
@@ -273,6 +323,8 @@ class StopAgreed(TypedDict, total=False):
 
 
 class Error(TypedDict, total=False):
+    """The fields of an `ERROR` report: the failed rank's message and exit code, and whether it lost its peers."""
+
     rank: int
     message: str
     exit_code: int

@@ -13,6 +13,7 @@ from pathlib import Path
 
 
 def write_fsynced(path: Path, data: bytes | memoryview) -> None:
+    """Write `data` to `path` and fsync it before returning."""
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
@@ -20,6 +21,7 @@ def write_fsynced(path: Path, data: bytes | memoryview) -> None:
 
 
 def fsync_dir(path: Path) -> None:
+    """Fsync the directory `path`, so that entries created or renamed in it survive a crash."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

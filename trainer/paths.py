@@ -30,6 +30,8 @@ FINGERPRINT_KEY = "fingerprint.key"
 
 @dataclass(frozen=True)
 class RunPaths:
+    """The paths of one run directory, rooted at `root`: every file and folder of a run, named once."""
+
     root: Path
 
     def __init__(self, root: str | Path) -> None:

@@ -25,6 +25,8 @@ from legato.store import checkpoint as ckpt
 
 @dataclass
 class RunContext:
+    """What one rank's training entrypoint is given: the config, its place in the world, device, seeds and event callback."""
+
     cfg: Config
     rank: int
     world_size: int

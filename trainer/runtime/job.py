@@ -84,6 +84,7 @@ def _check_signature(spec: str, func: Callable) -> None:
 
 
 def setup_logging(rank: int) -> None:
+    """Configure logging to stderr for this rank (level from LEGATO_LOG_LEVEL, default INFO), each line tagged with the rank."""
     logging.basicConfig(
         level=os.environ.get("LEGATO_LOG_LEVEL", "INFO"),
         format=f"%(asctime)s rank{rank} %(levelname)s %(name)s: %(message)s",

@@ -32,12 +32,14 @@ KILL_GRACE_S = 5.0
 
 
 def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (for the ranks' rendezvous)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The local launcher's command line: CONFIG, `--nproc` and `--set KEY=VALUE` overrides."""
     parser = argparse.ArgumentParser(prog="python -m legato", description="Run the legato trainer locally on N processes.")
     parser.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
     parser.add_argument("--nproc", type=int, default=None, help="number of ranks (default: local.tasks from the config)")
@@ -46,6 +48,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m legato`: check the config, then run its ranks locally; the exit code."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     # --nproc N is local.tasks=N: every rank then validates the config against the world size it runs in.
     overrides = [*args.overrides, f"local.tasks={args.nproc}"] if args.nproc is not None else list(args.overrides)
@@ -62,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signal.Signals) -> int:
+    """Start `nproc` rank processes of `config`, forwarding `stop_signal` to them; the job's exit code (a failed rank stops the rest)."""
     port = free_port()
     procs: list[subprocess.Popen] = []
     received: list[int] = []

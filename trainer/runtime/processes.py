@@ -25,6 +25,8 @@ COMMAND_TIMEOUT_S = 20
 
 @dataclass(frozen=True)
 class CommandResult:
+    """How one command ended: whether it succeeded, its output or why it failed, and how long it took."""
+
     ok: bool
     output: str | None  # stdout when the command exited 0
     error: str | None  # why it did not, in a few words
@@ -72,10 +74,12 @@ def alive(pid: int) -> bool:
 
 
 def reap(pid: int) -> None:
+    """Collect the exit status of the child `pid` if it has exited, without waiting."""
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
 
 
 def kill(pid: int, sig: signal.Signals) -> None:
+    """Send `sig` to `pid`; a process already gone is not an error."""
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)

@@ -13,6 +13,7 @@ from legato.runtime.rank_env import RankEnv
 
 
 def main() -> int:
+    """Run this rank from the command line and the environment; the exit code (EXIT_USAGE for a bad config)."""
     die_with_launcher()
     args = parse_args(sys.argv[1:])
     try:

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class RankEnv:
+    """This process's place in the job: its rank and local rank, the world sizes, and the rendezvous address."""
+
     rank: int
     world_size: int
     local_rank: int

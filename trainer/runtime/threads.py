@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class ThreadCount:
+    """A resolved torch thread count and where it came from (for the log)."""
+
     count: int
     source: str
 

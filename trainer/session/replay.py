@@ -75,6 +75,7 @@ class HeldBatches:
 
 
 def step_record(step: int, loss: float | None, batch: str | None, grads: str | None) -> dict:
+    """One step's trajectory record: the loss as `float.hex`, the batch fingerprint, and the gradients' digest when given."""
     record: dict[str, Any] = {"step": step, "loss_hex": None if loss is None else loss.hex(), "batch": batch}
     if grads is not None:
         record["grads"] = grads
@@ -137,6 +138,7 @@ class Verdict:
 
 
 def judge(from_step: int, to_step: int, reports: list[RankReport]) -> Verdict:
+    """Combine every rank's report of a replay from `from_step` to `to_step` into one Verdict (the first divergence, if any)."""
     verdict = Verdict(from_step, to_step - from_step, identical=not any(r.diverged for r in reports))
     verdict.differing_at_end = {str(r.rank): r.differing for r in reports if r.differing}
     if verdict.identical:

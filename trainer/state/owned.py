@@ -28,6 +28,8 @@ from legato.state.snapshot import batch_tensors
 
 
 class TorchGenerator:
+    """A `torch.Generator` as a `Stateful`."""
+
     def __init__(self, generator: torch.Generator) -> None:
         self.generator = generator
 
@@ -39,6 +41,8 @@ class TorchGenerator:
 
 
 class NumpyGenerator:
+    """A `numpy.random.Generator` as a `Stateful`."""
+
     def __init__(self, generator: np.random.Generator) -> None:
         self.generator = generator
 
@@ -84,6 +88,8 @@ def _unwords(template: dict, words: list) -> dict:
 
 
 class PythonRandom:
+    """A `random.Random` as a `Stateful` (its internal state as an int64 tensor)."""
+
     def __init__(self, generator: random.Random) -> None:
         self.generator = generator
 

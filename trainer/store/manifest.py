@@ -43,6 +43,7 @@ def manifest_checksum(manifest: dict) -> str:
 
 
 def checkpoint_step(path: Path) -> int:
+    """The step of a checkpoint directory, from its name."""
     return int(path.name.removeprefix(STEP_PREFIX))
 
 

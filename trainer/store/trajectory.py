@@ -30,6 +30,8 @@ def read_trajectory(path: Path) -> list[dict]:
 
 
 class TrajectoryWriter:
+    """Appends records to one rank's trajectory file, first dropping the records after `resume_step` left by an earlier attempt."""
+
     def __init__(self, path: Path, resume_step: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_trajectory(path) if r["step"] <= resume_step]

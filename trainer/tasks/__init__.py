@@ -16,12 +16,15 @@ if TYPE_CHECKING:  # the option schema (legato.tasks.options) is read by the con
 
 @dataclass
 class Task:
+    """A built-in training task: the model, its dataset, and the loss of the model on a batch."""
+
     model: torch.nn.Module
     dataset: torch.utils.data.Dataset
     loss: Callable[[torch.nn.Module, Any], torch.Tensor]
 
 
 def build_task(name: str, options: dict, seed: int) -> Task:
+    """The built-in task `name` ("tiny_gpt" or "mlp") built from its options; a ValueError for any other name."""
     if name == "tiny_gpt":
         from legato.tasks.tiny_gpt import build
     elif name == "mlp":

@@ -35,6 +35,7 @@ _TAILS = [
 
 
 def make_corpus(n_sentences: int = 4000, seed: int = 0) -> str:
+    """A synthetic English-like text of `n_sentences` random sentences, the same for the same seed."""
     rnd = random.Random(seed)
     lines = []
     for _ in range(n_sentences):

@@ -13,6 +13,7 @@ from legato.tasks import build_task
 
 
 def warmup_cosine(warmup: int, total: int):
+    """The LambdaLR factor of a step: a linear warmup over `warmup` steps, then a cosine decay to 0 at `total`."""
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup
@@ -23,6 +24,7 @@ def warmup_cosine(warmup: int, total: int):
 
 
 def train(ctx: RunContext) -> int:
+    """The built-in training loop for the config's task, under a Session; the Session's exit code."""
     cfg = ctx.cfg.train
     task = build_task(cfg.task, ctx.options, ctx.cfg.determinism.seed)
     model = task.model.to(ctx.device)

@@ -18,6 +18,8 @@ from legato.tasks import Task
 
 
 class Synthetic(torch.utils.data.Dataset):
+    """A fixed random regression set; each sample's jitter is drawn from its own generator (seed, epoch, index)."""
+
     def __init__(self, n: int, features: int, seed: int, jitter: float) -> None:
         gen = torch.Generator().manual_seed(7)
         self.x = torch.randn(n, features, generator=gen)
@@ -39,6 +41,7 @@ class Synthetic(torch.utils.data.Dataset):
 
 
 def build(options: dict, seed: int) -> Task:
+    """The "mlp" task: a small regression MLP with batch norm and dropout on a synthetic set, with mixup on half the steps."""
     features = int(options.get("features", 16))
     hidden = int(options.get("hidden", 64))
     model = nn.Sequential(

@@ -44,6 +44,8 @@ class CharCrops(torch.utils.data.Dataset):
 
 
 class Block(nn.Module):
+    """One pre-norm transformer block: masked self-attention, then an MLP, each added to the residual."""
+
     def __init__(self, dim: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.ln1 = nn.LayerNorm(dim)
@@ -58,6 +60,8 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
+    """A small causal character-level transformer: token and position embeddings, `layers` blocks, a vocabulary head."""
+
     def __init__(self, vocab: int, block: int, dim: int, layers: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
@@ -77,6 +81,7 @@ class TinyGPT(nn.Module):
 
 
 def build(options: dict, seed: int) -> Task:
+    """The "tiny_gpt" task: a TinyGPT on crops of a synthetic character corpus, with noise from every global generator."""
     text = make_corpus(int(options.get("sentences", 4000)), seed=0)
     vocab = sorted(set(text))
     tokens = torch.tensor([vocab.index(c) for c in text], dtype=torch.long)
