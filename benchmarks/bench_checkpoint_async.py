@@ -169,12 +169,12 @@ def step_cost(writer: AsyncCheckpointer, state: dict, step: int, device: torch.d
     return idle, (busy / count if count else idle)
 
 
-def step_cost_busy(writer: AsyncCheckpointer, state: dict, step: int) -> tuple[float, float]:
+def step_cost_busy(writer: AsyncCheckpointer, state: dict, step: int, device: torch.device) -> tuple[float, float]:
     """`step_cost` while another process spins on a core (stopped by its pid afterwards)."""
     spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
     try:
         time.sleep(0.2)
-        return step_cost(writer, state, step)
+        return step_cost(writer, state, step, device)
     finally:
         spinner.kill()
         spinner.wait()
@@ -236,7 +236,7 @@ def bench_size(megabytes: int, directory: Path, rounds: int, device: torch.devic
         results["DCP async_save: blocking"], results["DCP async_save: total"] = blocking, total
         idle, busy = step_cost(writer, state, 1000 + r, device)
         results["step, idle"], results["step, async write in flight"] = idle, busy
-        idle, busy = step_cost_busy(writer, state, 2000 + r)
+        idle, busy = step_cost_busy(writer, state, 2000 + r, device)
         results["step, other core busy, idle"], results["step, other core busy, write in flight"] = idle, busy
         published = sorted((directory / "legato_async").glob("step_*"))[-1]
         results["restore: legato (verify + load + digest)"] = timed(_legato_restore, published)

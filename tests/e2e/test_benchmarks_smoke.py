@@ -1,0 +1,31 @@
+"""Every benchmark runs end to end at its smallest setting, so none rots between the runs that measure.
+
+These are not measurements (nothing here asserts on a time): each benchmark script runs as a user runs it, in a
+process of its own, and must exit 0 and print its table. bench_multinode_requeue needs the multi-node SLURM
+devcluster and is exercised by hand (docs/multinode.md).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+SMOKE = {
+    "bench_core.py": (["--steps", "3", "--rounds", "1", "--mb", "1", "--repeats", "1", "--dir", "{tmp}"], "raw write + fsync"),
+    "bench_checkpoint_async.py": (["--mb", "1", "--rounds", "1", "--dir", "{tmp}"], "async blocking / memory copy"),
+    "bench_reduction.py": (["--world", "2", "--steps", "2", "--rounds", "1", "--hidden", "16"], "pinned (legato)"),
+    "bench_replay.py": (["--steps", "12", "--rounds", "1", "--batch", "4", "--repeats", "1"], "resume to the first new step"),
+}
+
+
+@pytest.mark.parametrize("script", sorted(SMOKE))
+def test_the_benchmark_runs_at_its_smallest_setting(script: str, tmp_path: Path) -> None:
+    args, table_line = SMOKE[script]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *(a.format(tmp=tmp_path) for a in args)]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert table_line in proc.stdout, proc.stdout[-2000:]
