@@ -132,7 +132,8 @@ def events(run_dir: Path, kind: str) -> list[dict]:
 def test_two_nodes_stop_requeue_and_resume_bitwise(cluster, tmp_path: Path, reference: LocalReference) -> None:
     run_dir = tmp_path / "run"
     # The first node's address as an explicit rendezvous (by default it is the first node's name).
-    proc = start(TWO_NODE, run_dir, f"slurm.master_addr={Node(1).address}")
+    # Slower steps (the bits are the same): on an idle machine the last 90 steps ran out before the stop arrived.
+    proc = start(TWO_NODE, run_dir, f"slurm.master_addr={Node(1).address}", "chaos.step_sleep_s=0.05")
     wait_for(lambda: step_reached(run_dir, 70), timeout=240, what="step 70")
     job_id = events(run_dir, "submitted")[0]["job_id"]
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env=slurm_env())  # what the time limit sends, now
