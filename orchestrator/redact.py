@@ -117,8 +117,11 @@ ASSIGNMENT_KEYWORD = re.compile(
     re.I,
 )
 NAME_REST = re.compile(r"[A-Za-z0-9_.-]*")
-ASSIGNED_VALUE = re.compile(r"[\"']?[ \t]{0,8}[:=][ "
-                            r"\t]{0,8}[\"']?(?!<redacted|(?:true|false|null|none|[0-9.]+)\b)(?P<value>[^\s\"',;&}]{4,})", re.I)
+ASSIGNED_VALUE = re.compile(
+    r"[\"']?[ \t]{0,8}[:=][ \t]{0,8}[\"']?"
+    r"(?!<redacted|(?:true|false|null|none|[0-9.]+)\b)(?P<value>[^\s\"',;&}]{4,})",
+    re.I,
+)
 TOKEN = re.compile(r"[A-Za-z0-9+/_-]{20,}={0,2}")
 FLAG_WITH_VALUE = re.compile(r"^(?P<flag>--?[A-Za-z0-9_.-]+)=(?P<value>.*)$", re.S)
 # Config keys whose values name things legato itself uses (paths, modules): never judged by entropy.
@@ -309,8 +312,8 @@ class Redactor:
         judged = self.words(key)
         if judged == key:
             return key
-        clashes = sum(1 for other in mapping if isinstance(other,
-                                                           str) and other != key and self.words(other) == judged and str(other) < key)
+        earlier = [other for other in mapping if isinstance(other, str) and other < key]
+        clashes = sum(1 for other in earlier if self.words(other) == judged)
         return judged if clashes == 0 else f"{judged} #{clashes + 1}"
 
 

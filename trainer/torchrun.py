@@ -44,11 +44,11 @@ import os
 import signal
 import sys
 import threading
-from pathlib import Path
 
 from legato.errors import EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.runtime.launch_env import determinism_environ
 from legato.runtime.lifeline import LAUNCHER_PID
+from legato.runtime.processes import children
 from legato.runtime.signals import parse_signal
 from legato.session.voice import say
 
@@ -78,7 +78,7 @@ def forward_stops(stops: list[signal.Signals]) -> threading.Thread:
         while True:
             got = signal.Signals(signal.sigwait(taken))
             sig = stops[0] if got == signal.SIGTERM and got not in stops else got
-            ranks = child_pids(os.getpid())
+            ranks = children(os.getpid())
             say(log, 0, "%s reached the launcher: sending %s to %d rank(s), which stop at the next agreed step", got.name, sig.name,
                 len(ranks))
             for pid in ranks:
@@ -90,19 +90,6 @@ def forward_stops(stops: list[signal.Signals]) -> threading.Thread:
     thread = threading.Thread(target=loop, name="legato-stop-forwarder", daemon=True)
     thread.start()
     return thread
-
-
-def child_pids(parent: int) -> list[int]:
-    """The live processes whose parent is `parent` (read from /proc; empty where there is none)."""
-    children = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == parent and fields[0] != "Z":
-            children.append(int(stat.parent.name))
-    return children
 
 
 def _static_rendezvous(args: argparse.Namespace) -> bool:

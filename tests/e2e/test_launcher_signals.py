@@ -22,7 +22,7 @@ from conftest import ROOT
 from helpers.port import UNSEEDED, assert_same_run
 
 from legato.runtime.launch import free_port
-from legato.torchrun import child_pids
+from legato.runtime.processes import alive, children
 
 pytestmark = pytest.mark.slow
 
@@ -54,17 +54,9 @@ def _steps_done(out: Path) -> int:
 
 def _tree(pid: int) -> list[int]:
     found = []
-    for child in child_pids(pid):
+    for child in children(pid):
         found += [child, *_tree(child)]
     return found
-
-
-def _alive(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat")
-    try:
-        return stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")
@@ -97,10 +89,10 @@ def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
     launcher = _launch(out, LEGATO_CHAOS_STEP_SLEEP_S="0.3")
     seen: set[int] = {launcher.pid}
     try:
-        _wait_for(lambda: len(child_pids(launcher.pid)) == 2, 120, "torchrun to start both ranks")
+        _wait_for(lambda: len(children(launcher.pid)) == 2, 120, "torchrun to start both ranks")
         if not early:
             _wait_for(lambda: _steps_done(out) >= 3, 180, "three trained steps")
-        ranks = sorted(child_pids(launcher.pid))
+        ranks = sorted(children(launcher.pid))
         seen |= set(_tree(launcher.pid))
         for pid in TARGETS[target](launcher.pid, ranks):
             os.kill(pid, sig)
@@ -108,12 +100,12 @@ def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
         assert launcher.returncode == 75, stderr[-3000:]
         assert "every rank stopped at a committed checkpoint" in stderr
         assert "Traceback" not in stderr
-        assert not [pid for pid in seen if _alive(pid)], "a process of the stopped launch is still alive"
+        assert not [pid for pid in seen if alive(pid)], "a process of the stopped launch is still alive"
         assert (early or _steps_done(out) > 0) and _steps_done(out) < STEPS
     finally:
         launcher.kill()
         for pid in seen:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     done = subprocess.run([*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(),
                           capture_output=True, text=True, timeout=300)
@@ -133,8 +125,8 @@ def test_a_sigkilled_launcher_takes_its_ranks_with_it(tmp_path: Path) -> None:
         assert len(seen) >= 3
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=60)
-        _wait_for(lambda: not [pid for pid in seen if _alive(pid)], 60, "the ranks to die with their launcher")
+        _wait_for(lambda: not [pid for pid in seen if alive(pid)], 60, "the ranks to die with their launcher")
     finally:
         for pid in seen:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)

@@ -17,12 +17,12 @@ import os
 import random
 import signal
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from legato.runtime.processes import parent_of
 from legato.state.determinism import derive_seed
 
 
@@ -63,20 +63,13 @@ class SeedPerSample:
 
 
 def _expected_parent(rank_pid: int) -> int:
-    """The process this worker must die with: the rank itself (fork, spawn), or, for `forkserver`, the fork
-    server the rank started, which exits when the rank does."""
+    """The parent this worker's death signal is armed for: the rank itself (fork, spawn), or, for `forkserver`, the
+    fork server the rank started. That one outlives the rank while any worker holds its pipe, so a forkserver
+    worker also watches the rank itself (`__call__`)."""
     parent = os.getppid()
-    if parent != rank_pid and _parent_of(parent) == rank_pid:
+    if parent != rank_pid and parent_of(parent) == rank_pid:
         return parent
     return rank_pid
-
-
-def _parent_of(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def _reseeding(dataset: Any, seed: int, epoch: int) -> None:
