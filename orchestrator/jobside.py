@@ -40,6 +40,7 @@ from legato.files import write_atomic
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.repro import CaptureRequest, capture
+from legato.orchestrator.status import current_session
 from legato.paths import RunPaths
 from legato.runtime.lifeline import die_with_parent
 from legato.runtime.rank_env import RankEnv
@@ -234,6 +235,10 @@ def _take_signals(cfg: Config) -> None:
 def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: JobEvents, attempts_before: int) -> str:
     """Rank 0: requeue after a stop within budget; otherwise record why the job ends here."""
     tag = {**ident.tag(), "last_step": events.last_step}
+    if _cancel_requested(ledger):
+        # The user's cancel ended this attempt; whoever cancelled records the end. Recording FAILED here raced the
+        # supervisor's `cancelled` and, when it won, named a cancelled run failed.
+        return Kind.CANCELLED
     resumable = _newest_checkpoint_step(cfg) if code != EXIT_STOPPED and events.peer_lost else None
     if resumable is not None:
         # Another rank (its process or its node) died: not this run's fault; the supervisor resubmits within the budget.
@@ -276,12 +281,19 @@ def _await_decision(ledger: Ledger, ident: Identity) -> str:
     """Other ranks: wait for rank 0's requeue decision, so the job never ends before its requeue lands."""
     deadline = time.monotonic() + DECISION_TIMEOUT_S
     while time.monotonic() < deadline:
+        if _cancel_requested(ledger):
+            return Kind.CANCELLED
         for e in reversed(ledger.read()):
             if e["event"] in DECISIONS and e.get("job_id") == ident.job_id and e.get("restart") == ident.restart:
                 return e["event"]
         time.sleep(0.1)
     log.warning("rank %d: no decision from rank 0 within %.0fs; exiting", ident.rank, DECISION_TIMEOUT_S)
     return Kind.REQUEUE_FAILED
+
+
+def _cancel_requested(ledger: Ledger) -> bool:
+    """True when `legato cancel` asked to end the run's current session."""
+    return any(e["event"] == Kind.CANCEL_REQUESTED for e in current_session(ledger.read()))
 
 
 def _exit_code(ident: Identity, decision: str, code: int) -> int:
