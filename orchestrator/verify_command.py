@@ -99,9 +99,6 @@ def _judge_against_again(verdict: Verdict, reference: Path, interrupted: Path, a
         return verdict
     if unseeded:
         # Two plain runs differ in these RNGs alone: compare everything else, each loss bit and every other component.
-        verdict = compare_runs(reference, interrupted, unseeded)
-        if not verdict.identical and verdict.cause is None:
-            verdict.cause = diagnose(verdict, True)
-        return verdict
+        return compare_runs(reference, interrupted, unseeded)
     verdict.cause = diagnose(verdict, True)
     return verdict

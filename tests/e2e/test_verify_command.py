@@ -75,3 +75,21 @@ def test_a_command_without_its_run_dir_is_refused(tmp_path: Path) -> None:
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "does not name {run_dir}" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.slow
+def test_an_unseeded_rng_that_feeds_training_is_still_a_divergence(tmp_path: Path) -> None:
+    """The planted fault for the exemption above: the nanoGPT loop's learning rate jitters by python's unseeded global RNG,
+    so two uninterrupted runs differ in their loss bits, not in RNG states alone; verify must not call that identical."""
+    source = (PORT / "nanogpt_legato.py").read_text()
+    jitter = source.replace("import math\n", "import math\nimport random\n").replace(
+        "    lr = get_lr(iter_num)\n", "    lr = get_lr(iter_num) * (1 + random.random() * 1e-3)\n")
+    assert jitter.count("random.random()") == 1
+    script = tmp_path / "nanogpt_jitter.py"
+    script.write_text(jitter)
+    proc, verdict = verify(tmp_path, str(script), "7", as_json=False)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    assert "legato: DIVERGED at step" in proc.stdout and "bitwise identical" not in proc.stdout, proc.stdout
+    assert "two uninterrupted runs of the same config already differ" in proc.stdout
+    assert 'legato.seed_everything(seed, rank, mode="strict")' in proc.stdout and "determinism.mode" not in proc.stdout
+    assert verdict is not None and not verdict["identical"] and verdict["unseeded"] == []
