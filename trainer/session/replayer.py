@@ -93,8 +93,8 @@ class Replayer:
         if verdict.identical or self.verify != "warn":
             r.conclude(path, manifest, recomputed, unrestored, verdict)
             return Outcome.VERIFIED
-        log.warning("rank %d: %s. Loading checkpoint %s instead, because checkpoint.verify is 'warn'.", r.peers.rank,
-                    replay.describe(verdict), path)
+        log.warning("rank %d: %s. Loading checkpoint %s instead, because checkpoint.verify is 'warn' (CheckpointPolicy(verify=\"warn\")).",
+                    r.peers.rank, replay.describe(verdict), path)
         r.load(path)
         mismatches, recomputed = r.check(manifest["ranks"])
         for rank, names in unrestored.items():

@@ -111,7 +111,7 @@ class Resumer:
             return
         message = _problems(step, path, manifest, mismatches, verdict)
         if self.verify == "warn":
-            log.warning("%s Continuing because checkpoint.verify is 'warn'.", message)
+            log.warning("%s Continuing because checkpoint.verify is 'warn' (CheckpointPolicy(verify=\"warn\")).", message)
             return
         refuse(log, self.peers.rank, "%s Every rank exits %d.", message, ResumeMismatchError.exit_code)
         raise ResumeMismatchError(message)
