@@ -59,6 +59,8 @@ class Verdict:
     cause: str | None = None
     checkpoint_mismatches: list[int] = field(default_factory=list)
     unpinned_layouts: list[dict] = field(default_factory=list)  # attempts that reduced with DDP's own bucket layout
+    # RNG components left out of the comparison: a script's unseeded global RNGs, different in any two of its runs
+    unseeded: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -99,8 +101,13 @@ def plan_runs(cfg: Config, out: Path, steps: list[int]) -> tuple[Config, Config]
     return config_from_dict(reference, "verify"), config_from_dict(interrupted, "verify")
 
 
-def compare_runs(reference: Path, run: Path) -> Verdict:
-    """Compare two finished run directories (trajectories, checkpoint manifests, ledgers) and return the Verdict."""
+def compare_runs(reference: Path, run: Path, unseeded: list[str] | None = None) -> Verdict:
+    """Compare two finished run directories (trajectories, checkpoint manifests, ledgers) and return the Verdict.
+
+    `unseeded` names RNG components to leave out (`unseeded_rngs` found them different between two uninterrupted
+    runs): every other component and every loss bit is still compared, per component instead of by global hash.
+    """
+    ignore = sorted(unseeded or [])
     ref_ranks, run_ranks = _ranks(reference), _ranks(run)
     ref_final, run_final = _final(reference), _final(run)
     resumes = [
@@ -114,7 +121,7 @@ def compare_runs(reference: Path, run: Path) -> Verdict:
         for e in Ledger(path).read()
         if e["event"] == Kind.BUCKET_LAYOUT and not e.get("pinned")
     ]
-    compared, mismatched = _compare_checkpoints(reference, run)
+    compared, mismatched = _compare_checkpoints(reference, run, ignore)
     steps = (ref_final or {}).get("step", 0)
     verdict = Verdict(
         identical=False,
@@ -126,6 +133,7 @@ def compare_runs(reference: Path, run: Path) -> Verdict:
         checkpoints_compared=compared,
         checkpoint_mismatches=mismatched,
         unpinned_layouts=unpinned,
+        unseeded=ignore,
     )
     if len(ref_ranks) != len(run_ranks):
         verdict.cause = (
@@ -133,17 +141,18 @@ def compare_runs(reference: Path, run: Path) -> Verdict:
             "reduction order depend on it, so no bitwise equality is possible; compare runs with the same world size."
         )
         return verdict
-    verdict.divergence = first_divergence(reference, run, len(ref_ranks))
+    verdict.divergence = first_divergence(reference, run, len(ref_ranks), ignore)
     complete = ref_final is not None and run_final is not None and ref_final.get("step") == run_final.get("step")
-    if verdict.divergence is None and complete and verdict.reference_final_hash == verdict.run_final_hash and not mismatched:
+    same_end = complete and _same_state(ref_final, run_final, ignore)  # type: ignore[arg-type]
+    if verdict.divergence is None and same_end and not mismatched:
         verdict.identical = True
         return verdict
     verdict.cause = diagnose(verdict, complete)
     return verdict
 
 
-def first_divergence(a: Path, b: Path, world_size: int) -> Divergence | None:
-    """The earliest step at which any rank's loss bits or state digests differ between two runs."""
+def first_divergence(a: Path, b: Path, world_size: int, ignore: list[str] | None = None) -> Divergence | None:
+    """The earliest step at which any rank's loss bits or state digests (but those of `ignore`) differ between two runs."""
     found: Divergence | None = None
     for rank in range(world_size):
         left = {r["step"]: r for r in read_trajectory(RunPaths(a).trajectory(rank))}
@@ -154,24 +163,54 @@ def first_divergence(a: Path, b: Path, world_size: int) -> Divergence | None:
             x, y = left[step], right[step]
             loss_differs = x.get("loss_hex") != y.get("loss_hex")
             hashes_differ = "state_hash" in x and "state_hash" in y and x["state_hash"] != y["state_hash"]
-            if loss_differs or hashes_differ:
-                cx, cy = x.get("components", {}), y.get("components", {})
-                names = sorted(n for n in set(cx) | set(cy) if cx.get(n) != cy.get(n))
+            cx, cy = x.get("components", {}), y.get("components", {})
+            names = sorted(n for n in set(cx) | set(cy) if cx.get(n) != cy.get(n) and n not in (ignore or ()))
+            if loss_differs or (hashes_differ and (names or not ignore)):
                 found = Divergence(step, rank, names, loss_differs, x.get("loss_hex"), y.get("loss_hex"))
                 break
     return found
 
 
-def nondeterminism(reference: Path, again: Path, world_size: int) -> str | None:
-    """When two uninterrupted runs of the same config differ, say where."""
+def nondeterminism(reference: Path, again: Path, world_size: int, remedy: str = "determinism.mode: strict") -> str | None:
+    """When two uninterrupted runs of the same config (or script) differ, say where; `remedy` names the switch to use."""
     d = first_divergence(reference, again, world_size)
     if d is None:
         return None
     return (
         f"a non-deterministic operation: two uninterrupted runs of the same config already differ at step {d.step} "
         f"(rank {d.rank}: {', '.join(d.components) or 'loss'}). Resuming cannot be exact until the computation is; look for "
-        "unseeded randomness or non-deterministic kernels (determinism.mode: strict)."
+        f"unseeded randomness or non-deterministic kernels ({remedy})."
     )
+
+
+def unseeded_rngs(reference: Path, again: Path, world_size: int) -> list[str] | None:
+    """The RNG components that differ between two uninterrupted runs whose every loss bit and every other component
+    agree: a script's global RNGs that it never seeds (they start from os.urandom in every process) and training never
+    draws from. None when anything else differs (the computation itself is not reproducible)."""
+    differing: set[str] = set()
+    for rank in range(world_size):
+        left = {r["step"]: r for r in read_trajectory(RunPaths(reference).trajectory(rank))}
+        right = {r["step"]: r for r in read_trajectory(RunPaths(again).trajectory(rank))}
+        for step in sorted(set(left) & set(right)):
+            x, y = left[step], right[step]
+            if x.get("loss_hex") != y.get("loss_hex"):
+                return None
+            cx, cy = x.get("components", {}), y.get("components", {})
+            differing |= {n for n in set(cx) | set(cy) if cx.get(n) != cy.get(n)}
+    ends = _final(reference), _final(again)
+    if None not in ends:
+        for a, b in zip(ends[0]["ranks"], ends[1]["ranks"]):  # type: ignore[index]
+            differing |= {n for n in set(a["components"]) | set(b["components"]) if a["components"].get(n) != b["components"].get(n)}
+    if any(not n.startswith("rng.") for n in differing):
+        return None
+    return sorted(differing)
+
+
+def rng_words(names: list[str]) -> str:
+    """RNG components in words: "python's and numpy's RNG states (rng.python, rng.numpy)"."""
+    names = sorted(names, key=lambda n: (list(RNG_WORDS).index(n) if n in RNG_WORDS else len(RNG_WORDS), n))
+    words = [RNG_WORDS.get(n, "CUDA" if n.startswith("rng.cuda") else n) for n in names]
+    return f"{' and '.join(words)} RNG states ({', '.join(names)})"
 
 
 def diagnose(v: Verdict, complete: bool) -> str:
@@ -283,13 +322,23 @@ def _final(run_dir: Path) -> dict | None:
     return None if found is None else found.manifest
 
 
-def _compare_checkpoints(a: Path, b: Path) -> tuple[int, list[int]]:
-    """Every step both runs checkpointed: (how many compared, the steps whose global hashes differ)."""
+def _same_state(a: dict, b: dict, ignore: list[str]) -> bool:
+    """Whether two checkpoint manifests hold the same state: the global hash, or without `ignore` every rank's components."""
+    if not ignore:
+        return a["global_hash"] == b["global_hash"]
+    if len(a["ranks"]) != len(b["ranks"]):
+        return False
+    kept = [[{k: v for k, v in r["components"].items() if k not in ignore} for r in m["ranks"]] for m in (a, b)]
+    return kept[0] == kept[1]
+
+
+def _compare_checkpoints(a: Path, b: Path, ignore: list[str]) -> tuple[int, list[int]]:
+    """Every step both runs checkpointed: (how many compared, the steps whose states differ but for `ignore`)."""
     left = {checkpoint_step(p): p for p in list_checkpoints(RunPaths(a).checkpoints)}
     right = {checkpoint_step(p): p for p in list_checkpoints(RunPaths(b).checkpoints)}
     mismatched = []
     common = sorted(set(left) & set(right))
     for step in common:
-        if read_manifest_file(left[step])["global_hash"] != read_manifest_file(right[step])["global_hash"]:
+        if not _same_state(read_manifest_file(left[step]), read_manifest_file(right[step]), ignore):
             mismatched.append(step)
     return len(common), mismatched

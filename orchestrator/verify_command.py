@@ -9,8 +9,13 @@ legato.torchrun` turns torchrun's stop into 75). The two run directories are
 compared through what the Session wrote (trajectories, checkpoints) by
 `legato.orchestrator.verify.compare_runs`, the resumes and their verdicts
 among them from the interrupted run's ledger (rank 0's Session records them
-there, `legato.recorder`). Each launch's output goes to a log file inside the
-verify directory; nothing is written anywhere else.
+there, `legato.recorder`). When the two differ, a second uninterrupted run
+tells the cases apart: training bitwise identical while the script's unseeded
+global RNGs (python's, numpy's: different in any two of its processes, never
+drawn in training) differ, which is compared without them and named; a
+computation that is not reproducible; or a resume that went wrong. Each
+launch's output goes to a log file inside the verify directory; nothing is
+written anywhere else.
 """
 
 from __future__ import annotations
@@ -21,10 +26,14 @@ import subprocess
 from pathlib import Path
 
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
-from legato.orchestrator.verify import Verdict, compare_runs, diagnose, nondeterminism
+from legato.orchestrator.verify import Verdict, compare_runs, diagnose, nondeterminism, unseeded_rngs
 
 PLACEHOLDER = "{run_dir}"
 CHAOS_VARS = ("LEGATO_CHAOS_SIGNAL_AT", "LEGATO_CHAOS_SIGNAL_RANK")
+# How a script (not a config) makes its computation reproducible.
+SCRIPT_REMEDY = 'legato.seed_everything(seed, rank, mode="strict") before building the model'
+
+
 def split_command(text: str) -> list[str]:
     """The command's argv; a UsageError when it is empty, unparsable, or never names `{run_dir}`."""
     try:
@@ -77,5 +86,19 @@ def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0,
         # uninterrupted run tells that apart from a resume that went wrong.
         again = out / "again"
         launch(argv, again, out / "again.log", clean, timeout_s)
-        verdict.cause = nondeterminism(out / "reference", again, verdict.world_size) or diagnose(verdict, True)
+        verdict = _judge_against_again(verdict, out / "reference", out / "interrupted", again)
     return verdict, ""
+
+
+def _judge_against_again(verdict: Verdict, reference: Path, interrupted: Path, again: Path) -> Verdict:
+    """The verdict once a second uninterrupted run is known: training identical but for the script's unseeded global RNGs,
+    a non-reproducible computation, or a divergence that resuming caused."""
+    unseeded = unseeded_rngs(reference, again, verdict.world_size)
+    if unseeded is None:
+        verdict.cause = nondeterminism(reference, again, verdict.world_size, SCRIPT_REMEDY) or diagnose(verdict, True)
+        return verdict
+    if unseeded:
+        # Two plain runs differ in these RNGs alone: compare everything else, each loss bit and every other component.
+        return compare_runs(reference, interrupted, unseeded)
+    verdict.cause = diagnose(verdict, True)
+    return verdict

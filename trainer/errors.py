@@ -21,7 +21,15 @@ class UsageError(Exception):
     exit_code = EXIT_USAGE
 
 
-class ResumeMismatchError(Exception):
-    """The restored state does not hash to what the checkpoint recorded."""
+class ResumeMismatchError(Exception, SystemExit):
+    """The restored state does not hash to what the checkpoint recorded (or its replay diverged).
+
+    An Exception to catch like any other; left uncaught in a user's script, it ends the process as `sys.exit(3)`
+    does, with no traceback: the Session has said the one paragraph already (legato.session.voice.refuse).
+    """
 
     exit_code = EXIT_RESUME_MISMATCH
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = EXIT_RESUME_MISMATCH  # what the interpreter exits with when nothing catches it

@@ -7,7 +7,8 @@ This runs torchrun itself (same arguments, same agent) and, when a rank
 exited 75 and every other failed rank exited 75 too or was ended by the
 agent's own SIGTERM (the agent ends the others as soon as one exits; a rank
 exits 75 only after the checkpoint is published on every rank), says so in
-one line and exits 75; anything else is torchrun's own outcome.
+one line and exits 75; likewise 3 when the ranks refused a resume that did
+not verify; anything else is torchrun's own outcome.
 
 One launch per attempt: run the same command again after a 75 (a loop in the
 job script, or the scheduler's requeue). `--max-restarts N` instead makes the
@@ -45,7 +46,7 @@ import signal
 import sys
 import threading
 
-from legato.errors import EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from legato.errors import EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.runtime.launch_env import determinism_environ
 from legato.runtime.lifeline import LAUNCHER_PID
 from legato.runtime.processes import children
@@ -58,6 +59,13 @@ log = logging.getLogger(__name__)
 UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # Extra stop signals for the launcher to take and forward, comma-separated names (as a Session's StopPolicy names them).
 STOP_SIGNALS_ENV = "LEGATO_STOP_SIGNALS"
+
+
+# Rank exits that are answers, not failures (the agent SIGTERMs the other ranks as soon as one exits): the launcher's line.
+OUTCOMES = {
+    EXIT_STOPPED: "every rank stopped at a committed checkpoint (exit %d); run the same command again to resume",
+    EXIT_RESUME_MISMATCH: "the resume did not verify, see the paragraph above (exit %d); running again would fail the same way",
+}
 
 
 def stop_signals(environ: dict[str, str] | os._Environ) -> list[signal.Signals]:
@@ -141,10 +149,11 @@ def main(argv: list[str] | None = None) -> int:
         run(args)
     except ChildFailedError as exc:
         codes = {failure.exitcode for failure in exc.failures.values()}
-        if EXIT_STOPPED not in codes or not codes <= {EXIT_STOPPED, -signal.SIGTERM}:
-            raise
-        say(log, 0, "every rank stopped at a committed checkpoint (exit %d); run the same command again to resume", EXIT_STOPPED)
-        return EXIT_STOPPED
+        for code, news in OUTCOMES.items():
+            if code in codes and codes <= {code, -signal.SIGTERM}:
+                say(log, 0, news, code)
+                return code
+        raise
     return EXIT_OK
 
 

@@ -228,3 +228,72 @@ def _wait_finished(job_id: str, timeout: float) -> str:
             return show
         time.sleep(1)
     raise AssertionError(f"job {job_id} did not finish in {timeout} s: {show}")
+
+
+# The scheduler's own time-limit signal, no planted stop. SLURM checks time limits every 30 s, so with --time=2 and
+# --signal=...@60 the signal comes 60 to 90 s into an attempt (the smallest limit that leaves the first attempt time to
+# start and train, and the second time to finish before its own signal). The first attempt's steps are slowed from
+# outside (4 s a step, bits unchanged) so that 25 steps outlast the signal; the requeued attempt runs at full speed.
+SIGNAL_JOB_HEAD = """#!/bin/bash
+#SBATCH --job-name=legato-signal --nodes=1 --ntasks=1 --cpus-per-task=2 --requeue --open-mode=append
+#SBATCH --time=2 --signal={signal}@60 --output={out} --chdir={root}
+export PYTHONWARNINGS=ignore
+attempt=${{SLURM_RESTART_COUNT:-0}}
+if [ "$attempt" = 0 ]; then export LEGATO_CHAOS_STEP_SLEEP_S=4; fi
+launch=({python} -m legato.torchrun --max-restarts 0 --nproc-per-node 2 --master-port {port} {script} {run_dir})
+"""
+# Without B: SLURM signals every process of each srun step (the launcher, the ranks, their workers), never the batch
+# shell: the launcher forwards the stop to the ranks once more, which changes nothing.
+SRUN_STEP = """srun "${launch[@]}"
+rc=$?
+"""
+# With B: SLURM signals the batch shell alone, and bash does not pass a signal on to its children: the job script
+# traps it and forwards it to the launcher, which it runs in the background so that `wait` returns when the trap fires;
+# it then waits again (bash keeps a finished job's status for `wait`) until a wait was not cut short by the trap.
+BATCH_SHELL = """"${launch[@]}" &
+launcher=$!
+trap 'forwarded=1; echo "batch shell: USR2, forwarded to the launcher"; kill -USR2 $launcher' USR2
+while :; do forwarded=0; wait $launcher; rc=$?; [ $forwarded = 1 ] || break; done
+"""
+REQUEUE = """echo "attempt $attempt exited $rc"
+if [ $rc -eq 75 ]; then exec scontrol requeue "$SLURM_JOB_ID"; fi
+exit $rc
+"""
+
+
+@pytest.mark.parametrize(("signal_option", "body"), [("USR2", SRUN_STEP), ("B:USR2", BATCH_SHELL)], ids=["srun-step", "batch-shell"])
+def test_slurms_own_time_limit_signal_stops_a_launcher_job_that_requeues_and_resumes_exactly(
+    cluster, tmp_path: Path, signal_option: str, body: str
+) -> None:
+    """`python -m legato.torchrun` (2 ranks) in a user's sbatch script with the relaunch pattern: SLURM's
+    `--signal=USR2@60` (every process of the srun step) or `--signal=B:USR2@60` (the batch shell, whose trap forwards
+    it) stops the job at an agreed, committed checkpoint; exit 75, `scontrol requeue`, and the requeued job resumes
+    verified and ends bit for bit where an uninterrupted launch ends."""
+    run_dir, out = tmp_path / "run", tmp_path / "slurm.out"
+    values = {"out": out, "root": ROOT, "python": sys.executable, "script": PORT / "nanogpt_legato.py", "run_dir": run_dir}
+    script = tmp_path / "job.sh"
+    head = SIGNAL_JOB_HEAD.format(signal=signal_option, port=free_port(), **{k: shlex.quote(str(v)) for k, v in values.items()})
+    script.write_text(head + body + REQUEUE)
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        reference = tmp_path / "reference"
+        done = subprocess.run([sys.executable, "-m", "legato.torchrun", "--max-restarts", "0", "--nproc-per-node", "2", "--master-port",
+                               str(free_port()), str(PORT / "nanogpt_legato.py"), str(reference)],
+                              capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        assert done.returncode == 0, done.stderr[-3000:]
+        show = _wait_finished(job_id, timeout=420)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    log = out.read_text()
+    assert "JobState=COMPLETED" in show and "Restarts=0" not in show, show + log[-3000:]
+    attempts = [line for line in log.splitlines() if line.startswith("attempt ")]
+    assert attempts[0] == "attempt 0 exited 75" and attempts[-1] == f"attempt {len(attempts) - 1} exited 0", log[-3000:]
+    assert "USR2 reached the launcher" in log and "every rank stopped at a committed checkpoint (exit 75)" in log, log[-3000:]
+    if signal_option.startswith("B:"):
+        assert "batch shell: USR2, forwarded to the launcher" in log, log[-3000:]
+    else:
+        assert "batch shell: USR2" not in log
+    assert "Traceback" not in log, log[-3000:]
+    resumed = [line for line in log.splitlines() if line.startswith("legato: rank 0: resumed at step")]
+    assert resumed and all("verified" in line for line in resumed), log[-3000:]
+    assert_same_run(reference, run_dir, 25, UNSEEDED)

@@ -25,10 +25,17 @@ def test_thread_count_comes_from_config_then_slurm_then_affinity() -> None:
 
 
 def test_compatibility_check_refuses_another_thread_count_in_strict_and_warns_in_fast(caplog: pytest.LogCaptureFixture) -> None:
-    saved = {"world_size": 2, "torch_version": "2.13.0", "threads": 4, "training": None}
+    training = {"determinism": {"mode": "strict"}}  # a run of legato's own, from a config: the fix names its keys
+    saved = {"world_size": 2, "torch_version": "2.13.0", "threads": 4, "training": training}
     with pytest.raises(UsageError, match="written with 4 torch threads per rank, but this run has 2") as info:
-        check_compatible(saved, Path("/r/checkpoints/step_5"), 2, None, "2.13.0", threads=2, strict=True)
-    assert "determinism.mode: fast" in str(info.value)
-    check_compatible(saved, Path("/r/checkpoints/step_5"), 2, None, "2.13.0", threads=2, strict=False)
+        check_compatible(saved, Path("/r/checkpoints/step_5"), 2, training, "2.13.0", threads=2, strict=True)
+    assert "determinism.mode: fast" in str(info.value) and "slurm.cpus_per_task" in str(info.value)
+    check_compatible(saved, Path("/r/checkpoints/step_5"), 2, training, "2.13.0", threads=2, strict=False)
     assert "Continuing because determinism.mode is fast" in caplog.text
-    check_compatible(saved, Path("/r/checkpoints/step_5"), 2, None, "2.13.0", threads=4, strict=True)
+    check_compatible(saved, Path("/r/checkpoints/step_5"), 2, training, "2.13.0", threads=4, strict=True)
+    # A script's own Session (no config, training None): the fix names the API's argument, never a config key.
+    script = {**saved, "training": None}
+    with pytest.raises(UsageError, match="written with 4 torch threads per rank") as info:
+        check_compatible(script, Path("/r/checkpoints/step_5"), 2, None, "2.13.0", threads=2, strict=True)
+    assert 'seed_everything(seed, rank, mode="fast")' in str(info.value) and "determinism.mode" not in str(info.value)
+    assert "slurm." not in str(info.value) and "--cpus-per-task" in str(info.value)

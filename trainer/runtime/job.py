@@ -108,8 +108,7 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
             sys.stderr.write(f"error: {exc}\n")
         report({"event": Kind.ERROR, "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
-    except ResumeMismatchError as exc:
-        log.error("%s", exc)
+    except ResumeMismatchError as exc:  # the resume already logged its paragraph (legato.session.voice.refuse)
         report({"event": Kind.ERROR, "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
     except Exception as exc:

@@ -137,8 +137,9 @@ class Verdict:
         return asdict(self)
 
 
-def judge(from_step: int, to_step: int, reports: list[RankReport]) -> Verdict:
-    """Combine every rank's report of a replay from `from_step` to `to_step` into one Verdict (the first divergence, if any)."""
+def judge(from_step: int, to_step: int, reports: list[RankReport], loader: bool = True) -> Verdict:
+    """Combine every rank's report of a replay from `from_step` to `to_step` into one Verdict (the first divergence, if any);
+    `loader`: whether the Session feeds the loop from a loader (else the loop draws its own batches)."""
     verdict = Verdict(from_step, to_step - from_step, identical=not any(r.diverged for r in reports))
     verdict.differing_at_end = {str(r.rank): r.differing for r in reports if r.differing}
     if verdict.identical:
@@ -150,13 +151,13 @@ def judge(from_step: int, to_step: int, reports: list[RankReport]) -> Verdict:
         "components": first.differing,
         "loss_bits": list(first.loss_bits) if first.loss_bits else None,
         "unrestored": sorted({n for r in reports for n in r.unrestored}),
-        "cause": likely_cause(first, from_step),
+        "cause": likely_cause(first, from_step, loader),
     }
     return verdict
 
 
-def likely_cause(r: RankReport, from_step: int) -> str:
-    """The most likely reason for a rank's divergence, in plain words with the fix."""
+def likely_cause(r: RankReport, from_step: int, loader: bool = True) -> str:
+    """The most likely reason for a rank's divergence, in plain words with the fix, for the loop's kind (`loader`)."""
     if r.unrestored:
         return (
             f"the restore left {', '.join(r.unrestored)} unrestored: the replay base (step {from_step}) does not hash to "
@@ -181,6 +182,16 @@ def likely_cause(r: RankReport, from_step: int) -> str:
             f"a prefetched batch: a batch the session yielded was still alive at the end of step {r.held_at}, so the "
             "loop trains on a batch it keeps between steps, outside the checkpoint; train on the batch the session "
             "yields, or register the held batch with the session as an extra"
+        )
+    if not loader:
+        # A loop that draws its own batches and prefetches one (nanoGPT's get_batch) holds it across the stop; the session
+        # sees no batch, so held_at cannot name it: it is the commonest state a loop without a loader keeps outside.
+        return (
+            f"a batch drawn before the stop and not carried: the loop draws its own batches and holds one from step to step "
+            f"(a prefetch, or the first batch drawn before the loop), so after the restore of step {from_step} it trained on "
+            "another batch than the interrupted attempt; register it with session.carry(): X, Y = session.carry(get_batch()) "
+            "before the loop and at each prefetch. Less likely: a torch.Generator the loop draws from but did not pass to the "
+            "session as an extra"
         )
     return (
         "state outside the checkpoint feeds training: a torch.Generator (or other RNG) that the loop draws from but did "

@@ -87,14 +87,14 @@ class Replayer:
         check.report.differing = sorted(n for n in set(saved) | set(components) if saved.get(n) != components.get(n))
         check.report.held_at = held_at
         reports = r.peers.gather((own_hash, check.report))
-        verdict = replay.judge(check.from_step, check.to_step, [rep for _, rep in reports])
+        verdict = replay.judge(check.from_step, check.to_step, [rep for _, rep in reports], loader=r.feed.source is not None)
         recomputed = global_hash([h for h, _ in reports])
         unrestored = {rep.rank: rep.unrestored for _, rep in reports if rep.unrestored}
         if verdict.identical or self.verify != "warn":
             r.conclude(path, manifest, recomputed, unrestored, verdict)
             return Outcome.VERIFIED
-        log.warning("rank %d: %s. Loading checkpoint %s instead, because checkpoint.verify is 'warn'.", r.peers.rank,
-                    replay.describe(verdict), path)
+        log.warning("rank %d: %s. Loading checkpoint %s instead, because checkpoint.verify is 'warn' (CheckpointPolicy(verify=\"warn\")).",
+                    r.peers.rank, replay.describe(verdict), path)
         r.load(path)
         mismatches, recomputed = r.check(manifest["ranks"])
         for rank, names in unrestored.items():

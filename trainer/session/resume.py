@@ -3,8 +3,9 @@
 Rank 0 picks the newest usable checkpoint (legato.store.manifest.newest_usable)
 and hands it to the others; every rank loads it (RNG last, right before the
 first resumed step), recomputes its digests, and the ranks compare them with
-the manifest. A resume that does not verify raises (or warns, under
-checkpoint.verify: warn). This module must never call back into the Session:
+the manifest. A resume that does not verify says one paragraph and raises
+ResumeMismatchError on every rank (exit 3 where nothing catches it), or
+warns, under checkpoint.verify: warn. This module must never call back into the Session:
 it works on the component table, the position's feed and plain data.
 """
 
@@ -23,6 +24,7 @@ from legato.session import replay
 from legato.session.chaos import Chaos
 from legato.session.feed import Feed
 from legato.session.telemetry import Telemetry
+from legato.session.voice import refuse
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
@@ -109,8 +111,9 @@ class Resumer:
             return
         message = _problems(step, path, manifest, mismatches, verdict)
         if self.verify == "warn":
-            log.warning("%s Continuing because checkpoint.verify is 'warn'.", message)
+            log.warning("%s Continuing because checkpoint.verify is 'warn' (CheckpointPolicy(verify=\"warn\")).", message)
             return
+        refuse(log, self.peers.rank, "%s Every rank exits %d.", message, ResumeMismatchError.exit_code)
         raise ResumeMismatchError(message)
 
 

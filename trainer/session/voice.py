@@ -3,8 +3,9 @@
 A resume and its verification, and a stop, are news a person running a plain
 script has to see. `say` logs them as usual when logging would show them at
 INFO; otherwise, on rank 0 only, it emits them through its own stderr
-handler (`legato: ...`). It must never print for other ranks, and never show
-a line twice.
+handler (`legato: ...`). `refuse` does the same at ERROR for the paragraph
+that ends every rank (a resume that did not verify). It must never print for
+other ranks, and never show a line twice.
 """
 
 from __future__ import annotations
@@ -32,3 +33,12 @@ def say(logger: logging.Logger, rank: int, message: str, *args: object) -> None:
         logger.info(message, *args)
         return
     _voice().info(message, *args)
+
+
+def refuse(logger: logging.Logger, rank: int, message: str, *args: object) -> None:
+    """Log `message` at ERROR where logging is configured; else rank 0 alone says it on stderr (every rank has the same
+    verdict, so one paragraph is enough, and no other rank falls back to logging's bare last-resort output)."""
+    if logger.isEnabledFor(logging.ERROR) and logger.hasHandlers():
+        logger.error(message, *args)
+    elif rank == 0:
+        _voice().error(message, *args)

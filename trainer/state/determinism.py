@@ -50,7 +50,7 @@ def seed_everything(seed: int, rank: int = 0, mode: str = "strict") -> Seeds:
     afterwards).
     """
     if mode not in ("strict", "fast"):
-        raise UsageError(f"determinism mode {mode!r} is not strict or fast.")
+        raise UsageError(f"seed_everything(mode={mode!r}): mode is \"strict\" or \"fast\".")
     hashseed = os.environ.get("PYTHONHASHSEED")
     if mode == "strict":
         _enable_strict(hashseed)
@@ -65,10 +65,11 @@ def seed_everything(seed: int, rank: int = 0, mode: str = "strict") -> Seeds:
 
 def _enable_strict(hashseed: str | None) -> None:
     if hashseed is None or hashseed == "random":
+        # Named as the API's argument: legato's own launchers set PYTHONHASHSEED, so only a script's own call gets here.
         raise UsageError(
-            "Strict determinism needs PYTHONHASHSEED set before Python starts (set order and str hashes depend on it). "
-            "Export PYTHONHASHSEED=0 before launching (python -m legato.torchrun, python -m legato and legato run do this for "
-            "you; plain torchrun and srun do not), or pass seed_everything(..., mode=\"fast\") (determinism.mode: fast in a config)."
+            "seed_everything(mode=\"strict\") needs PYTHONHASHSEED set before Python starts (set order and str hashes depend on it). "
+            "Launch with python -m legato.torchrun, python -m legato or legato run (they set it), or export PYTHONHASHSEED=0 before "
+            "plain torchrun or srun, or call seed_everything(seed, rank, mode=\"fast\")."
         )
     if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
         if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -236,7 +236,7 @@ def check_compatible(
             f"Checkpoint {path} was written with torch {manifest['torch_version']}, this is torch {torch_version}. "
             "RNG state layouts and kernels differ between versions; resume with the torch that wrote it, or start a new run directory."
         )
-    _check_threads(manifest, path, threads, strict)
+    _check_threads(manifest, path, threads, strict, by_config=training is not None)
     saved = manifest.get("training")
     if saved is not None and saved != training:
         keys = [key for key, _, _ in changed_leaves(saved, training)]
@@ -246,15 +246,20 @@ def check_compatible(
         )
 
 
-def _check_threads(manifest: dict, path: Path, threads: int | None, strict: bool) -> None:
+def _check_threads(manifest: dict, path: Path, threads: int | None, strict: bool, by_config: bool) -> None:
+    """Refuse (strict) or warn about another thread count; the fix is worded for a config, or for a script's own Session."""
     saved = manifest.get("threads")
     if saved is None or threads is None or saved == threads:
         return
+    allocation = "slurm.cpus_per_task on SLURM, or as many CPUs per local rank" if by_config else (
+        "#SBATCH --cpus-per-task, or torch.set_num_threads")
     message = (
         f"Checkpoint {path} was written with {saved} torch threads per rank, but this run has {threads}. CPU kernels "
         "split their sums by thread count, so the run would continue on another trajectory. Give the job the "
-        f"allocation it had ({saved} CPUs per task: slurm.cpus_per_task on SLURM, or as many CPUs per local rank)"
+        f"allocation it had ({saved} CPUs per task: {allocation})"
     )
+    mode = "determinism.mode" if by_config else "the determinism mode (seed_everything(mode=...))"
     if strict:
-        raise UsageError(f"{message}, or set determinism.mode: fast to continue with a warning.")
-    log.warning("%s. Continuing because determinism.mode is fast: the resumed run is not bitwise the uninterrupted one.", message)
+        fix = "set determinism.mode: fast" if by_config else "call seed_everything(seed, rank, mode=\"fast\")"
+        raise UsageError(f"{message}, or {fix} to continue with a warning.")
+    log.warning("%s. Continuing because %s is fast: the resumed run is not bitwise the uninterrupted one.", message, mode)

@@ -1,0 +1,65 @@
+"""What a user's own script is told: messages that name the API's arguments, a failed verification that exits 3 without
+a traceback (tests/e2e/test_script_verification.py), the likeliest cause for a loop without a loader, and verify's
+judgement of a script's unseeded RNGs.
+
+The verify checks read trajectories written here by hand (a fake of what two runs wrote, for the logic only); the
+real runs are in tests/e2e/test_verify_command.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from legato.errors import UsageError
+from legato.orchestrator.verify import first_divergence, rng_words, unseeded_rngs
+from legato.session.replay import RankReport, judge
+from legato.state.determinism import seed_everything
+
+
+def test_strict_seeding_without_a_hash_seed_names_the_argument_not_a_config_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    with pytest.raises(UsageError) as info:
+        seed_everything(0, 0, mode="strict")
+    message = str(info.value)
+    assert 'seed_everything(mode="strict") needs PYTHONHASHSEED' in message and 'mode="fast"' in message
+    assert "python -m legato.torchrun" in message and "determinism.mode" not in message
+    with pytest.raises(UsageError, match=r"seed_everything\(mode='loose'\)"):
+        seed_everything(0, 0, mode="loose")
+
+
+def test_a_replay_divergence_in_a_loop_without_a_loader_names_an_uncarried_batch_first() -> None:
+    report = RankReport(rank=1, loss_step=9, loss_bits=("0x1p+0", "0x1.8p+0"))
+    without = judge(8, 14, [RankReport(rank=0), report], loader=False).first_divergence
+    assert without is not None and without["cause"].startswith("a batch drawn before the stop and not carried")
+    assert "session.carry()" in without["cause"]
+    with_loader = judge(8, 14, [RankReport(rank=0), report], loader=True).first_divergence
+    assert with_loader is not None and "torch.Generator" in with_loader["cause"] and "carried" not in with_loader["cause"]
+
+
+def _trajectory(run: Path, rows: list[dict]) -> Path:
+    (run / "trajectory").mkdir(parents=True)
+    (run / "trajectory" / "rank0.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+def _rows(loss2: str = "0x1.8p+0", model: str = "m", python: str = "p") -> list[dict]:
+    components = {"model": model, "rng.python": python, "rng.torch": "t"}
+    return [{"step": 1, "loss_hex": "0x1p+0"}, {"step": 2, "loss_hex": loss2, "state_hash": f"{model}{python}", "components": components}]
+
+
+def test_unseeded_rngs_are_only_rng_components_that_differ_while_everything_else_agrees(tmp_path: Path) -> None:
+    reference = _trajectory(tmp_path / "reference", _rows())
+    assert unseeded_rngs(reference, _trajectory(tmp_path / "same", _rows()), 1) == []
+    again = _trajectory(tmp_path / "again", _rows(python="other"))
+    assert unseeded_rngs(reference, again, 1) == ["rng.python"]
+    # The planted faults: training drew from the unseeded RNG (a loss bit differs), or another component differs.
+    assert unseeded_rngs(reference, _trajectory(tmp_path / "loss", _rows(loss2="0x1.9p+0", python="other")), 1) is None
+    assert unseeded_rngs(reference, _trajectory(tmp_path / "model", _rows(model="n", python="other")), 1) is None
+    # Left out of the comparison, the RNG hides nothing else: a model that differs too is still the divergence.
+    assert first_divergence(reference, again, 1, ["rng.python"]) is None
+    both = first_divergence(reference, _trajectory(tmp_path / "both", _rows(model="n", python="other")), 1, ["rng.python"])
+    assert both is not None and both.step == 2 and both.components == ["model"]
+    assert rng_words(["rng.numpy", "rng.python"]) == "python's and numpy's RNG states (rng.python, rng.numpy)"
