@@ -177,6 +177,8 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.checkpoint_seconds.append(e["seconds"])
     elif kind == Kind.STOP_SIGNAL and attempt.stop_signal_step is None:
         attempt.stop_signal_step = e["step"]
+    elif kind == Kind.ATTEMPT_STOPPED:
+        attempt.ended = "stopped"  # a script's attempt, at a committed checkpoint: its launcher runs it again
     elif kind == Kind.REQUEUE_FAILED:
         attempt.ended = f"not requeued: {e.get('reason')}"
     elif kind in (Kind.REQUEUED, Kind.FINISHED, Kind.FAILED):
