@@ -83,6 +83,9 @@ class Kind(str, enum.Enum):
     __format__ = str.__format__
 
 
+SCRIPT_EXECUTOR = "script"
+"""The `executor` of an `ATTEMPT_STARTED` that a script's own Session recorded (its launcher, not `legato run`, relaunches it)."""
+
 TERMINAL = (Kind.FINISHED, Kind.FAILED, Kind.CANCELLED)
 """The kinds that end a session of the run directory (the run's state is then named after the kind)."""
 

@@ -22,13 +22,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from legato.dist.peers import Peers
-from legato.events import Kind
+from legato.events import SCRIPT_EXECUTOR, Kind
 from legato.ledger_file import read_records, record
 from legato.paths import RunPaths
 
 # The job a script's attempt belongs to in the ledger: SLURM's job id when SLURM launched it, else this.
 SCRIPT_JOB = "script"
-SCRIPT_EXECUTOR = "script"
 
 
 @dataclass(frozen=True)
