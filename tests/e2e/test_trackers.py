@@ -57,19 +57,22 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
-def tb_points(log_dir: Path) -> dict[str, list[tuple[int, float]]]:
-    """Every scalar point TensorBoard shows, per tag, in the order it shows them (after its purges)."""
+def tb_points(log_dir: Path, purged: bool = True) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar point TensorBoard shows, per tag, in the order it shows them (after its purges); with
+    `purged=False`, every point the event files hold, what each attempt logged."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0})
+    acc = EventAccumulator(str(log_dir), size_guidance={"scalars": 0}, purge_orphaned_data=purged)
     acc.Reload()
     return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
 
 
-def dashboard_problems(points: dict[str, list[tuple[int, float]]], run: Path) -> list[str]:
+def dashboard_problems(run: Path) -> list[str]:
     """What is wrong with the dashboard: a step logged twice or never, steps out of order, a training point that is not
-    the step's real loss (rank 0's trajectory), a validation point where no epoch ended."""
+    the step's real loss (rank 0's trajectory), a validation point where no epoch ended; and a validation that ran
+    after a stop, in any attempt (its point may be purged from the dashboard, but it was logged)."""
     problems = []
+    points = tb_points(run / "tb")
     train = [step for step, _ in points.get("train/loss", [])]
     twice = sorted(step for step, n in Counter(train).items() if n > 1)
     if twice:
@@ -85,6 +88,9 @@ def dashboard_problems(points: dict[str, list[tuple[int, float]]], run: Path) ->
     val = [step for step, _ in points.get("val/loss", [])]
     if val != [STEPS_PER_EPOCH * (e + 1) for e in range(EPOCHS)]:
         problems.append(f"val/loss at steps {val}, not once at each epoch's end")
+    logged = sorted({step for step, _ in tb_points(run / "tb", purged=False).get("val/loss", []) if step % STEPS_PER_EPOCH})
+    if logged:
+        problems.append(f"validation ran after a stop, at steps {logged}")
     return problems
 
 
@@ -140,7 +146,7 @@ def test_a_scripts_dashboards_after_two_stops_and_a_hard_kill(tmp_path: Path) ->
     run = tmp_path / "run"
     said = [_interrupt(run, how, at, "") for how, at in MAIN]
     said.append(_finish(run, ""))
-    assert dashboard_problems(tb_points(run / "tb"), run) == []
+    assert dashboard_problems(run) == []
 
     # The stops cut epochs mid-way (else the epoch-body check proved nothing), and every resume verified.
     ledger = _ledger(run)
@@ -172,11 +178,11 @@ def test_a_scripts_dashboards_after_two_stops_and_a_hard_kill(tmp_path: Path) ->
 @pytest.mark.parametrize(("fault", "interruption", "caught"), [
     ("log-replay", ("stop", 30), "train/loss logged more than once"),
     ("no-purge", ("kill", 40), "train/loss logged more than once"),
-    ("validate-after-stop", ("stop", 8), "val/loss at steps"),
+    ("validate-after-stop", ("stop", 8), "validation ran after a stop"),
 ])
 def test_the_dashboard_checker_catches_a_planted_fault(tmp_path: Path, fault: str, interruption: tuple[str, int], caught: str) -> None:
     run = tmp_path / "run"
     _interrupt(run, *interruption, fault)
     _finish(run, fault)
-    problems = dashboard_problems(tb_points(run / "tb"), run)
+    problems = dashboard_problems(run)
     assert any(p.startswith(caught) for p in problems), problems
