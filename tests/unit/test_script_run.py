@@ -3,6 +3,7 @@ ledger, and the recorder's records folded by `legato status` into attempts that 
 
 from __future__ import annotations
 
+import io
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 from legato.dist.peers import Peers
 from legato.events import Kind
 from legato.ledger_file import read_records, record
+from legato.orchestrator.display import LiveView
+from legato.orchestrator.follow import watch_script
 from legato.orchestrator.status import summarize
 from legato.recorder import LedgerRecorder
 from legato.session.identity import Identity, run_id
@@ -66,3 +69,19 @@ def test_status_reads_a_scripts_attempts_from_what_its_recorder_wrote(tmp_path: 
         ("stopped", None, 4), ("ended, killed", 4, None), ("finished", None, None)]
     assert summary.state == Kind.FINISHED and summary.final_global_hash == "h9" and summary.step == 9
     assert (tmp_path / "progress.json").is_file()
+
+
+def test_watch_follows_a_running_scripts_run_until_it_finishes(tmp_path: Path) -> None:
+    alone = Peers(0, 1, None)
+    recorder = LedgerRecorder(tmp_path, Identity.establish(tmp_path, alone, scripted=True).tag)
+    recorder(_committed(4, "periodic"))
+    shown: list = []
+    out = io.StringIO()
+    finisher = threading.Timer(1.5, recorder, args=(_committed(9, "final"),))
+    finisher.start()
+    try:
+        code = watch_script(tmp_path, LiveView(stream=out), shown.append)
+    finally:
+        finisher.cancel()
+    assert code == 0 and [s.state for s in shown] == ["running", Kind.FINISHED]
+    assert "training complete at step 9" in out.getvalue()
