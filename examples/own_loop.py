@@ -55,6 +55,9 @@ def main() -> int:
         optimizer.step()
         scheduler.step()
         session.report(loss)
+        # A resume re-runs a few steps (its replay) through this loop: log only the steps that run for the first time.
+        if rank == 0 and session.step % 10 == 0 and not session.replaying:
+            logging.info("step %d loss %.4f (run %s, attempt %d)", session.step, loss.item(), session.run_id, session.attempt)
 
     dist.destroy_process_group()
     return session.exit_code

@@ -40,6 +40,7 @@ from legato.events import JOB_SUBMISSIONS, Kind
 from legato.orchestrator.arguments import MULTINODE_ANY, build_parser
 from legato.orchestrator.control import DETACH_WAIT_S, cancel_run, hand_off
 from legato.orchestrator.display import LiveView, status_table
+from legato.orchestrator.follow import is_script_run, show_events, watch_script
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.local_train import train_locally, trainer_command
 from legato.orchestrator.plot import plot_losses, replay_spans
@@ -107,6 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     """`legato watch`: follow a run's progress; take over its supervision when no other supervisor holds it."""
     run_dir = Path(args.run_dir)
+    if is_script_run(run_dir):
+        return watch_script(run_dir, LiveView(), lambda summary: print(status_table(summary)))
     config_path = captured_config(run_dir)
     cfg = load_config(config_path)
     lock = SupervisorLock(run_dir)
@@ -203,6 +206,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     run_dir = Path(args.run_dir)
     events = Ledger(run_dir).read()
     jobs = [args.job] if args.job else list(dict.fromkeys(e["job_id"] for e in events if e["event"] in JOB_SUBMISSIONS))
+    if not jobs and is_script_run(run_dir):
+        print(f"legato: {run_dir} is a script's run: its output went where its launcher sent it. What its Session recorded:")
+        return show_events(LiveView(), events)
     if not jobs:
         raise UsageError(f"{run_dir} has no submitted jobs in its ledger. Pass the run.dir of a run started with `legato run`.")
     for job_id in jobs:

@@ -96,6 +96,7 @@ class LiveView:
                 f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands"
             ),
             Kind.REQUEUED: lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
+            Kind.ATTEMPT_STOPPED: lambda: f"{tag}stopped at the committed checkpoint of step {e['step']}; the next launch resumes it",
             Kind.REQUEUE_FAILED: lambda: f"{tag}could not requeue: {e['reason']}",
             Kind.RANK_LOST: lambda: (
                 f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}"

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import logging
 import os
 import signal
@@ -36,12 +35,12 @@ import submitit
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
 from legato.events import DECISIONS, Kind
-from legato.files import write_atomic
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.repro import CaptureRequest, capture
 from legato.orchestrator.status import current_session
 from legato.paths import RunPaths
+from legato.recorder import ProgressFile
 from legato.runtime.lifeline import die_with_parent
 from legato.runtime.rank_env import RankEnv
 from legato.runtime.threads import resolve_threads
@@ -131,12 +130,11 @@ class JobEvents:
     def __init__(self, ledger: Ledger, ident: Identity, progress_path: Path) -> None:
         self.ledger = ledger
         self.ident = ident
-        self.progress_path = progress_path
+        self.progress = ProgressFile(progress_path, ident.tag())
         self.last_step = 0
         self.final_hash: str | None = None
         self.error: str | None = None
         self.peer_lost = False
-        self._first_progress: tuple[float, int] | None = None
 
     def __call__(self, event: dict) -> None:
         kind = event["event"]
@@ -154,7 +152,7 @@ class JobEvents:
         if self.ident.rank != 0:
             return
         if kind == Kind.PROGRESS:
-            self._write_progress(event)
+            self.progress.write(event)
         elif kind == Kind.CHECKPOINT_COMMITTED:
             if event["reason"] == "final":
                 self.final_hash = event["global_hash"]
@@ -170,15 +168,6 @@ class JobEvents:
         elif kind == Kind.ERROR:
             self.error = event["message"]
             self.peer_lost = bool(event.get("peer_lost"))
-
-    def _write_progress(self, event: dict) -> None:
-        now = time.time()
-        if self._first_progress is None:
-            self._first_progress = (now, event["step"])
-        since, first_step = self._first_progress
-        rate = (event["step"] - first_step) / (now - since) if now > since else None
-        record = {**self.ident.tag(), **{k: event[k] for k in ("step", "total_steps", "epoch", "loss")}, "steps_per_s": rate, "time": now}
-        write_atomic(self.progress_path, json.dumps(record), durable=False)
 
 
 def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: tuple[str, ...]) -> None:

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from legato.events import JOB_SUBMISSIONS, TERMINAL, Kind
+from legato.events import JOB_SUBMISSIONS, SCRIPT_EXECUTOR, TERMINAL, Kind
 from legato.paths import RunPaths
 
 SUBMITTED = Kind.SUBMITTED.value  # the run's state from `legato run` until its first attempt starts
@@ -124,7 +124,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
             state, failure, total, excluded = SUBMITTED, None, e.get("total_steps"), []
         elif kind == Kind.ATTEMPT_STARTED:
             # An attempt of the same job that recorded no end was requeued by SLURM itself (a node failure).
-            _end_open(attempts, key[0], "ended, requeued by SLURM")
+            _end_open(attempts, key[0], "ended, killed" if e.get("executor") == SCRIPT_EXECUTOR else "ended, requeued by SLURM")
             attempt = Attempt(len(attempts) + 1, key[0], key[1], e.get("hosts", []), e.get("world_size", 0), e["time"])
             attempts[key] = attempt
             state = "running"
@@ -177,6 +177,8 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.checkpoint_seconds.append(e["seconds"])
     elif kind == Kind.STOP_SIGNAL and attempt.stop_signal_step is None:
         attempt.stop_signal_step = e["step"]
+    elif kind == Kind.ATTEMPT_STOPPED:
+        attempt.ended = "stopped"  # a script's attempt, at a committed checkpoint: its launcher runs it again
     elif kind == Kind.REQUEUE_FAILED:
         attempt.ended = f"not requeued: {e.get('reason')}"
     elif kind in (Kind.REQUEUED, Kind.FINISHED, Kind.FAILED):

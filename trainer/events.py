@@ -8,7 +8,8 @@ Three kinds (`PROGRESS`, `STOP_AGREED`, `ERROR`) are reports from the trainer
 to its `on_event` callback that never land in the ledger as such; the Session
 reports `CHECKPOINT_COMMITTED`, `RESUMED`, `REPLAY_STOPPED` and `BUCKET_LAYOUT`
 with the fields below plus `rank` (and `path` for a resume), and the job side
-writes them on with its job tag. Groupings readers need are defined here,
+writes them on with its job tag (a script's own Session writes them itself,
+`legato.recorder`, tagged with its attempt). Groupings readers need are defined here,
 once. This module must never do I/O, import torch, or import
 `legato.orchestrator` or `legato.slurm`: every package reads it.
 """
@@ -68,6 +69,8 @@ class Kind(str, enum.Enum):
     REQUEUE_FAILED = "requeue_failed"
     # Rank 0's job side, after a stop at a committed checkpoint, when the job requeued itself.
     REQUEUED = "requeued"
+    # A script's Session (rank 0), when its ranks stopped at a committed checkpoint (exit 75): the launcher runs it again.
+    ATTEMPT_STOPPED = "attempt_stopped"
     # The Session (rank 0), every few seconds: the live step and loss. Goes to progress.json, never the ledger.
     PROGRESS = "progress"
     # The Session, on every rank, when the ranks agreed to stop. The job side records it as `STOP_SIGNAL`.
@@ -80,10 +83,13 @@ class Kind(str, enum.Enum):
     __format__ = str.__format__
 
 
+SCRIPT_EXECUTOR = "script"
+"""The `executor` of an `ATTEMPT_STARTED` that a script's own Session recorded (its launcher, not `legato run`, relaunches it)."""
+
 TERMINAL = (Kind.FINISHED, Kind.FAILED, Kind.CANCELLED)
 """The kinds that end a session of the run directory (the run's state is then named after the kind)."""
 
-ATTEMPT_ENDING = (Kind.REQUEUED, Kind.REQUEUE_FAILED, Kind.FINISHED, Kind.FAILED)
+ATTEMPT_ENDING = (Kind.REQUEUED, Kind.REQUEUE_FAILED, Kind.ATTEMPT_STOPPED, Kind.FINISHED, Kind.FAILED)
 """The kinds that end one attempt of a job (rank 0's job side recorded how it ended)."""
 
 DECISIONS = (Kind.REQUEUED, Kind.REQUEUE_FAILED, Kind.FAILED, Kind.RANK_LOST)
@@ -97,7 +103,7 @@ NOT_IN_LEDGER = (Kind.PROGRESS, Kind.STOP_AGREED, Kind.ERROR)
 
 
 class _Attempt(TypedDict, total=False):
-    """The job tag of a record written by a job's task; absent when a script's Session recorded it."""
+    """The job tag of a record written by a job's task, or by a script's Session for its attempt (`legato.session.identity`)."""
 
     job_id: str
     restart: int
@@ -303,6 +309,12 @@ class Requeued(_Ended):
     budget_left: int
 
 
+class AttemptStopped(_Attempt):
+    """The fields of an `ATTEMPT_STOPPED` record: the step of the committed checkpoint the script's next launch resumes from."""
+
+    step: int
+
+
 class Progress(TypedDict):
     """The fields of a `PROGRESS` report: the live step, epoch and loss (to progress.json, never the ledger)."""
 
@@ -355,6 +367,7 @@ FIELDS: dict[Kind, type] = {
     Kind.RANK_LOST: RankLost,
     Kind.REQUEUE_FAILED: RequeueFailed,
     Kind.REQUEUED: Requeued,
+    Kind.ATTEMPT_STOPPED: AttemptStopped,
     Kind.PROGRESS: Progress,
     Kind.STOP_AGREED: StopAgreed,
     Kind.ERROR: Error,

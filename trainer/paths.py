@@ -4,6 +4,7 @@
       config.yaml                  the captured, resolved config every job reads
       ledger.jsonl, .ledger.lock   the append-only event log and its lock
       progress.json                rank 0's latest step, loss and rate
+      run_id                       the run's identity, created once and kept across requeues (trackers continue under it)
       supervisor.lock, supervisor.json, supervisor.log   who supervises, and a detached one's log
       checkpoints/step_<N>/        published barrier checkpoints (manifest.json inside)
       checkpoints/.tmp_step_<N>/   a checkpoint being written, never selectable
@@ -52,6 +53,10 @@ class RunPaths:
     @property
     def progress(self) -> Path:
         return self.root / "progress.json"
+
+    @property
+    def run_id(self) -> Path:
+        return self.root / "run_id"
 
     @property
     def supervisor_lock(self) -> Path:

@@ -1,36 +1,86 @@
-"""What a Session records in its run's ledger when nothing listens to it: the proof of every resume.
+"""What a Session records in its run directory when nothing listens to it: the run as `legato status` reads it.
 
 Under `legato run` the Session reports to the job side, which writes the
 ledger with its job tag. A Session in a user's own script (launched by
 torchrun, srun or a shell) has no such listener; `LedgerRecorder` is then its
-`on_event`, so that `legato verify --command` reads each resume and its
-verdict (hashes, replay) from records, never from a log line. Only rank 0
-records, with the same fields as the job side minus the job tag. It must
-never record the trainer's other reports (progress, stop agreement), and never
-be used beside a listener that writes the ledger itself (each resume would be
-recorded twice).
+`on_event`, so that `legato status`, `watch`, `plot` and `verify --command`
+read the script's run from records, never from a log line: rank 0's
+checkpoints, resumes and their verdicts (hashes, replay), its bucket layout,
+how the attempt ended (`ATTEMPT_STOPPED` at a stop checkpoint, `FINISHED` at the
+final one), each rank's stop signal, and rank 0's progress in progress.json
+(`ProgressFile`, the job side's too). Records carry the attempt's job tag
+(`legato.session.identity`) when given one. It must never be used beside a
+listener that writes the ledger itself (every record would be written twice).
 """
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 
 from legato.events import JOB_TAG_FIELDS, Kind, field_names
+from legato.files import write_atomic
 from legato.ledger_file import record
+from legato.paths import RunPaths
 
-RECORDED = (Kind.RESUMED, Kind.REPLAY_STOPPED)
+RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.RESUMED, Kind.REPLAY_STOPPED, Kind.BUCKET_LAYOUT)
+
+
+class ProgressFile:
+    """progress.json: rank 0's latest step, epoch, loss and rate since this attempt's first report, tagged with its attempt."""
+
+    def __init__(self, path: Path, tag: dict) -> None:
+        self.path, self.tag = path, tag
+        self._first: tuple[float, int] | None = None
+
+    def write(self, event: dict) -> None:
+        """Replace the file with this `PROGRESS` report (not fsynced: it is only ever the latest reading)."""
+        now = time.time()
+        if self._first is None:
+            self._first = (now, event["step"])
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        since, first_step = self._first
+        rate = (event["step"] - first_step) / (now - since) if now > since else None
+        reading = {**self.tag, **{k: event[k] for k in ("step", "total_steps", "epoch", "loss")}, "steps_per_s": rate, "time": now}
+        write_atomic(self.path, json.dumps(reading), durable=False)
 
 
 class LedgerRecorder:
-    """An `on_event` callback that appends rank 0's resumes (and stops during a replay) to `<run_dir>/ledger.jsonl`."""
+    """An `on_event` callback that writes a script's run into `<run_dir>`: rank 0's records and progress, each rank's stop."""
 
-    def __init__(self, run_dir: str | Path) -> None:
+    def __init__(self, run_dir: str | Path, tag: dict | None = None) -> None:
         self.run_dir = Path(run_dir)
+        self.tag = dict(tag or {})
+        self.progress = ProgressFile(RunPaths(self.run_dir).progress, self.tag)
 
     def __call__(self, event: dict) -> None:
-        kind = event.get("event")
-        if kind not in RECORDED or event.get("rank", 0) != 0:
+        kind, rank = event.get("event"), event.get("rank", 0)
+        if kind == Kind.STOP_AGREED:
+            self._stop_agreed(event)
+        if rank != 0:
             return
-        kind = Kind(kind)
-        fields = {name: event.get(name) for name in sorted(field_names(kind) - JOB_TAG_FIELDS)}
-        record(self.run_dir, kind, **fields)
+        if kind == Kind.PROGRESS:
+            self.progress.write(event)
+        elif kind in RECORDED:
+            self._record(Kind(kind), event)
+        if kind == Kind.CHECKPOINT_COMMITTED and event["reason"] == "final":
+            self._write(Kind.FINISHED, step=event["step"], final_global_hash=event["global_hash"])
+        elif kind == Kind.CHECKPOINT_COMMITTED and event["reason"] == "signal":
+            self._write(Kind.ATTEMPT_STOPPED, step=event["step"])
+        elif kind == Kind.REPLAY_STOPPED:
+            self._write(Kind.ATTEMPT_STOPPED, step=event["checkpoint_step"])
+
+    def _stop_agreed(self, event: dict) -> None:
+        """The rank the signal reached records it (as the job side does); a stop during start-up ends the attempt at once."""
+        if event.get("signal_received_at") is not None:
+            self._write(Kind.STOP_SIGNAL, rank=event["rank"], step=event["step"], received_at=event["signal_received_at"],
+                        at_start=bool(event.get("at_start")))
+        if event.get("at_start") and event.get("rank", 0) == 0:
+            self._write(Kind.ATTEMPT_STOPPED, step=event["step"])
+
+    def _record(self, kind: Kind, event: dict) -> None:
+        self._write(kind, **{name: event.get(name) for name in sorted(field_names(kind) - JOB_TAG_FIELDS)})
+
+    def _write(self, kind: Kind, **fields: object) -> None:
+        record(self.run_dir, kind, **self.tag, **fields)

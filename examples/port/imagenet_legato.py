@@ -9,7 +9,9 @@ rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set:
 
 The port: a Session over the training loader with the model, optimizer and
 scheduler, `session.epochs()` for the epoch loop and `session.batches()` for
-what `train()` iterates (it gets the session instead of the loader). The workers' augmentation is seeded per sample from
+what `train()` iterates (it gets the session instead of the loader), and
+`if session.stopped: break` after it, so that a stop leaves validation and the
+scheduler step to the resumed run. The workers' augmentation is seeded per sample from
 (seed, epoch, index), so it resumes exactly at any batch and with any worker
 count; with no workers (all in the main process) the port is bit for bit the
 plain loop.
@@ -96,6 +98,8 @@ def main(out_dir, workers, epochs=3, batch_size=8):
     for epoch in session.epochs():
         train_sampler.set_epoch(epoch)
         train(session, model, criterion, optimizer, epoch, log)
+        if session.stopped:  # a stop cut the epoch: validation and the scheduler step run in the resumed run
+            break
         log.append(("val", validate(val_loader, model, criterion).hex()))
         scheduler.step()
     params = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()

@@ -50,6 +50,7 @@ from legato.recorder import LedgerRecorder
 from legato.runtime.lifeline import die_with_launcher
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
+from legato.session.identity import Identity
 from legato.session.position import Counters, DataPosition, Metrics, Position
 from legato.session.replayer import Outcome, Replayer
 from legato.session.resume import Resumed, Resumer
@@ -119,7 +120,13 @@ def resumable_loader(
 
 
 class Session:
-    """The user's loop made resumable: iterate it (or its epochs), report each loss, exit with its exit code."""
+    """The user's loop made resumable: iterate it (or its epochs), report each loss, exit with its exit code.
+
+    `stopped` turns True once the ranks agreed to stop (the stop checkpoint is then committed and the loop ends):
+    the code after `for batch in session.batches():` (validation, a per-epoch scheduler step) checks
+    `if session.stopped: break` and leaves the rest of the epoch to the resumed run, which runs it after the
+    epoch's last batch.
+    """
 
     def __init__(
         self,
@@ -155,11 +162,12 @@ class Session:
             1 if chaos is None and self.chaos.signal_at_steps and not checkpoint.agree_every_steps else checkpoint.agree_every_steps
         )
         self.training = training
-        # A script's own Session records its resumes in the run's ledger; under `legato run` the job side does.
-        self.on_event = on_event or LedgerRecorder(self.run_dir)
         self.carried = Carried()
         self._peers = Peers.join()
         self.rank, self.world_size, self.group = self._peers.rank, self._peers.world_size, self._peers.group
+        self.identity = Identity.establish(self.run_dir, self._peers, scripted=on_event is None)
+        # A script's own Session writes its run into the run directory; under `legato run` the job side does.
+        self.on_event = on_event or LedgerRecorder(self.run_dir, self.identity.tag)
         self.generators = {} if self.source is None else dict(self.source.generators)
         self._position = Position(self.steps_per_epoch)
         self._metrics = Metrics()
@@ -181,6 +189,7 @@ class Session:
         self._loss: float | None = None
         self._lr: float | None = None
         self._begun = False
+        self._resumed_step = 0
         # Installed now, not when the loop starts: a stop signal before the loop is kept, and honoured before the first step.
         self._flag.install()
         # Under a legato launcher (python -m legato.torchrun, python -m legato) a rank dies with it, never an orphan.
@@ -200,8 +209,29 @@ class Session:
 
     @property
     def replaying(self) -> bool:
-        """True while the steps of a resume's replay run (they write no trajectory and no checkpoint)."""
+        """True while the steps of a resume's replay run (they write no trajectory and no checkpoint).
+
+        A replay runs the user's loop again over steps that were already logged: log nothing while it is True
+        (`if not session.replaying: writer.add_scalar(...)`), but run everything else, validation included.
+        """
         return self._replayer.active
+
+    @property
+    def run_id(self) -> str:
+        """The run's id, the same on every rank and every attempt (kept in the run directory): continue a tracker's run under it."""
+        return self.identity.run_id
+
+    @property
+    def attempt(self) -> int:
+        """This attempt's number: 1 for the first launch, one more for each relaunch or requeue."""
+        return self.identity.attempt
+
+    @property
+    def resumed_step(self) -> int:
+        """The step this attempt's own training starts at: the checkpoint it resumed (a replay re-runs the steps
+        before it), 0 on a fresh start. Known once the loop began; steps from here on are logged for the first time
+        (a tracker purges what a killed attempt logged past it: `SummaryWriter(purge_step=session.resumed_step)`)."""
+        return self._resumed_step
 
     @property
     def step(self) -> int:
@@ -315,7 +345,7 @@ class Session:
             # A batch carried before the loop: saved from now on, and restored into its tensors below.
             self.components.insert(next(i for i, c in enumerate(self.components) if c.name == "data"), Component(CARRIED, self.carried))
         found = self._resumer.select(self.training)
-        resume_step = 0 if found is None else found[1]["step"]
+        resume_step = self._resumed_step = 0 if found is None else found[1]["step"]
         if found is None:
             log.info("rank %d: no checkpoint under %s, starting at step 0", self.rank, self.checkpoint_root)
         elif self._saving.replayable(found[1], self.total_steps):

@@ -1,0 +1,87 @@
+"""A script's Session as a run: one run id however many processes race to create it, attempts counted from the
+ledger, and the recorder's records folded by `legato status` into attempts that say how each ended."""
+
+from __future__ import annotations
+
+import io
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from legato.dist.peers import Peers
+from legato.events import Kind
+from legato.ledger_file import read_records, record
+from legato.orchestrator.display import LiveView
+from legato.orchestrator.follow import watch_script
+from legato.orchestrator.status import summarize
+from legato.recorder import LedgerRecorder
+from legato.session.identity import Identity, run_id
+
+
+def test_creators_racing_for_the_run_id_agree_on_one(tmp_path: Path) -> None:
+    # Threads stand in for the ranks and launches that start together: the exclusive link decides the same way.
+    start = threading.Barrier(8)
+
+    def create() -> str:
+        start.wait()
+        return run_id(tmp_path / "run")
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = set(pool.map(lambda _: create(), range(8)))
+    assert len(ids) == 1 and ids == {run_id(tmp_path / "run")}
+    assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["run_id"]  # no draft left behind
+
+
+def test_attempts_count_from_the_ledger_and_the_id_is_kept(tmp_path: Path) -> None:
+    alone = Peers(0, 1, None)
+    first = Identity.establish(tmp_path, alone, scripted=True)
+    second = Identity.establish(tmp_path, alone, scripted=True)
+    assert (first.attempt, second.attempt) == (1, 2) and first.run_id == second.run_id
+    assert second.tag == {"job_id": second.job_id, "restart": 1}
+    # Under `legato run` the job side recorded the attempt already; a new `legato run` session counts from 1 again.
+    record(tmp_path, Kind.RUN_STARTED, command=[], executor="local", world_size=1, total_steps=1, config_digest="", max_requeues=1)
+    record(tmp_path, Kind.ATTEMPT_STARTED, job_id="7", restart=0, executor="local", hosts=[], world_size=1, master_addr="")
+    supervised = Identity.establish(tmp_path, alone, scripted=False)
+    assert (supervised.attempt, supervised.run_id) == (1, first.run_id)
+    assert [e["event"] for e in read_records(tmp_path)].count(Kind.ATTEMPT_STARTED) == 3
+
+
+def _committed(step: int, reason: str) -> dict:
+    return {"event": Kind.CHECKPOINT_COMMITTED, "rank": 0, "step": step, "global_hash": f"h{step}", "seconds": 0.1, "bytes": 1,
+            "reason": reason}
+
+
+def test_status_reads_a_scripts_attempts_from_what_its_recorder_wrote(tmp_path: Path) -> None:
+    alone = Peers(0, 1, None)
+    first = LedgerRecorder(tmp_path, Identity.establish(tmp_path, alone, scripted=True).tag)
+    first({"event": Kind.PROGRESS, "rank": 0, "step": 3, "total_steps": 9, "epoch": 0, "loss": 1.0})
+    first({"event": Kind.STOP_AGREED, "rank": 1, "step": 4, "signal_received_at": 5.0})
+    first({"event": Kind.STOP_AGREED, "rank": 0, "step": 4, "signal_received_at": None})
+    first(_committed(4, "signal"))
+    second = LedgerRecorder(tmp_path, Identity.establish(tmp_path, alone, scripted=True).tag)
+    second({"event": Kind.RESUMED, "rank": 0, "step": 4, "path": "x", "expected_hash": "h4", "recomputed_hash": "h4", "match": True,
+            "mismatches": {}, "replay": None})
+    second(_committed(8, "periodic"))
+    third = LedgerRecorder(tmp_path, Identity.establish(tmp_path, alone, scripted=True).tag)  # the second was killed
+    third(_committed(9, "final"))
+    summary = summarize(tmp_path, read_records(tmp_path))
+    assert [(a.ended, a.resumed_from_step, a.stop_signal_step) for a in summary.attempts] == [
+        ("stopped", None, 4), ("ended, killed", 4, None), ("finished", None, None)]
+    assert summary.state == Kind.FINISHED and summary.final_global_hash == "h9" and summary.step == 9
+    assert (tmp_path / "progress.json").is_file()
+
+
+def test_watch_follows_a_running_scripts_run_until_it_finishes(tmp_path: Path) -> None:
+    alone = Peers(0, 1, None)
+    recorder = LedgerRecorder(tmp_path, Identity.establish(tmp_path, alone, scripted=True).tag)
+    recorder(_committed(4, "periodic"))
+    shown: list = []
+    out = io.StringIO()
+    finisher = threading.Timer(1.5, recorder, args=(_committed(9, "final"),))
+    finisher.start()
+    try:
+        code = watch_script(tmp_path, LiveView(stream=out), shown.append)
+    finally:
+        finisher.cancel()
+    assert code == 0 and [s.state for s in shown] == ["running", Kind.FINISHED]
+    assert "training complete at step 9" in out.getvalue()
