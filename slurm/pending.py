@@ -1,7 +1,7 @@
 """SLURM's pending reasons, said aloud: what each means, and which can never clear (with the fix).
 
 SLURM keeps a job that it can never start (more nodes than its partition
-has, a longer time than the partition allows, an account or QOS it does not
+has: PartitionNodeLimit, or PartitionConfig on SLURM 22.05, a longer time than the partition allows, an account or QOS it does not
 know, constraints no node has, nodes that do not exist) PENDING forever,
 naming the reason in squeue's %r. `blocked` tells those apart from reasons
 that clear by themselves (Resources, Priority, ...), asking SLURM about the
@@ -24,13 +24,15 @@ TRANSIENT = {
     "JobHeldAdmin": "held by an administrator",
     "ReqNodeNotAvail": "a node it requires is down, drained or reserved",
     "PartitionNodeLimit": "too few of its partition's nodes are up",
+    "PartitionConfig": "its partition cannot give it what it asks for now",
     "PartitionDown": "its partition is down",
     "PartitionInactive": "its partition is inactive",
     "NodeDown": "a node it needs is down",
     "Reservation": "waiting for its reservation to start",
     "None": "not yet considered by the scheduler",
 }
-NEVER_CLEARS = ("PartitionNodeLimit", "PartitionTimeLimit", "InvalidAccount", "InvalidQOS", "ReqNodeNotAvail", "BadConstraints")
+NEVER_CLEARS = ("PartitionNodeLimit", "PartitionConfig", "PartitionTimeLimit", "InvalidAccount", "InvalidQOS", "ReqNodeNotAvail",
+                "BadConstraints")
 
 
 def reason_word(reason: str) -> str:
@@ -51,8 +53,8 @@ def blocked(job_id: str, reason: str | None) -> str | None:
         return None
     job = _fields(["scontrol", "show", "job", job_id, "-o"])
     partition = job.get("Partition", "?")
-    if word == "PartitionNodeLimit":
-        return _node_limit(job, partition)
+    if word in ("PartitionNodeLimit", "PartitionConfig"):
+        return _node_limit(job, partition, word == "PartitionNodeLimit")
     if word == "PartitionTimeLimit":
         limit = _fields(["scontrol", "show", "partition", partition, "-o"]).get("MaxTime", "?")
         return (f"its time limit ({job.get('TimeLimit', '?')}) is above partition {partition}'s MaxTime ({limit}). Lower "
@@ -69,16 +71,22 @@ def blocked(job_id: str, reason: str | None) -> str | None:
     return _missing_nodes(reason or "")
 
 
-def _node_limit(job: dict[str, str], partition: str) -> str | None:
-    """More nodes than the partition has or allows can never start; fewer wait for down or drained nodes to return."""
+def _node_limit(job: dict[str, str], partition: str, unknown_blocks: bool) -> str | None:
+    """More nodes than the partition has or allows can never start; fewer wait for down or drained nodes to return.
+
+    `unknown_blocks`: whether a count scontrol does not tell counts as too many (PartitionNodeLimit names the node
+    count; PartitionConfig may be about anything the partition lacks now, so only a count known too high blocks).
+    """
     part = _fields(["scontrol", "show", "partition", partition, "-o"])
     wanted, total, most = _count(job.get("NumNodes")), _count(part.get("TotalNodes")), _count(part.get("MaxNodes"))
     limit = min(n for n in (total, most) if n is not None) if total is not None or most is not None else None
-    if wanted is not None and limit is not None and wanted <= limit:
+    known = wanted is not None and limit is not None
+    if (known and wanted <= limit) or (not known and not unknown_blocks):
         return None
     have = f"partition {partition} has {part.get('TotalNodes', '?')} node(s) (MaxNodes {part.get('MaxNodes', '?')})"
     fix = f"Lower slurm.nodes to {limit} or less" if limit else "Lower slurm.nodes"
-    return f"it asks for {job.get('NumNodes', '?')} node(s) and {have}. {fix}, or pick a partition with more nodes (slurm.partition)."
+    asked = job.get("NumNodes", "?").split("-")[0]
+    return f"it asks for {asked} node(s) and {have}. {fix}, or pick a partition with more nodes (slurm.partition)."
 
 
 def _missing_nodes(reason: str) -> str | None:

@@ -88,7 +88,8 @@ def test_which_reasons_never_clear(monkeypatch: pytest.MonkeyPatch) -> None:
     })
     for transient in ("Resources", "Priority", "BeginTime", "None", None, "ReqNodeNotAvail"):
         assert reasons.blocked("7", transient) is None, transient
-    assert "Lower slurm.nodes to 1 or less" in reasons.blocked("7", "PartitionNodeLimit")
+    assert "asks for 2 node(s) and partition debug has 1 node(s)" in reasons.blocked("7", "PartitionNodeLimit")
+    assert "Lower slurm.nodes to 1 or less" in reasons.blocked("7", "PartitionConfig"), "SLURM 22.05's word for the same"
     too_long = reasons.blocked("7", "PartitionTimeLimit")
     assert "MaxTime (00:05:00)" in too_long and "slurm.time_min" in too_long
     assert "account 'nope'" in reasons.blocked("7", "InvalidAccount") and "slurm.account" in reasons.blocked("7", "InvalidAccount")
@@ -105,4 +106,8 @@ def test_node_limits_and_node_lists_that_may_still_clear(monkeypatch: pytest.Mon
         "scontrol show node": "NodeName=n1 State=DRAINED",
     })
     assert reasons.blocked("7", "PartitionNodeLimit") is None, "2 of 4 nodes: it waits for drained ones to return"
+    assert reasons.blocked("7", "PartitionConfig") is None
     assert reasons.blocked("7", "ReqNodeNotAvail, UnavailableNodes:n1") is None, "n1 exists: it may come back"
+    fake_scontrol(monkeypatch, {})
+    assert reasons.blocked("7", "PartitionConfig") is None, "scontrol silent: PartitionConfig may be anything, so it waits"
+    assert "Lower slurm.nodes" in reasons.blocked("7", "PartitionNodeLimit"), "scontrol silent: the reason itself says it"
