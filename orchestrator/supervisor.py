@@ -31,7 +31,7 @@ from legato.events import ATTEMPT_ENDING, TERMINAL, Kind
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import current_job, current_session, read_progress
-from legato.orchestrator.waiting import waiting_job
+from legato.orchestrator.waiting import PENDING, waiting_job
 from legato.runtime.signals import parse_signal
 from legato.slurm.backend import Backend, JobState
 from legato.slurm.backends import backend_for
@@ -183,7 +183,7 @@ class Supervisor:
         self._state = (handle.job_id, state, now)
         if self.backend.records_state_changes and state.name != previous:
             self.ledger.append(Kind.JOB_STATE, job_id=handle.job_id, state=state.name)
-        if self.backend.records_state_changes and state.name == "PENDING" and state.reason not in (None, self._reasons.get(handle.job_id)):
+        if self.backend.records_state_changes and state.name == PENDING and state.reason not in (None, self._reasons.get(handle.job_id)):
             self._reasons[handle.job_id] = state.reason
             self.ledger.append(Kind.PENDING_REASON, job_id=handle.job_id, reason=state.reason)
         return state
@@ -196,8 +196,8 @@ class Supervisor:
             Kind.FAILED,
             job_id=handle.job_id,
             exit_code=EXIT_FAILED,
-            reason=f"SLURM can never start job {handle.job_id} (pending, reason {state.reason}): {state.blocked} Job "
-                   f"{handle.job_id} was cancelled; run `legato run` again once the config is fixed.",
+            reason=f"job {handle.job_id} can never start: {self.backend.name} keeps it pending with reason {state.reason}, and "
+                   f"{state.blocked} Job {handle.job_id} was cancelled; run `legato run` again once the config is fixed.",
         )
 
     def _after_job_end(self, handle: JobHandle, state: str) -> None:

@@ -168,7 +168,7 @@ def test_a_job_slurm_can_never_start_ends_the_run_at_once(cluster, tmp_path: Pat
     proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", "slurm.nodes=2", timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
-    assert "SLURM can never start job" in out and "Lower slurm.nodes to 1 or less" in out, out[-3000:]
+    assert "can never start: slurm keeps it pending with reason" in out and "Lower slurm.nodes to 1 or less" in out, out[-3000:]
     events = ledger(run_dir)
     reasons = [e["reason"] for e in events if e["event"] == "pending_reason"]
     assert reasons and reasons[-1] in ("PartitionNodeLimit", "PartitionConfig"), reasons

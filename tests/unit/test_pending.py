@@ -39,7 +39,8 @@ def test_a_reason_that_can_never_clear_ends_the_run_with_the_reason_the_fix_and_
     assert fake.cancelled == ["101"] and len(fake.submitted) == 1
     (failed,) = [e for e in ledger if e["event"] == "failed"]
     assert failed["exit_code"] == EXIT_FAILED and failed["job_id"] == "101"
-    assert "PartitionNodeLimit" in failed["reason"] and FIX in failed["reason"] and "Job 101 was cancelled" in failed["reason"]
+    assert "job 101 can never start: fake keeps it pending with reason PartitionNodeLimit, and " + FIX in failed["reason"]
+    assert "Job 101 was cancelled" in failed["reason"]
     assert [e["reason"] for e in ledger if e["event"] == "pending_reason"] == ["None", "PartitionNodeLimit"]
     assert not [e for e in ledger if e["event"] == "leftover_cancel"], "cancelled once, by the refusal itself"
 
