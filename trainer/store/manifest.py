@@ -116,8 +116,6 @@ def read_manifest(path: Path) -> dict:
         raise ValueError(f"{CHECKPOINT_MANIFEST} does not match its own checksum (corrupt)")
     check_manifest(manifest)
     for name, info in manifest["files"].items():
-        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
-            raise ValueError(f"{CHECKPOINT_MANIFEST} names the file {name!r}, which is not a plain name inside the checkpoint")
         _verify_file(path / name, info)
     return manifest
 

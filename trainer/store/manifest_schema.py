@@ -1,5 +1,5 @@
 """What a checkpoint manifest must hold before anything trusts it: every field a reader uses, of the right type,
-and stated hashes that agree with each other.
+file names that stay inside the checkpoint, and stated hashes that agree with each other.
 
 A rank's `hash` must be the rank hash of its own component digests, and the
 `global_hash` the global hash of the rank hashes (the same rule the writer
@@ -31,6 +31,8 @@ def check_manifest(manifest: dict) -> None:
     ranks = _ranks("ranks", manifest.get("ranks"), world_size)
     files = _expect(manifest, "files", dict)
     for name, info in files.items():
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
+            raise ValueError(f"{CHECKPOINT_MANIFEST} names the file {name!r}, which is not a plain name inside the checkpoint")
         where = f"files[{name!r}]"
         if not isinstance(info, dict):
             raise ValueError(_wrong_type(where, info, "dict"))
