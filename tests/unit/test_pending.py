@@ -6,6 +6,7 @@ tests/cluster/test_slurm.py::test_a_job_slurm_can_never_start_ends_the_run_at_on
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -112,3 +113,19 @@ def test_node_limits_and_node_lists_that_may_still_clear(monkeypatch: pytest.Mon
     fake_scontrol(monkeypatch, {})
     assert reasons.blocked("7", "PartitionConfig") is None, "scontrol silent: PartitionConfig may be anything, so it waits"
     assert "Lower slurm.nodes" in reasons.blocked("7", "PartitionNodeLimit"), "scontrol silent: the reason itself says it"
+
+
+def test_legato_status_says_why_and_how_long_the_job_waits(tmp_path: Path) -> None:
+    from helpers.cli import legato
+
+    cfg = load_config(None, ["executor=slurm", f"run.dir={tmp_path / 'run'}"])
+    ledger = Ledger(cfg.run_dir)
+    start_session(cfg, ledger, ["legato", "run"])
+    ledger.append("submitted", job_id="7", executor="slurm", config_digest="x")
+    ledger.append("job_state", job_id="7", state="PENDING")
+    ledger.append("pending_reason", job_id="7", reason="Priority")
+    table = legato("status", str(cfg.run_dir))
+    assert table.returncode == 0, table.stderr
+    assert "job 7 pending for 0m" in table.stdout and "Priority (jobs of higher priority go first)" in table.stdout
+    data = json.loads(legato("status", str(cfg.run_dir), "--json").stdout)
+    assert data["waiting"]["job_id"] == "7" and data["waiting"]["reason"] == "Priority" and data["waiting"]["waited_s"] >= 0
