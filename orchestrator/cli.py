@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from legato.config import Config, load_config
@@ -39,7 +40,7 @@ from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from legato.events import JOB_SUBMISSIONS, Kind
 from legato.orchestrator.arguments import MULTINODE_ANY, build_parser
 from legato.orchestrator.control import DETACH_WAIT_S, cancel_run, hand_off
-from legato.orchestrator.display import LiveView, status_table
+from legato.orchestrator.display import LiveView, status_table, waiting_line
 from legato.orchestrator.follow import is_script_run, show_events, watch_script
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.local_train import train_locally, trainer_command
@@ -63,6 +64,7 @@ from legato.orchestrator.supervisor import Supervisor, session_exit_code, start_
 from legato.orchestrator.verify import Verdict, compare_runs, fresh_directory, interruption_steps, plot_verdict, record_verdict
 from legato.orchestrator.verify_command import split_command, verify_command
 from legato.orchestrator.verify_config import verify_config
+from legato.orchestrator.waiting import waiting_job
 from legato.paths import RunPaths
 from legato.slurm import devcluster, multinode
 from legato.slurm.devcluster import Settings
@@ -182,11 +184,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     ledger = Ledger(run_dir)
     if not ledger.exists():
         raise UsageError(f"{run_dir} has no {ledger.path.name}: it is not a run started with `legato run`. Pass the run.dir of such a run.")
-    summary = summarize(run_dir, ledger.read(), read_progress(run_dir))
+    events = ledger.read()
+    summary, waiting = summarize(run_dir, events, read_progress(run_dir)), waiting_job(current_session(events), time.time())
     if args.json:
-        print(json.dumps(summary.to_json(), indent=2))
+        print(json.dumps({**summary.to_json(), Kind.WAITING.value: waiting}, indent=2))
     else:
-        print(status_table(summary))
+        print(status_table(summary) + (f"\n{waiting_line(waiting)}" if waiting else ""))
     return EXIT_OK
 
 

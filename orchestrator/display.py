@@ -13,6 +13,7 @@ from typing import TextIO
 
 from legato.events import Kind
 from legato.orchestrator.status import RunSummary
+from legato.slurm.pending import describe
 
 PLAIN_PROGRESS_EVERY_S = 5.0
 
@@ -51,6 +52,9 @@ class LiveView:
         if kind == Kind.PROGRESS:
             self._progress(data)
             return
+        if kind == Kind.WAITING:
+            self._live(waiting_line(data))
+            return
         self._step_seen = max(self._step_seen, int(data.get("step") or data.get("last_step") or 0))
         line = self.event_line(data)
         if line is not None and (self.events is None or data["event"] in self.events):
@@ -75,6 +79,7 @@ class LiveView:
             Kind.RUN_STARTED: lambda: f"run started: {e['executor']} executor, {e['world_size']} ranks, {e['total_steps']} steps",
             Kind.SUBMITTED: lambda: f"submitted job {e['job_id']}",
             Kind.JOB_STATE: lambda: f"job {e['job_id']} is {e['state']}",
+            Kind.PENDING_REASON: lambda: f"job {e['job_id']} waits: {describe(e['reason'])}",
             Kind.ATTEMPT_STARTED: lambda: (
                 f"{tag}started (job {e['job_id']}, restart {e['restart']}, {e['world_size']} ranks on {', '.join(e['hosts'])})"
             ),
@@ -129,7 +134,10 @@ class LiveView:
         left = (p["total_steps"] - p["step"]) / rate if rate else None
         loss = "-" if p.get("loss") is None else f"{p['loss']:.4f}"
         rate_text = f"{rate:.1f}" if rate else "-"
-        text = f"attempt {n} | step {p['step']}/{p['total_steps']} | loss {loss} | {rate_text} steps/s | ETA {_duration(left)}"
+        self._live(f"attempt {n} | step {p['step']}/{p['total_steps']} | loss {loss} | {rate_text} steps/s | ETA {_duration(left)}")
+
+    def _live(self, text: str) -> None:
+        """The live line: redrawn in place on a terminal, elsewhere printed at most every few seconds."""
         if self.tty:
             self.stream.write("\r\033[K" + text)
             self.stream.flush()
@@ -161,6 +169,12 @@ def _resume_problem(e: dict) -> str:
         d = replay["first_divergence"]
         return f"replay diverged first at step {d['step']} on rank {d['rank']}: {d['cause']}"
     return str(e["mismatches"])
+
+
+def waiting_line(w: dict) -> str:
+    """A pending job in words: how long it has waited and the scheduler's reason (a `WAITING` report)."""
+    why = f": {describe(w['reason'])}" if w.get("reason") else ""
+    return f"job {w['job_id']} pending for {_duration(w['waited_s'])}{why}"
 
 
 def status_table(summary: RunSummary) -> str:

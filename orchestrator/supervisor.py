@@ -31,6 +31,7 @@ from legato.events import ATTEMPT_ENDING, TERMINAL, Kind
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import current_job, current_session, read_progress
+from legato.orchestrator.waiting import PENDING, waiting_job
 from legato.runtime.signals import parse_signal
 from legato.slurm.backend import Backend, JobState
 from legato.slurm.backends import backend_for
@@ -99,6 +100,8 @@ class Supervisor:
         self._state: tuple[str, JobState, float] | None = None
         self._lost_since: dict[tuple[str, int], float] = {}
         self._lost_cancelled: set[tuple[str, int]] = set()
+        self._reasons: dict[str, str] = {}
+        self._cancelled: set[str] = set()
 
     def run(self) -> int:
         """Watch (and when needed submit) until the current session ends; returns the run's exit code."""
@@ -116,6 +119,9 @@ class Supervisor:
             self._preempt(session, handle)
             self._end_after_lost_rank(session, handle)
             state = self._job_state(handle)
+            if state.blocked:
+                self._end_blocked(handle, state)
+                continue
             if not state.active:
                 self._after_job_end(handle, state.name)
                 continue
@@ -156,7 +162,11 @@ class Supervisor:
         if progress and progress.get("time") != self._progress_time:
             self._progress_time = progress.get("time")
             self.notify(Kind.PROGRESS, progress)
-        return current_session(events)
+        session = current_session(events)
+        waiting = waiting_job(session, time.time())
+        if waiting is not None:
+            self.notify(Kind.WAITING, waiting)
+        return session
 
     def _handle(self, job_id: str) -> JobHandle:
         if job_id not in self._handles:
@@ -173,7 +183,22 @@ class Supervisor:
         self._state = (handle.job_id, state, now)
         if self.backend.records_state_changes and state.name != previous:
             self.ledger.append(Kind.JOB_STATE, job_id=handle.job_id, state=state.name)
+        if self.backend.records_state_changes and state.name == PENDING and state.reason not in (None, self._reasons.get(handle.job_id)):
+            self._reasons[handle.job_id] = state.reason
+            self.ledger.append(Kind.PENDING_REASON, job_id=handle.job_id, reason=state.reason)
         return state
+
+    def _end_blocked(self, handle: JobHandle, state: JobState) -> None:
+        """A job the scheduler can never start ends the run now (exit 1, the reason and the fix), not after hours in the queue."""
+        handle.cancel()
+        self._cancelled.add(handle.job_id)
+        self.ledger.append(
+            Kind.FAILED,
+            job_id=handle.job_id,
+            exit_code=EXIT_FAILED,
+            reason=f"job {handle.job_id} can never start: {self.backend.name} keeps it pending with reason {state.reason}, and "
+                   f"{state.blocked} Job {handle.job_id} was cancelled; run `legato run` again once the config is fixed.",
+        )
 
     def _after_job_end(self, handle: JobHandle, state: str) -> None:
         session = self._report_new()
@@ -263,7 +288,7 @@ class Supervisor:
         wait for it in a collective) would leave those ranks waiting until the collective timeout: cancel the job."""
         job_id = current_job(session)
         ends = [e["event"] for e in session if e["event"] in TERMINAL]
-        if job_id is None or ends[-1] != Kind.FAILED:
+        if job_id is None or ends[-1] != Kind.FAILED or job_id in self._cancelled:
             return
         handle = self._handle(job_id)
         if not handle.state().active:

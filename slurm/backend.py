@@ -23,11 +23,13 @@ from legato.config import Config
 
 @dataclass(frozen=True)
 class JobState:
-    """The scheduler's word for a job: its state name, whether it may still run, and why it waits (if it says)."""
+    """The scheduler's word for a job: its state name, whether it may still run, why it waits (if it says), and,
+    for a job the scheduler will never start, why and the fix (`blocked`; None while it may still start)."""
 
     name: str
     active: bool
     reason: str | None = None
+    blocked: str | None = None
 
 
 @dataclass(frozen=True)

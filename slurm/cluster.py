@@ -1,7 +1,8 @@
 """The SLURM backend: a legato job as an sbatch job, watched and steered through SLURM's own commands.
 
 State comes from `sacct`, falling back to `scontrol show job` and `squeue`
-when accounting is off; a pending job's reason from `squeue`. Every
+when accounting is off; a pending job's reason from `squeue`, and whether
+SLURM can never start it (`legato.slurm.pending`). Every
 scheduler command has a timeout and is an argument list, never a shell
 string. It must NEVER submit without `sbatch` and `srun` on PATH, and never
 build a command from config strings (submitit quotes every `#SBATCH` value).
@@ -18,7 +19,7 @@ from typing import Any
 from legato.config import Config
 from legato.errors import UsageError
 from legato.runtime import processes
-from legato.slurm import submission
+from legato.slurm import pending, submission
 from legato.slurm.backend import Backend, JobPlace, JobState
 
 REQUEUE_TIMEOUT_S = 60.0
@@ -69,10 +70,10 @@ class SlurmBackend(Backend):
         return JobPlace(str(env.job_id), restart, tuple(env.hostnames))
 
     def state(self, job_id: str) -> JobState:
-        """sacct's state (or scontrol's, or squeue's); a pending job also says why it waits."""
+        """sacct's state (or scontrol's, or squeue's); a pending job also says why it waits, and whether it never will start."""
         name = slurm_state(job_id)
         reason = pending_reason(job_id) if name == "PENDING" else None
-        return JobState(name, name in ACTIVE or name == "UNKNOWN", reason)
+        return JobState(name, name in ACTIVE or name == "UNKNOWN", reason, pending.blocked(job_id, reason))
 
     def signal(self, job_id: str, sig: signal.Signals, pids: list[int]) -> None:
         """`scancel --signal` reaches every step's tasks; the pids are not needed."""

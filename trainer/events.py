@@ -5,7 +5,8 @@ with the fields of its kind below. `Kind` is str-valued, so a record read back
 from disk (plain strings) compares equal to its member, and a member written
 to JSON is its plain string: the file format is the strings themselves.
 Three kinds (`PROGRESS`, `STOP_AGREED`, `ERROR`) are reports from the trainer
-to its `on_event` callback that never land in the ledger as such; the Session
+to its `on_event` callback, and one (`WAITING`) the supervisor's to its CLI,
+that never land in the ledger as such; the Session
 reports `CHECKPOINT_COMMITTED`, `RESUMED`, `REPLAY_STOPPED` and `BUCKET_LAYOUT`
 with the fields below plus `rank` (and `path` for a resume), and the job side
 writes them on with its job tag (a script's own Session writes them itself,
@@ -31,6 +32,8 @@ class Kind(str, enum.Enum):
     RESUBMITTED = "resubmitted"
     # The supervisor, when the scheduler's state of the current job changes.
     JOB_STATE = "job_state"
+    # The supervisor, when the scheduler's reason for keeping the current job pending changes (squeue's %r).
+    PENDING_REASON = "pending_reason"
     # `legato cancel`, before it asks the scheduler to cancel the job.
     CANCEL_REQUESTED = "cancel_requested"
     # `legato cancel` or the supervisor, once a cancelled run has ended: terminal.
@@ -77,6 +80,8 @@ class Kind(str, enum.Enum):
     STOP_AGREED = "stop_agreed"
     # `run_rank`, when its rank failed. The job side keeps the message for the `FAILED` or `RANK_LOST` record.
     ERROR = "error"
+    # The supervisor, on every poll while the current job waits in the queue: why and for how long. The live line, never the ledger.
+    WAITING = "waiting"
 
     # As the plain string in text, like `enum.StrEnum` (Python >= 3.11): f"{kind}" is "resumed".
     __str__ = str.__str__
@@ -98,8 +103,8 @@ DECISIONS = (Kind.REQUEUED, Kind.REQUEUE_FAILED, Kind.FAILED, Kind.RANK_LOST)
 JOB_SUBMISSIONS = (Kind.SUBMITTED, Kind.RESUBMITTED)
 """The kinds that name a newly submitted job (its `job_id`)."""
 
-NOT_IN_LEDGER = (Kind.PROGRESS, Kind.STOP_AGREED, Kind.ERROR)
-"""The trainer's reports to its callback that are never ledger records themselves."""
+NOT_IN_LEDGER = (Kind.PROGRESS, Kind.STOP_AGREED, Kind.ERROR, Kind.WAITING)
+"""The trainer's reports to its callback (and the supervisor's to its CLI) that are never ledger records themselves."""
 
 
 class _Attempt(TypedDict, total=False):
@@ -148,6 +153,21 @@ class JobState(TypedDict):
 
     job_id: str
     state: str
+
+
+class PendingReason(TypedDict):
+    """The fields of a `PENDING_REASON` record: the scheduler's new reason for keeping the current job pending."""
+
+    job_id: str
+    reason: str
+
+
+class Waiting(TypedDict):
+    """The fields of a `WAITING` report: the pending job, the scheduler's reason (None before it gives one), seconds waited."""
+
+    job_id: str
+    reason: str | None
+    waited_s: float
 
 
 class CancelRequested(TypedDict):
@@ -348,6 +368,7 @@ FIELDS: dict[Kind, type] = {
     Kind.SUBMITTED: Submitted,
     Kind.RESUBMITTED: Resubmitted,
     Kind.JOB_STATE: JobState,
+    Kind.PENDING_REASON: PendingReason,
     Kind.CANCEL_REQUESTED: CancelRequested,
     Kind.CANCELLED: Cancelled,
     Kind.PREEMPT_SENT: PreemptSent,
@@ -371,6 +392,7 @@ FIELDS: dict[Kind, type] = {
     Kind.PROGRESS: Progress,
     Kind.STOP_AGREED: StopAgreed,
     Kind.ERROR: Error,
+    Kind.WAITING: Waiting,
 }
 """Each kind's fields (besides "event" and "time"), as a TypedDict."""
 

@@ -161,6 +161,26 @@ def test_requeue_budget_ends_a_job_that_keeps_stopping(cluster, tmp_path: Path) 
     assert "requeue budget exhausted" in table
 
 
+def test_a_job_slurm_can_never_start_ends_the_run_at_once(cluster, tmp_path: Path) -> None:
+    """Two nodes asked of the one-node partition: SLURM keeps the job PENDING forever (PartitionNodeLimit, or
+    PartitionConfig on SLURM 22.05). `legato run` ends with exit 1, the reason and the fix, and the job cancelled."""
+    run_dir = tmp_path / "run"
+    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", "slurm.nodes=2", timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in out, out[-3000:]
+    assert "can never start: slurm keeps it pending with reason" in out and "Lower slurm.nodes to 1 or less" in out, out[-3000:]
+    events = ledger(run_dir)
+    reasons = [e["reason"] for e in events if e["event"] == "pending_reason"]
+    assert reasons and reasons[-1] in ("PartitionNodeLimit", "PartitionConfig"), reasons
+    (failed,) = [e for e in events if e["event"] == "failed"]
+    job_id = failed["job_id"]
+    assert reasons[-1] in failed["reason"] and f"Job {job_id} was cancelled" in failed["reason"]
+    wait_for(lambda: "CANCELLED" in sacct_history(job_id), timeout=60, what=f"sacct to show job {job_id} cancelled")
+    assert subprocess.run(["squeue", "-h", "-j", job_id, "-t", "PENDING"], capture_output=True, text=True).stdout.strip() == ""
+    data = status(run_dir)
+    assert data["state"] == "failed" and "Lower slurm.nodes" in data["failure"] and data["waiting"] is None
+
+
 def test_job_state_without_accounting_falls_back_and_never_stays_unknown(cluster) -> None:
     from legato.slurm.backends import backend_for
     from legato.slurm.jobs import JobHandle

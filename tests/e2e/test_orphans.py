@@ -1,9 +1,12 @@
 """No orphans: a SIGKILL of the local launcher, of one rank or of the supervisor, at a random moment, leaves no
-process of the run behind; a detached supervisor ends when its run ends."""
+process of the run behind; a detached supervisor ends when its run ends. Thirty launcher kills in a row leave
+nothing alive even a second later (before the ranks armed their parent-death signal before exec, a kill during a
+rank's start-up left it running for seconds)."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
@@ -177,3 +180,98 @@ def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on
     events = ledger(run_dir)
     assert [e["previous_job_id"] for e in events if e["event"] == "resubmitted"] == [str(controller)], out[-3000:]
     assert [e["match"] for e in events if e["event"] == "resumed"] == [True]
+
+
+MARK = "LEGATO_TEST_RUN_MARK"
+CAMPAIGN = ("train.steps=100000", "train.options.sentences=100", "train.num_workers=1", "checkpoint.every_steps=5",
+            "checkpoint.keep_last=1000", "checkpoint.hash_every_steps=5", "checkpoint.agree_every_steps=1",
+            "checkpoint.replay_steps=4", "chaos.signal_at_steps=[]")
+MOMENTS = ["start-up"] * 10 + ["training"] * 10 + ["checkpoint"] * 10
+
+
+def marked(token: str) -> set[int]:
+    """Every live process whose environment carries `token`: the launcher, its ranks and their DataLoader workers."""
+    needle = f"{MARK}={token}\0".encode()
+    found = set()
+    for entry in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError):
+            if needle in (entry / "environ").read_bytes() and alive(int(entry.name)):
+                found.add(int(entry.name))
+    return found
+
+
+def launch_marked(run_dir: Path, token: str, log: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={run_dir}"]
+    for item in CAMPAIGN:
+        cmd += ["--set", item]
+    with open(log, "w") as out:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                env=dict(os.environ, PYTHONWARNINGS="ignore", **{MARK: token}))
+
+
+def wait_for_moment(moment: str, launcher: subprocess.Popen, token: str, run_dir: Path, since: float, rnd: random.Random) -> None:
+    """Sleep until a random moment of the ranks' start-up (importing torch, meeting, resuming), of training, or inside
+    a checkpoint write."""
+    if moment == "start-up":
+        wait_until(lambda: launcher.poll() is not None or len(marked(token)) >= 3, 240, "the launcher to start its ranks")
+        time.sleep(rnd.uniform(0, 2))
+        return
+    traj = run_dir / "trajectory" / "rank0.jsonl"
+    wait_until(lambda: launcher.poll() is not None or (traj.exists() and traj.stat().st_mtime > since), 240, "training to start")
+    if moment == "training":
+        time.sleep(rnd.uniform(0, 1))
+        return
+    deadline = time.monotonic() + 120
+    while not list((run_dir / "checkpoints").glob(".tmp_step_*")):
+        assert time.monotonic() < deadline and launcher.poll() is None, "no checkpoint write seen"
+        time.sleep(0.001)
+    time.sleep(rnd.uniform(0, 0.02))
+
+
+def kill_and_look(launcher: subprocess.Popen, token: str) -> tuple[int, set[int]]:
+    """SIGKILL the launcher by pid from outside; how many processes of the run lived just before, and which live 1 s after."""
+    before = marked(token)
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait(timeout=30)
+    time.sleep(1)
+    return len(before), marked(token)
+
+
+@pytest.mark.slow
+def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second_later(tmp_path: Path) -> None:
+    """Start-up, training and checkpoint writes, ten kills each, in a seeded order and at seeded delays (the seed is
+    in every failure message; LEGATO_KILL_SEED replays one); each launch resumes the run the previous kill left.
+    Every resume still verifies, and the run's checkpoints are bit for bit those of an uninterrupted run."""
+    seed = int(os.environ.get("LEGATO_KILL_SEED", "0")) or random.randrange(1, 10**6)
+    rnd = random.Random(seed)
+    moments = rnd.sample(MOMENTS, len(MOMENTS))
+    run_dir, token = tmp_path / "run", f"orphans-{os.getpid()}-{seed}"
+    busy: list[int] = []
+    try:
+        for i, moment in enumerate(moments):
+            since = time.time()
+            launcher = launch_marked(run_dir, token, tmp_path / f"launch{i}.log")
+            wait_for_moment(moment, launcher, token, run_dir, since, rnd)
+            assert launcher.poll() is None, (tmp_path / f"launch{i}.log").read_text()[-3000:]
+            count, left = kill_and_look(launcher, token)
+            assert left == set(), f"seed {seed}, kill {i} ({moment}): {sorted(left)} of {count} processes still alive 1 s after"
+            busy.append(count)
+        # Two ranks with a DataLoader worker each under the launcher: the kills hit runs in full flight.
+        assert sum(1 for c in busy if c >= 5) >= 15, busy
+        logs = "\n".join((tmp_path / f"launch{i}.log").read_text() for i in range(len(moments)))
+        resumes = [line for line in logs.splitlines() if "resumed at step" in line]
+        assert len(resumes) >= 10 and all("verified" in line for line in resumes), resumes
+        reference = tmp_path / "reference"
+        steps = sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
+        launcher = launch_marked(reference, token, tmp_path / "reference.log")
+        wait_until(lambda: (reference / "checkpoints" / f"step_{steps[-1]}").is_dir(), 600, f"the reference's step {steps[-1]}")
+        _, left = kill_and_look(launcher, token)
+        assert left == set()
+        for step in steps:
+            ours = json.loads((run_dir / "checkpoints" / f"step_{step}" / "manifest.json").read_text())["global_hash"]
+            theirs = json.loads((reference / "checkpoints" / f"step_{step}" / "manifest.json").read_text())["global_hash"]
+            assert ours == theirs, f"seed {seed}: step {step} differs from the uninterrupted run"
+    finally:
+        for pid in marked(token):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

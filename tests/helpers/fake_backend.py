@@ -31,11 +31,17 @@ class Step:
     active: bool = True
     reason: str | None = None
     events: tuple[dict, ...] = ()
+    blocked: str | None = None
 
 
 def pending(reason: str = "Resources") -> Step:
     """Waiting in the queue, saying why."""
     return Step("PENDING", reason=reason)
+
+
+def never_starts(reason: str, why: str) -> Step:
+    """Pending for a reason the scheduler can never clear (`why`: the explanation and fix the backend gives)."""
+    return Step("PENDING", reason=reason, blocked=why)
 
 
 def running(restart: int = 0, hosts: tuple[str, ...] = ("n1",), *events: dict) -> Step:
@@ -94,10 +100,10 @@ class FakeBackend(Backend):
         steps = self._steps[job_id]
         step = steps.pop(0)
         if not steps:
-            steps.append(Step(step.state, step.active, step.reason))  # the last step repeats, writing nothing again
+            steps.append(Step(step.state, step.active, step.reason, blocked=step.blocked))  # the last step repeats, writing nothing again
         for event in step.events:
             self.ledger.append(event["event"], job_id=job_id, **{k: v for k, v in event.items() if k != "event"})
-        return JobState(step.state, step.active, step.reason)
+        return JobState(step.state, step.active, step.reason, step.blocked)
 
     def signal(self, job_id: str, sig: signal.Signals, pids: list[int]) -> None:
         """Recorded, nothing delivered."""

@@ -4,12 +4,16 @@ Starts N real processes (gloo on CPU), forwards the stop signal to all of
 them, and exits with the job's code: 0 training complete, 75 stopped at a
 committed checkpoint (run the same command again to resume), 2 bad input.
 When one rank fails, the others are killed rather than left in a collective;
-when the launcher dies (even by SIGKILL), its ranks die with it (legato.runtime.lifeline).
+when the launcher dies (even by SIGKILL), its ranks die with it: each rank is
+armed to die with the launcher before it execs (legato.runtime.lifeline), and
+leads a process group of its own (its DataLoader workers join it) that the
+launcher's exit path, whatever it is, kills whole.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import socket
@@ -23,7 +27,7 @@ from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageE
 from legato.paths import RunPaths
 from legato.runtime.job import resolve_entrypoint
 from legato.runtime.launch_env import determinism_environ
-from legato.runtime.lifeline import LAUNCHER_PID
+from legato.runtime.lifeline import LAUNCHER_PID, armed_child
 from legato.runtime.signals import parse_signal
 from legato.store.manifest import check_tree
 
@@ -81,14 +85,18 @@ def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signa
     # the signal while ranks are still being started, so one that came then is sent again to every rank after.
     signal.pthread_sigmask(signal.SIG_BLOCK, {stop_signal})
     previous = signal.signal(stop_signal, forward)
+    arm = armed_child()
     try:
         for rank in range(nproc):
-            procs.append(subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port)))
+            procs.append(subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port), preexec_fn=arm,
+                                          process_group=0))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
         if received:
             forward(received[0], None)
         return _wait(procs)
     finally:
+        # Whatever ends the launcher short of SIGKILL (an exception, Ctrl-C) ends every rank and worker with it.
+        _kill_groups(procs)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
         signal.signal(stop_signal, previous)
 
@@ -142,10 +150,25 @@ def _job_code(codes: list[int]) -> int:
 
 
 def _kill_all(procs: list[subprocess.Popen]) -> None:
+    """After a rank failed: give the others a moment to end by themselves, then kill each with its workers."""
     deadline = time.monotonic() + KILL_GRACE_S
     for p in procs:
         while p.poll() is None and time.monotonic() < deadline:
             time.sleep(POLL_S)
         if p.poll() is None:
-            p.kill()
+            _kill_group(p)
             p.wait()
+
+
+def _kill_groups(procs: list[subprocess.Popen]) -> None:
+    """Kill every rank's process group (the rank and whatever it started), then reap the ranks."""
+    for p in procs:
+        _kill_group(p)
+    for p in procs:
+        p.wait()
+
+
+def _kill_group(p: subprocess.Popen) -> None:
+    # A rank leads its group, so the group's id is its pid; a group that is already empty is no error.
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(p.pid, signal.SIGKILL)

@@ -22,6 +22,7 @@ import select
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
@@ -29,12 +30,37 @@ PR_SET_PDEATHSIG = 1
 LAUNCHER_PID = "LEGATO_LAUNCHER_PID"
 
 
+def _prctl() -> Callable[..., int] | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+
+
+def armed_child(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] | None:
+    """A `preexec_fn` for `subprocess.Popen` that arms `sig` in the child before it execs (PR_SET_PDEATHSIG survives
+    exec), then exits the child if this process already died in between; None elsewhere than Linux.
+
+    libc's prctl is looked up here, in the parent: between fork and exec the child only calls it.
+    """
+    prctl, parent = _prctl(), os.getpid()
+    if prctl is None:
+        return None
+
+    def arm() -> None:
+        # A failure cannot be logged here; the child's own `die_with_parent` arms again and warns.
+        prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(128 + int(sig))
+
+    return arm
+
+
 def die_with_parent(expected_parent: int | None = None, sig: signal.Signals = signal.SIGKILL) -> None:
     """Arm `sig` for when the parent dies; exit now if the parent is already gone (or is not `expected_parent`)."""
-    if not sys.platform.startswith("linux"):
+    prctl = _prctl()
+    if prctl is None:
         return
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d); this process may outlive its parent", ctypes.get_errno())
         return
     parent = os.getppid()

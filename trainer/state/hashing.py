@@ -3,7 +3,8 @@
 One pass over the bytes: every tensor's raw bytes are hashed once with
 XXH3-128 (`tensor_digest`), and everything else is a hash of small things: a
 component's digest feeds type tags, shapes, dtypes, scalars and those tensor
-digests into another XXH3-128. The checkpoint writer reuses the same tensor
+digests into another XXH3-128, by the plain-data rule of
+`legato.state.digest_rule` (which also combines rank and global hashes). The checkpoint writer reuses the same tensor
 digests for the file-integrity hash of the bytes torch.save streams from the
 very same memory (`Digests` remembers them by storage address), so a
 checkpoint's state is hashed once. XXH3 is a non-cryptographic hash: it guards
@@ -17,11 +18,14 @@ beyond what the state itself defines).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 import xxhash
+
+from legato.state.digest_rule import feed, global_hash, rank_hash, refuse
+
+__all__ = ["DIGEST_BYTES", "HASH_NAME", "Digests", "digest", "global_hash", "rank_hash", "raw_digest"]
 
 DIGEST_BYTES = 16
 HASH_NAME = "xxh3_128"
@@ -59,44 +63,14 @@ class Digests:
 def digest(value: Any, seen: Digests | None = None) -> str:
     """Hex digest of a nested structure of tensors, numbers, strings, lists and dicts."""
     h = xxhash.xxh3_128()
-    _feed(h, value, seen if seen is not None else Digests())
+    seen = seen if seen is not None else Digests()
+    feed(h, value, lambda hh, v: _leaf(hh, v, seen))
     return h.hexdigest()
 
 
-def rank_hash(components: Mapping[str, str]) -> str:
-    """One digest over a rank's component digests, in name order."""
-    return digest({name: components[name] for name in sorted(components)})
-
-
-def global_hash(rank_hashes: Sequence[str]) -> str:
-    """One digest over the rank hashes, in rank order."""
-    return digest(list(rank_hashes))
-
-
-def _feed(h: Any, value: Any, seen: Digests) -> None:
-    if isinstance(value, torch.Tensor):
-        h.update(f"t{value.dtype}{tuple(value.shape)}:".encode() + seen.tensor(value))
-    elif isinstance(value, Mapping):
-        h.update(b"{%d" % len(value))
-        for key in sorted(value, key=repr):
-            _feed(h, key, seen)
-            _feed(h, value[key], seen)
-        h.update(b"}")
-    elif isinstance(value, (list, tuple)):
-        h.update(b"[%d" % len(value))
-        for item in value:
-            _feed(h, item, seen)
-        h.update(b"]")
-    elif isinstance(value, bool) or value is None:
-        h.update(b"b" + repr(value).encode())
-    elif isinstance(value, int):
-        h.update(b"i" + str(value).encode() + b";")
-    elif isinstance(value, float):
-        h.update(b"f" + value.hex().encode() + b";")
-    elif isinstance(value, str):
-        data = value.encode()
-        h.update(b"s%d:" % len(data) + data)
-    elif isinstance(value, bytes):
-        h.update(b"y%d:" % len(value) + value)
-    else:
-        raise TypeError(f"cannot hash a {type(value).__name__} in training state; store plain data")
+def _leaf(h: Any, value: Any, seen: Digests) -> None:
+    """Tensors by dtype, shape and their bytes' digest; anything else not plain is refused."""
+    if not isinstance(value, torch.Tensor):
+        refuse(h, value)
+        return
+    h.update(f"t{value.dtype}{tuple(value.shape)}:".encode() + seen.tensor(value))

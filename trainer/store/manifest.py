@@ -21,13 +21,14 @@ import xxhash
 
 from legato.errors import UsageError
 from legato.paths import CHECKPOINT_MANIFEST, STEP_PREFIX, TMP_STEP_PREFIX
+from legato.store.manifest_schema import FILE_HASH_KEY, check_manifest
 from legato.treediff import changed_leaves
 
 log = logging.getLogger(__name__)
 
 FORMAT = 2  # 2: XXH3-128 digests and region-wise file hashes (1 was SHA-256 of whole files)
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
-HASH_KEY = "xxh3_128"
+HASH_KEY = FILE_HASH_KEY
 READ_CHUNK = 1 << 22
 
 
@@ -103,7 +104,8 @@ def read_manifest_file(path: Path) -> dict:
 
 
 def read_manifest(path: Path) -> dict:
-    """The manifest of checkpoint directory `path`, after verifying every file it lists.
+    """The manifest of checkpoint directory `path`, after checking its fields' types and that its stated hashes agree
+    with each other (`manifest_schema`), then verifying every file it lists.
 
     Raises ValueError naming what is wrong.
     """
@@ -112,9 +114,8 @@ def read_manifest(path: Path) -> dict:
         raise ValueError(f"{CHECKPOINT_MANIFEST} is not a legato checkpoint manifest of format {FORMAT}")
     if manifest.get("manifest_sha256") != manifest_checksum(manifest):
         raise ValueError(f"{CHECKPOINT_MANIFEST} does not match its own checksum (corrupt)")
+    check_manifest(manifest)
     for name, info in manifest["files"].items():
-        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
-            raise ValueError(f"{CHECKPOINT_MANIFEST} names the file {name!r}, which is not a plain name inside the checkpoint")
         _verify_file(path / name, info)
     return manifest
 
