@@ -186,3 +186,18 @@ def test_placement_refuses_what_the_machine_cannot_honour() -> None:
     for sets, words in ((["train.device=cuda"], "no usable CUDA device"), (["train.backend=nccl"], "NCCL moves CUDA tensors only")):
         with pytest.raises(UsageError, match=words):
             resolve_placement(load_config(None, sets).train, 0, 1)
+
+
+def test_the_agreed_interval_at_most_doubles_after_a_burst_of_fast_steps() -> None:
+    """A replay or a warm cache runs steps fast; the interval proposed after them must not jump to thousands of steps
+    that the slower steps after it would take minutes to reach with a stop signal waiting."""
+    import time
+
+    from legato.dist.stop import StopAgreement
+
+    agreement = StopAgreement(None)
+    agreement.interval = 4
+    agreement._last_check = (0, time.monotonic() - 1e-3)  # 1000 steps in a millisecond
+    assert agreement._propose(1000) == 8
+    agreement._last_check = (1000, time.monotonic() - 100.0)  # then one step per 10 s: shrinks at once
+    assert agreement._propose(1010) == 1

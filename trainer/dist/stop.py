@@ -83,7 +83,7 @@ class StopAgreement:
     The interval is fixed (`every_steps` > 0) or agreed: every rank proposes
     how many of its steps fill about `target_s` seconds, and the smallest
     proposal wins through the same all-reduce, so every rank checks at the same
-    steps. A stop signal is acted on within two intervals.
+    steps. An interval at most doubles from one check to the next. A stop signal is acted on within two intervals.
     """
 
     MAX_INTERVAL = 10_000
@@ -128,7 +128,9 @@ class StopAgreement:
         if step == last_step:
             return 1
         per_step = (now - last_time) / (step - last_step)
-        return max(1, min(self.MAX_INTERVAL, int(self.target_s / max(per_step, 1e-9))))
+        # At most twice the current interval: a burst of fast steps (a warm cache, a replay) must not set an interval
+        # that slower steps after it would take minutes to reach, with a stop signal waiting.
+        return max(1, min(self.MAX_INTERVAL, 2 * self.interval, int(self.target_s / max(per_step, 1e-9))))
 
     def _collect(self) -> tuple[Decision, int]:
         if self._pending is None:

@@ -71,10 +71,14 @@ class Chaos:
             if self.consumes(c.name):
                 c.obj.draw()
 
-    def after_step(self, rank: int, step: int, signum: signal.Signals) -> None:
-        """Slow the step down, and send this rank its stop signal after a planted step."""
+    def slow_step(self) -> None:
+        """Slow every step down, replayed ones too: a replay that ran faster than the steps after it would teach the
+        stop agreement an interval the slowed steps then take minutes to reach."""
         if self.step_sleep_s:
             time.sleep(self.step_sleep_s)
+
+    def after_step(self, rank: int, step: int, signum: signal.Signals) -> None:
+        """Send this rank its stop signal after a planted step."""
         if rank == self.signal_rank and step in self.signal_at_steps:
             log.warning("chaos: rank %d sends itself %s after step %d", rank, signum.name, step)
             os.kill(os.getpid(), signum)

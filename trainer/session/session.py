@@ -371,6 +371,7 @@ class Session:
             # The finished iterator goes now either way, as the plain loop's does, with its workers.
             self._feed.drop()
         record = self._saving.record_step(self._loss, _unwrap(self.model))
+        self.chaos.slow_step()
         if self._replayer.active:
             outcome = self._replayer.step(self.step, record, self._saving.held.held_at)
             self.stopped = outcome is Outcome.STOPPED
