@@ -23,6 +23,9 @@ from typing import Any
 import torch
 import xxhash
 
+from legato.errors import UsageError
+from legato.state.sharded import is_dtensor
+
 DIGEST_BYTES = 16
 HASH_NAME = "xxh3_128"
 
@@ -74,6 +77,12 @@ def global_hash(rank_hashes: Sequence[str]) -> str:
 
 
 def _feed(h: Any, value: Any, seen: Digests) -> None:
+    if is_dtensor(value):
+        raise UsageError(
+            "The training state holds a DTensor (an FSDP2 or tensor-parallel shard) in a component that legato saves as replicated "
+            "or plain per-rank state, where one rank's shard would stand for every rank's. Pass the fully_shard'ed model itself as "
+            "model= (its optimizer, gradients and extras are then saved as each rank's shards)."
+        )
     if isinstance(value, torch.Tensor):
         h.update(f"t{value.dtype}{tuple(value.shape)}:".encode() + seen.tensor(value))
     elif isinstance(value, Mapping):
