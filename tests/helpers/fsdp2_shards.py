@@ -12,6 +12,8 @@ state are turned into plain records and back:
   shard), and the next step of both is identical;
 - the records survive torch.save / torch.load(weights_only=True);
 - another rank's shard is refused, naming its offsets;
+- gradients of micro-batches run with the gradient sync off (not yet reduced) are refused, and saved once a
+  synced backward reduced them;
 - a DTensor in a component not registered as sharded is refused by the digest.
 
 Each rank writes OUT_DIR/result_rank<R>.json with what it saw.
@@ -32,7 +34,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from legato.errors import UsageError
 from legato.state.hashing import digest
 from legato.state.owned import Gradients
-from legato.state.sharded import MARK, Shards, meshes_of
+from legato.state.sharded import MARK, ShardedGradients, Shards, meshes_of
 
 
 def build(mesh) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -98,6 +100,18 @@ def main() -> None:
         result["foreign_shard"] = "accepted"
     except UsageError as exc:
         result["foreign_shard"] = str(exc)
+
+    x = torch.randn(4, 5, generator=torch.Generator().manual_seed(9))
+    model.set_requires_gradient_sync(False)
+    model(x).float().sum().backward()
+    try:
+        ShardedGradients(Gradients(model), model).state_dict()
+        result["unreduced"] = "saved"
+    except UsageError as exc:
+        result["unreduced"] = str(exc)
+    model.set_requires_gradient_sync(True)
+    model(x).float().sum().backward()
+    result["reduced_saves"] = MARK in ShardedGradients(Gradients(model), model).state_dict()["grads"][0]
 
     try:
         digest(optimizer.state_dict())

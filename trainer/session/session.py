@@ -60,7 +60,7 @@ from legato.state import loaders, rng
 from legato.state.components import Component
 from legato.state.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
 from legato.state.sampler import ResumableDistributedSampler, worker_init
-from legato.state.sharded import Shards, holds_dtensors, meshes_of
+from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
 from legato.store.commit import Committed
 
 if TYPE_CHECKING:
@@ -370,11 +370,12 @@ class Session:
             rows.append(Component("scheduler", self.scheduler, table.TRAIN_STATE_FILE))
         if self.scaler is not None:
             rows.append(Component("scaler", self.scaler, table.TRAIN_STATE_FILE))
-        own = (lambda obj: Shards(obj, meshes_of(module))) if holds_dtensors(module) else (lambda obj: obj)
+        sharded = holds_dtensors(module)
+        own = (lambda obj: Shards(obj, meshes_of(module))) if sharded else (lambda obj: obj)
         rows += [
             Component("counters", Counters(self._position), table.TRAIN_STATE_FILE),
             Component("metrics", self._metrics),
-            Component("grads", own(Gradients(module))),
+            Component("grads", ShardedGradients(Gradients(module), module) if sharded else Gradients(module)),
             *(Component(f"extra.{name}", own(obj), restore_last=is_rng(obj)) for name, obj in self.extras.items()),
             Component("data", DataPosition(self._position, self.source)),
             *(Component(name, obj, restore_last=True) for name, obj in rng.components(self.generators).items()),

@@ -165,3 +165,39 @@ class Shards:
 
     def load_state_dict(self, state: dict) -> None:
         self.obj.load_state_dict(from_plain(state, self.meshes()))
+
+
+def unreduced_gradients(module: torch.nn.Module) -> list[str]:
+    """FSDP2 parameters holding gradients of micro-batches run with gradient sync off, not yet reduced into `.grad`."""
+    names = []
+    for sub in module.modules():
+        state = sub._get_fsdp_state() if callable(getattr(sub, "_get_fsdp_state", None)) else None
+        group = None if state is None else state._fsdp_param_group
+        for param in [] if group is None else group.fsdp_params:
+            unsharded = getattr(param, "_unsharded_param", None)
+            if param.unsharded_accumulated_grad is not None or (unsharded is not None and unsharded.grad is not None):
+                names.append(str(param._param_fqn))
+    return names
+
+
+class ShardedGradients(Shards):
+    """An FSDP2 model's gradients (its `.grad` shards), refused while an accumulation with gradient sync off holds others.
+
+    Those partial sums live in FSDP2's unsharded parameters, outside `.grad`, until the synced micro-batch
+    reduces them: a checkpoint then would lose them, so a step of the Session must end with a synced backward.
+    """
+
+    def __init__(self, gradients: Any, module: torch.nn.Module) -> None:
+        super().__init__(gradients, meshes_of(module))
+        self.module = module
+
+    def state_dict(self) -> dict:
+        pending = unreduced_gradients(self.module)
+        if pending:
+            raise UsageError(
+                f"A Session step ended while FSDP2 held gradients not yet reduced ({', '.join(pending[:3])}"
+                f"{', ...' if len(pending) > 3 else ''}): micro-batches ran with set_requires_gradient_sync(False) and the synced "
+                "one did not follow in the same step. Run a step's whole accumulation inside one Session step, the last micro-batch "
+                "with set_requires_gradient_sync(True)."
+            )
+        return super().state_dict()
