@@ -169,6 +169,7 @@ class Shards:
 
 def unreduced_gradients(module: torch.nn.Module) -> list[str]:
     """FSDP2 parameters holding gradients of micro-batches run with gradient sync off, not yet reduced into `.grad`."""
+    # FSDP2 has no public accessor for these; its FSDPParam attributes are read as torch 2.13 names them.
     names = []
     for sub in module.modules():
         state = sub._get_fsdp_state() if callable(getattr(sub, "_get_fsdp_state", None)) else None

@@ -28,7 +28,7 @@ WRITER_OF_REPLICATED = 0  # replicated state is identical on every rank: one cop
 
 
 def writes(rank: int, file: str) -> bool:
-    """Whether rank `rank` writes `file` (a component's file: RANK_FILE for its own, else a replicated one)."""
+    """Whether rank `rank` writes `file` (a component's file: RANK_FILE or SHARD_FILE for its own, else a replicated one)."""
     return file in (RANK_FILE, SHARD_FILE) or rank == WRITER_OF_REPLICATED
 
 
