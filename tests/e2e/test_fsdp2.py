@@ -5,9 +5,9 @@
 - the bundled trainer on configs/tiny_gpt_fsdp2.yaml (bfloat16 parameters, float32 reduction, no resharding
   after forward, 2 micro-batches with the gradient sync off for the first, activation checkpointing) through
   `legato verify` at 2 and 4 ranks, two interruptions each;
-- planted faults: one shard's bytes changed on disk (the checkpoint is skipped, naming the file, and the run
-  ends bitwise where the uninterrupted one does) and an unrestored sharded optimizer (the restore check names it
-  on every rank);
+- planted faults (the interrupted run's periodic checkpoints written in the background): one shard's bytes
+  changed on disk (the checkpoint is skipped, naming the file, and the run ends bitwise where the uninterrupted
+  one does) and an unrestored sharded optimizer (the restore check names it on every rank);
 - a torchtitan-style loop (examples/port/fsdp2_*.py) ported in at most 10 lines: an uninterrupted port is the
   plain loop bit for bit, and a port stopped twice by SIGUSR2 sent from here to a rank's pid ends on the same bits.
 """
@@ -89,7 +89,8 @@ def test_a_changed_shard_is_skipped_and_an_unrestored_sharded_optimizer_is_named
     sets = (*SHORT, "train.steps=12", "checkpoint.every_steps=4")
     reference, faulted, unrestored = tmp_path / "reference", tmp_path / "faulted", tmp_path / "unrestored"
     assert run_trainer(FSDP2_GPT, reference, *sets).returncode == 0
-    stopped = run_trainer(FSDP2_GPT, faulted, *sets, "chaos.signal_at_steps=[8]")
+    # The periodic checkpoints of the interrupted run are written in the background (checkpoint.async): same files, same bits.
+    stopped = run_trainer(FSDP2_GPT, faulted, *sets, "chaos.signal_at_steps=[8]", "checkpoint.async=true")
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert sorted(p.name for p in (faulted / "checkpoints").iterdir()) == ["step_4", "step_8", "step_9"]
     shutil.copytree(faulted, unrestored)
