@@ -25,6 +25,7 @@ from legato.errors import UsageError
 
 __all__ = [
     "KEEP_LAST_MAX", "MINUTES_MAX", "SECONDS_MAX", "STEPS_MAX", "ChaosSection", "CheckpointSection", "Config", "DeterminismSection",
+    "Fsdp2Section",
     "LocalSection", "ReproSection", "RunSection", "SlurmSection", "TrainSection", "config_from_dict", "load_config",
     "training_identity", "training_settings",
 ]
@@ -101,6 +102,19 @@ class SlurmSection:
 
 
 @dataclass
+class Fsdp2Section:
+    """How the bundled loop shards the model under `train.parallel: fsdp2` (torch's fully_shard, per block then the root)."""
+
+    param_dtype: str = option("float32", choices=("float32", "bfloat16"), doc="dtype the sharded parameters are gathered and computed in "
+                              "(MixedPrecisionPolicy.param_dtype)")
+    reduce_dtype: str = option("float32", choices=("float32", "bfloat16"), doc="dtype gradients are reduce-scattered in "
+                               "(MixedPrecisionPolicy.reduce_dtype)")
+    reshard_after_forward: bool = option(True, doc="free each block's gathered parameters after its forward; false keeps them for the "
+                                         "backward and across micro-batches")
+    activation_checkpointing: bool = option(False, doc="recompute each block's activations in the backward (torch.utils.checkpoint)")
+
+
+@dataclass
 class TrainSection:
     """What is trained and how: the task or entrypoint, its hyperparameters, device and backend."""
 
@@ -118,6 +132,11 @@ class TrainSection:
     backend: str = option("auto", choices=("auto", "nccl", "gloo"), doc="auto is NCCL when each local rank has its own GPU, else gloo")
     collective_timeout_s: int = option(300, minimum=1, maximum=SECONDS_MAX, doc="how long a collective may wait for the other ranks")
     options: dict = option({}, doc="settings passed through to the task or entrypoint")
+    parallel: str = option("ddp", choices=("ddp", "fsdp2"), doc="how the bundled loop spreads the model over the ranks: replicated "
+                           "(DistributedDataParallel) or sharded (FSDP2's fully_shard)")
+    accumulate: int = option(1, minimum=1, maximum=4096, doc="micro-batches per optimizer step (gradient accumulation); each is "
+                             "batch_size / accumulate samples, gradients reduced after the last only")
+    fsdp2: Fsdp2Section = field(default_factory=Fsdp2Section)
 
 
 @dataclass

@@ -63,6 +63,7 @@ def check_cross_fields(cfg: Config, source: str) -> None:
         raise UsageError(f"{source}: set train.task (tiny_gpt or mlp) or train.entrypoint; both are empty.")
     if cfg.train.entrypoint is None:
         _check_task_options(cfg, source)
+    _check_parallel(cfg, source)
     _check_names(cfg, source)
     _check_run_dir(cfg.run_dir, source)
 
@@ -74,6 +75,16 @@ def _check_task_options(cfg: Config, source: str) -> None:
         check_options(cfg.train.task, cfg.train.options, cfg.world_size)
     except UsageError as exc:
         raise UsageError(f"{source}: {exc}") from None
+
+
+def _check_parallel(cfg: Config, source: str) -> None:
+    train = cfg.train
+    if train.batch_size % train.accumulate:
+        raise UsageError(f"{source}: train.batch_size is {train.batch_size}, which train.accumulate ({train.accumulate}) does not divide "
+                         "into equal micro-batches. Pick a batch size that is a multiple of train.accumulate.")
+    if train.parallel == "fsdp2" and train.amp:
+        raise UsageError(f"{source}: train.amp is true with train.parallel: fsdp2, whose mixed precision is its own policy. Set "
+                         "train.amp: false and train.fsdp2.param_dtype: bfloat16 (and reduce_dtype) instead.")
 
 
 def _check_names(cfg: Config, source: str) -> None:

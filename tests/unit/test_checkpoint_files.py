@@ -97,3 +97,38 @@ def test_digest_cache_follows_the_memory_not_the_name() -> None:
     assert digest({"other": t}, seen) != first  # names count
     assert digest({"w": t.clone()}) == first  # the cache changes nothing but the work
     assert digest({"w": t[1:]}, seen) != first  # a view is hashed itself, never mistaken for its storage
+
+
+class _Held:
+    """A Stateful holding one plain dict (a fake of a component, for the layout logic only)."""
+
+    def __init__(self, state: dict) -> None:
+        self.state = state
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state
+
+
+def test_a_sharded_component_goes_to_a_file_its_own_rank_writes(tmp_path: Path) -> None:
+    from legato.errors import UsageError
+    from legato.state.components import RANK_FILE, SHARD_FILE, TRAIN_STATE_FILE, Component
+    from legato.store import layout
+
+    table = [Component("model", _Held({}), SHARD_FILE), Component("counters", _Held({}), TRAIN_STATE_FILE), Component("rng", _Held({}))]
+    assert layout.writes(1, SHARD_FILE) and layout.writes(1, RANK_FILE) and not layout.writes(1, TRAIN_STATE_FILE)
+    for rank in (0, 1):
+        parts = {"model": {"w": torch.full((2,), float(rank))}, "counters": {"step": 3}, "rng": {"r": rank}}
+        files = layout.files(table, parts, rank)
+        assert set(files) == {f"rank{rank}.pt", f"model.shard{rank}.pt"} | ({"train_state.pt"} if rank == 0 else set())
+        assert "model" not in files[f"rank{rank}.pt"]
+        for name, state in files.items():
+            torch.save(state, tmp_path / name)
+    for rank in (0, 1):
+        states = layout.load(table, tmp_path, rank)
+        assert torch.equal(states["model"]["w"], torch.full((2,), float(rank))) and states["rng"] == {"r": rank}
+    (tmp_path / "model.shard1.pt").unlink()
+    with pytest.raises(UsageError, match="no shard file model.shard1.pt for model"):
+        layout.load(table, tmp_path, 1)

@@ -27,6 +27,7 @@ from legato.session.telemetry import Telemetry
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import Digests, rank_hash
+from legato.state.sharded import local
 from legato.state.snapshot import Snapshot, batch_tensors
 from legato.store import checkpoint as ckpt
 from legato.store import layout
@@ -70,7 +71,8 @@ class Saver:
             return None
         step = self.position.step
         first_after_base = step == (self.snapshot.step or 0) + 1
-        grads = replay.fingerprint(p.grad for p in module.parameters()) if first_after_base else None
+        # A DTensor gradient (FSDP2) is fingerprinted by this rank's shard: no collective, no gather.
+        grads = replay.fingerprint(local(p.grad) for p in module.parameters()) if first_after_base else None
         record = replay.step_record(step, loss, self._batch_fingerprint, grads)
         self.held.step_ended(step)
         self.window.append(record)

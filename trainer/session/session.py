@@ -61,6 +61,7 @@ from legato.state import loaders, rng
 from legato.state.components import Component
 from legato.state.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
 from legato.state.sampler import ResumableDistributedSampler, worker_init
+from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
 from legato.store.commit import Committed
 
 if TYPE_CHECKING:
@@ -386,9 +387,9 @@ class Session:
             self._saving.take_snapshot()
 
     def _component_table(self) -> list[Component]:
-        """Every piece of state, in restore order: replicated by DDP (rank 0 writes it), or this rank's own."""
+        """Every piece of state, in restore order: replicated by DDP (rank 0 writes it), this rank's own, or its FSDP2 shards."""
         module = _unwrap(self.model)
-        rows = [
+        rows = self._sharded_rows(module) if holds_dtensors(module) else [
             # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
             # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
             Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
@@ -400,15 +401,23 @@ class Session:
             rows.append(Component("scheduler", self.scheduler, table.TRAIN_STATE_FILE))
         if self.scaler is not None:
             rows.append(Component("scaler", self.scaler, table.TRAIN_STATE_FILE))
+        sharded = holds_dtensors(module)
+        own = (lambda obj: Shards(obj, meshes_of(module))) if sharded else (lambda obj: obj)
         rows += [
             Component("counters", Counters(self._position), table.TRAIN_STATE_FILE),
             Component("metrics", self._metrics),
-            Component("grads", Gradients(module)),
-            *(Component(f"extra.{name}", obj, restore_last=is_rng(obj)) for name, obj in self.extras.items()),
+            Component("grads", ShardedGradients(Gradients(module), module) if sharded else Gradients(module)),
+            *(Component(f"extra.{name}", own(obj), restore_last=is_rng(obj)) for name, obj in self.extras.items()),
             Component("data", DataPosition(self._position, self.source)),
             *(Component(name, obj, restore_last=True) for name, obj in rng.components(self.generators).items()),
         ]
         return rows
+
+    def _sharded_rows(self, module: torch.nn.Module) -> list[Component]:
+        """An FSDP2 (fully_shard) model and its optimizer hold DTensors: each rank saves its own shards of both."""
+        meshes = meshes_of(module)
+        return [Component("model", Shards(module, meshes), table.SHARD_FILE),
+                Component("optimizer", Shards(self.optimizer, meshes), table.SHARD_FILE)]
 
     def _close(self) -> None:
         self._saving.close()

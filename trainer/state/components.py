@@ -3,7 +3,8 @@
 Each row names one component (the name is the digest name in manifests,
 trajectories and `chaos.skip_restore`), the object holding it (a torch
 `Stateful`: `state_dict()` / `load_state_dict()`), the checkpoint file it goes
-to, and whether it is replicated (rank 0 writes the one copy) or per rank.
+to, and whether it is replicated (rank 0 writes the one copy), per rank, or
+sharded (FSDP2: each rank writes its own shards, in a file of their own).
 Save, restore, digest and the fault switches all iterate this table, so no
 component can be saved and forgotten on restore. A replicated component may
 name keys that differ per rank (batch-norm buffers: each rank's forward
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 MODEL_FILE = "model.pt"
 TRAIN_STATE_FILE = "train_state.pt"
 RANK_FILE = "rank"  # stands for rank<R>.pt
+SHARD_FILE = "shard"  # stands for <name>.shard<R>.pt: this rank's shards of a sharded (FSDP2) component
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,11 @@ class Component:
 
     @property
     def replicated(self) -> bool:
-        return self.file != RANK_FILE
+        return self.file not in (RANK_FILE, SHARD_FILE)
+
+    @property
+    def sharded(self) -> bool:
+        return self.file == SHARD_FILE
 
 
 def check_stateful(name: str, obj: Any) -> None:

@@ -23,7 +23,9 @@ from typing import Any
 import torch
 import xxhash
 
+from legato.errors import UsageError
 from legato.state.digest_rule import feed, global_hash, rank_hash, refuse
+from legato.state.sharded import is_dtensor
 
 __all__ = ["DIGEST_BYTES", "HASH_NAME", "Digests", "digest", "global_hash", "rank_hash", "raw_digest"]
 
@@ -70,6 +72,12 @@ def digest(value: Any, seen: Digests | None = None) -> str:
 
 def _leaf(h: Any, value: Any, seen: Digests) -> None:
     """Tensors by dtype, shape and their bytes' digest; anything else not plain is refused."""
+    if is_dtensor(value):
+        raise UsageError(
+            "The training state holds a DTensor (an FSDP2 or tensor-parallel shard) in a component that legato saves as replicated "
+            "or plain per-rank state, where one rank's shard would stand for every rank's. Pass the fully_shard'ed model itself as "
+            "model= (its optimizer, gradients and extras are then saved as each rank's shards)."
+        )
     if not isinstance(value, torch.Tensor):
         refuse(h, value)
         return

@@ -1,7 +1,8 @@
-"""The bundled DDP training loop for the built-in tasks, written on the public API only."""
+"""The bundled training loop for the built-in tasks, under DDP or FSDP2, written on the public API only."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -10,6 +11,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from legato.runtime.context import RunContext
 from legato.tasks import build_task
+from legato.tasks.sharding import fully_shard_model
 
 
 def warmup_cosine(warmup: int, total: int):
@@ -23,28 +25,49 @@ def warmup_cosine(warmup: int, total: int):
     return factor
 
 
+def wrap(model: torch.nn.Module, ctx: RunContext) -> torch.nn.Module:
+    """The model as the ranks train it: DDP (replicated), FSDP2 (sharded, in place), or as it is without a process group."""
+    if not dist.is_initialized():
+        return model
+    if ctx.cfg.train.parallel == "fsdp2":
+        return fully_shard_model(model, ctx.device, ctx.cfg.train.fsdp2)
+    return DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None)
+
+
+def micro_step(net: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    """Gradients are reduced after the last micro-batch of a step only: DDP's no_sync(), FSDP2's gradient sync switch."""
+    if isinstance(net, DDP):
+        return contextlib.nullcontext() if last else net.no_sync()
+    if hasattr(net, "set_requires_gradient_sync"):
+        net.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
+
+
 def train(ctx: RunContext) -> int:
     """The built-in training loop for the config's task, under a Session; the Session's exit code."""
     cfg = ctx.cfg.train
     task = build_task(cfg.task, ctx.options, ctx.cfg.determinism.seed)
     model = task.model.to(ctx.device)
-    net = DDP(model, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) if dist.is_initialized() else model
+    net = wrap(model, ctx)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(cfg.warmup_steps, cfg.steps))
     scaler = torch.amp.GradScaler(ctx.device.type, enabled=cfg.amp) if cfg.amp else None
     session = ctx.session(model=net, optimizer=optimizer, loader=ctx.loader(task.dataset), scheduler=scheduler, scaler=scaler)
     for batch in session:
         batch = [t.to(ctx.device, non_blocking=True) for t in batch]
-        with torch.autocast(ctx.device.type, dtype=ctx.amp_dtype, enabled=cfg.amp):
-            loss = task.loss(net, batch)
         optimizer.zero_grad(set_to_none=True)
+        total = torch.zeros((), device=ctx.device)
+        for i, micro in enumerate(zip(*(t.chunk(cfg.accumulate) for t in batch))):
+            with micro_step(net, last=i == cfg.accumulate - 1):
+                with torch.autocast(ctx.device.type, dtype=ctx.amp_dtype, enabled=cfg.amp):
+                    loss = task.loss(net, list(micro)) / cfg.accumulate
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+            total += loss.detach()
         if scaler is not None:
-            scaler.scale(loss).backward()
             scaler.step(optimizer)
             scaler.update()
         else:
-            loss.backward()
             optimizer.step()
         scheduler.step()
-        session.report(loss)
+        session.report(total if cfg.accumulate > 1 else loss)
     return session.exit_code
