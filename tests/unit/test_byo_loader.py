@@ -135,15 +135,17 @@ def test_misuse_is_refused_in_one_paragraph(tmp_path: Path, monkeypatch: pytest.
             late.carry(torch.zeros(1))
 
 
-def _shuffled_run(run_dir: Path | None, stop_after: int | None = None) -> list[str]:
+def _shuffled_run(run_dir: Path | None, stop_after: int | None = None, kind: str = "torch") -> list[str]:
     """A loop over DataLoader(shuffle=True) (RandomSampler seeded from the global RNG as each epoch starts) and dropout;
-    with `run_dir` None the plain loop, else the Session's. Returns every step's loss bits."""
+    with `run_dir` None the plain loop, else the Session's. Returns every step's loss bits. `kind`: "torch", or torchdata's
+    StatefulDataLoader with shuffle=True ("stateful": its own RandomSampler, seeded once from the global RNG) or with torch's
+    RandomSampler ("stateful-torch-sampler")."""
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(40, 3, generator=torch.Generator().manual_seed(1)),
                          torch.randn(40, 1, generator=torch.Generator().manual_seed(2)))
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(data, batch_size=4, shuffle=True)
+    loader = _shuffled_loader(data, kind)
     losses = []
 
     def train(batch: list[torch.Tensor]) -> torch.Tensor:
@@ -167,14 +169,46 @@ def _shuffled_run(run_dir: Path | None, stop_after: int | None = None) -> list[s
     return losses
 
 
-def test_a_random_sampler_seeded_from_the_global_rng_keeps_its_order_and_resumes_mid_epoch(tmp_path: Path) -> None:
+def _shuffled_loader(data: TensorDataset, kind: str) -> DataLoader:
+    if kind == "torch":
+        return DataLoader(data, batch_size=4, shuffle=True)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    if kind == "stateful":
+        return StatefulDataLoader(data, batch_size=4, shuffle=True)
+    return StatefulDataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data))
+
+
+@pytest.mark.parametrize("kind", ["torch", "stateful", "stateful-torch-sampler"])
+def test_a_random_sampler_seeded_from_the_global_rng_keeps_its_order_and_resumes_mid_epoch(tmp_path: Path, kind: str) -> None:
     """The epoch's opening (the iterator's base seed, then RandomSampler's seed, both from the global RNG) is replayed
-    from the state recorded when the epoch opened; the consumed batches are skipped by index."""
-    plain = _shuffled_run(None)
-    assert _shuffled_run(tmp_path / "same") == plain
-    first = _shuffled_run(tmp_path / "resumed", stop_after=14)  # epoch 1, batch 4 of 10
-    rest = _shuffled_run(tmp_path / "resumed")
+    from the state recorded when the epoch opened; the consumed batches are skipped by index. Also for torchdata's
+    StatefulDataLoader, whose total_epochs= comes from len(loader)."""
+    plain = _shuffled_run(None, kind=kind)
+    assert _shuffled_run(tmp_path / "same", kind=kind) == plain
+    first = _shuffled_run(tmp_path / "resumed", stop_after=14, kind=kind)  # epoch 1, batch 4 of 10
+    rest = _shuffled_run(tmp_path / "resumed", kind=kind)
     assert first + rest == plain
+
+
+def test_a_stateful_dataloaders_own_state_does_not_resume_torchs_random_sampler_which_is_why_legato_positions_it() -> None:
+    """The loader's own state holds how many batches were consumed, not the seed torch's RandomSampler drew from the global
+    RNG as the epoch opened: restored with every RNG as the checkpoint saw it, it fast-forwards over another permutation.
+    legato records the RNG at the opening and replays it (above), which is exact."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = TensorDataset(torch.arange(40.0))
+    loader = StatefulDataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data))
+    batches = iter(loader)
+    seen = [next(batches)[0].tolist() for _ in range(3)]
+    state, at_checkpoint = loader.state_dict(), torch.get_rng_state()
+    rest = [b[0].tolist() for b in batches]
+    torch.set_rng_state(at_checkpoint)
+    resumed = StatefulDataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data))
+    resumed.load_state_dict(state)
+    again = [b[0].tolist() for b in resumed]
+    assert sorted(x for b in seen + rest for x in b) == list(range(40))
+    assert len(again) == len(rest) and again != rest
 
 
 def test_worker_seeding_wraps_the_users_worker_init_fn_and_can_be_switched_off(tmp_path: Path) -> None:

@@ -21,11 +21,13 @@ exactly. A source opens an epoch's iterator at a position, and its
   workers, their global RNGs are seeded per sample (legato.state.worker_rng)
   unless the Session's `worker_rng` is False.
   This position, not a `StatefulDataLoader`'s own `state_dict`, is what is
-  saved for such a loader: the loader's own state fast-forwards a sampler
-  that is not itself stateful over a fresh `iter(sampler)`, and torch's
-  `RandomSampler` draws a new permutation there (three draws on a resume
-  against one in the interrupted run), so its resume is not the same order;
-  legato's replayed opening is (tests/unit/test_byo_loader.py shows both).
+  saved for such a loader: the loader's own state counts the consumed
+  batches and fast-forwards a sampler that is not itself stateful over a
+  fresh `iter(sampler)`; it does not hold the seed torch's `RandomSampler`
+  drew from the global RNG as the epoch opened, so its resume draws another
+  permutation. legato's replayed opening is exact with every accepted
+  sampler (tests/unit/test_byo_loader.py shows both), and one rule then
+  covers torch's and torchdata's loaders alike.
 - anything else with `state_dict`/`load_state_dict` (a `StatefulDataLoader`
   over an `IterableDataset`, with or without workers, a user loader, a
   `DataLoader` over an `IterableDataset` with state and no workers): its own
@@ -128,29 +130,59 @@ class LegatoSource(Source):
         return state["epoch"], state["position"] // self.loader.batch_size
 
 
+class _Skipping:
+    """One iteration of the user's sampler, started lazily: it draws its RNG and skips the consumed indices at its first next."""
+
+    def __init__(self, owner: _Positioned) -> None:
+        self.owner = owner
+        self.indices: Iterator[int] | None = None
+
+    def start(self) -> None:
+        """Start the sampler's iteration now, taking over the owner's skip; once."""
+        if self.indices is not None:
+            return
+        self.indices = iter(self.owner.sampler)
+        skip, self.owner.skip = self.owner.skip, 0
+        if skip:
+            next(itertools.islice(self.indices, skip - 1, None), None)
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        self.start()
+        return next(self.indices)
+
+
 class _Positioned:
-    """Stands in for the user's sampler inside the loader's BatchSampler: the same indices, from a position on."""
+    """Stands in for the user's sampler inside the loader's BatchSampler: the same indices, from a position on.
+
+    Loaders call `iter()` on it eagerly (torchdata's BatchSampler, once per iterator and again in a multi-worker reset)
+    or lazily (torch's, at the first batch); only the iteration that is started draws and skips, as in the plain loop.
+    """
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
         self.skip = 0
-        self._started: Iterator[int] | None = None
+        self._last: _Skipping | None = None
+        self._started: _Skipping | None = None
+
+    def at(self, skip: int) -> None:
+        """The next epoch's iteration starts after `skip` indices."""
+        self.skip, self._last, self._started = skip, None, None
 
     def prime(self) -> None:
         """Start the sampler's iteration now (it draws its RNG as it starts), unless the loader already did."""
-        if self._started is None and self.skip:
-            self._started = self._start()
-
-    def _start(self) -> Iterator[int]:
-        indices = iter(self.sampler)
-        skip, self.skip = self.skip, 0
-        if skip:
-            next(itertools.islice(indices, skip - 1, None), None)
-        return indices
+        if self._last is None:
+            self._started = _Skipping(self)
+            self._started.start()
+        else:
+            self._last.start()
 
     def __iter__(self) -> Iterator[int]:
         started, self._started = self._started, None
-        return started if started is not None else self._start()
+        self._last = started if started is not None else _Skipping(self)
+        return self._last
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -198,7 +230,7 @@ class TorchSource(Source):
             g.set_state(states[name])
 
     def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
-        self.positioned.skip = step_in_epoch * self.loader.batch_size
+        self.positioned.at(step_in_epoch * self.loader.batch_size)
         if self.seeding is not None:
             self.seeding.epoch = epoch
         if not resuming:
