@@ -18,7 +18,7 @@
 
 `--plain` runs the same loop without legato (`cycle` and `epochs` only). Each
 rank appends one line per batch to RUN_DIR/batches_rank<R>.jsonl (step, the
-loop's own index, the batch's sha256; nothing while a resume replays) and
+loop's own index, the batch's sha256 and sample indices; nothing while a resume replays) and
 writes its final parameter digest to RUN_DIR/params_rank<R>.txt.
 """
 
@@ -53,8 +53,8 @@ class Augmented(Dataset):
     def __len__(self) -> int:
         return len(self.x)
 
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[i] + 0.1 * torch.rand(6) + 0.01 * float(np.random.rand()), self.y[i]
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+        return self.x[i] + 0.1 * torch.rand(6) + 0.01 * float(np.random.rand()), self.y[i], i
 
 
 class Stream(IterableDataset):
@@ -94,8 +94,9 @@ class Recorder:
 
     def __call__(self, step: int, index: int, batch: tuple[torch.Tensor, ...]) -> None:
         digest = hashlib.sha256(b"".join(t.numpy().tobytes() for t in batch)).hexdigest()
+        samples = batch[2].tolist() if len(batch) == 3 else None
         with self.path.open("a") as out:
-            out.write(json.dumps({"step": step, "index": index, "batch": digest}) + "\n")
+            out.write(json.dumps({"step": step, "index": index, "batch": digest, "samples": samples}) + "\n")
 
 
 def build_loader(args: argparse.Namespace, rank: int, world: int):
@@ -113,7 +114,7 @@ def build_loader(args: argparse.Namespace, rank: int, world: int):
 
 
 def train_step(net: DDP, optimizer: torch.optim.Optimizer, batch, sync: bool, scale: float) -> torch.Tensor:
-    x, y = batch
+    x, y = batch[0], batch[1]
     with contextlib.nullcontext() if sync else net.no_sync():
         loss = F.mse_loss(net(x), y)
         (loss * scale).backward()
