@@ -1,5 +1,6 @@
 """DataLoader workers under every start method (fork, forkserver, spawn): legato's per-sample seeding gives each
-sample the same random numbers whatever the start method and worker count, and workers die with their rank.
+sample the same random numbers whatever the start method and worker count, workers die with their rank, and a
+2-rank run with 2 workers a rank resumes bitwise under each (where the uninterrupted fork-started run ends).
 
 Real worker processes, started by a real DataLoader in a script of its own (spawned workers re-import it).
 """
@@ -74,7 +75,7 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_workers_die_with_their_rank(script: Path, method: str) -> None:
     proc = subprocess.Popen([sys.executable, str(script), method, "2", "hang"], stdout=subprocess.PIPE, text=True)
     workers: list[int] = []
@@ -92,3 +93,29 @@ def test_workers_die_with_their_rank(script: Path, method: str) -> None:
         for pid in workers:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_run_resumes_bitwise_under_every_start_method(tmp_path: Path) -> None:
+    """helpers/loader_loops.py's cycle loop (k=2 micro-batches a step, augmentation from the global RNGs in the workers),
+    stopped once mid-epoch and mid-accumulation (after step 9) and resumed, under fork, forkserver and spawn."""
+    from conftest import ROOT, codes, run_ranks, trajectory
+
+    loops = ROOT / "tests" / "helpers" / "loader_loops.py"
+
+    def launch(run_dir: Path, method: str, **env: str) -> list[subprocess.CompletedProcess]:
+        args = [sys.executable, str(loops), str(run_dir), "--loop", "cycle", "--workers", "2", "--start-method", method]
+        return run_ranks(args, timeout=300, **env)
+
+    def seen(run_dir: Path, rank: int) -> tuple:
+        return ((run_dir / f"batches_rank{rank}.jsonl").read_text(), (run_dir / f"params_rank{rank}.txt").read_text(),
+                [r["loss_hex"] for r in trajectory(run_dir, rank)])
+
+    reference = tmp_path / "reference"
+    assert codes(first := launch(reference, "fork")) == [0, 0], first[0].stderr[-3000:]
+    for method in ("fork", "forkserver", "spawn"):
+        resumed = tmp_path / method
+        attempts = [launch(resumed, method, LEGATO_CHAOS_SIGNAL_AT="8", LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(2)]
+        assert [codes(a) for a in attempts] == [[75, 75], [0, 0]], (method, attempts[-1][0].stderr[-3000:])
+        assert "resumed at step 9 " in attempts[1][0].stderr and "verified" in attempts[1][0].stderr
+        assert [seen(resumed, rank) for rank in range(2)] == [seen(reference, rank) for rank in range(2)], method

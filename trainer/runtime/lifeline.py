@@ -15,7 +15,6 @@ watch.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import select
@@ -27,14 +26,17 @@ log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 LAUNCHER_PID = "LEGATO_LAUNCHER_PID"
+# Resolved once, when the rank imports this module: a DataLoader worker started by `fork` from a rank whose other
+# threads (the checkpoint writer, gloo's, torch's) may hold the dynamic loader's lock at that instant must neither
+# dlopen nor dlsym, nor run `ldconfig` as ctypes.util.find_library does; it only calls this.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def die_with_parent(expected_parent: int | None = None, sig: signal.Signals = signal.SIGKILL) -> None:
     """Arm `sig` for when the parent dies; exit now if the parent is already gone (or is not `expected_parent`)."""
-    if not sys.platform.startswith("linux"):
+    if _PRCTL is None:
         return
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d); this process may outlive its parent", ctypes.get_errno())
         return
     parent = os.getppid()
