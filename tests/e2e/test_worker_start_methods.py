@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, codes, run_ranks, trajectory
 
 SCRIPT = '''
 import json, sys, time
@@ -99,8 +100,6 @@ def test_workers_die_with_their_rank(script: Path, method: str) -> None:
 def test_a_run_resumes_bitwise_under_every_start_method(tmp_path: Path) -> None:
     """helpers/loader_loops.py's cycle loop (k=2 micro-batches a step, augmentation from the global RNGs in the workers),
     stopped once mid-epoch and mid-accumulation (after step 9) and resumed, under fork, forkserver and spawn."""
-    from conftest import ROOT, codes, run_ranks, trajectory
-
     loops = ROOT / "tests" / "helpers" / "loader_loops.py"
 
     def launch(run_dir: Path, method: str, **env: str) -> list[subprocess.CompletedProcess]:
@@ -119,3 +118,12 @@ def test_a_run_resumes_bitwise_under_every_start_method(tmp_path: Path) -> None:
         assert [codes(a) for a in attempts] == [[75, 75], [0, 0]], (method, attempts[-1][0].stderr[-3000:])
         assert "resumed at step 9 " in attempts[1][0].stderr and "verified" in attempts[1][0].stderr
         assert [seen(resumed, rank) for rank in range(2)] == [seen(reference, rank) for rank in range(2)], method
+
+
+def test_the_rank_harness_reads_a_rank_that_logs_more_than_a_pipe_holds() -> None:
+    """The fork-started run that hung: ranks' stderr went to pipes read only after they exited, so a rank that logged more
+    than 64 KiB blocked in write() holding its logging lock (its other threads then waited on that lock) until the
+    harness timed out. run_ranks now sends stderr to files; this rank writes 256 KiB and exits at once."""
+    chatty = [sys.executable, "-c", "import sys; sys.stderr.write('legato: step\\n' * 20_000)"]
+    done = run_ranks(chatty, timeout=60)
+    assert codes(done) == [0, 0] and all(len(p.stderr) == 13 * 20_000 for p in done)
