@@ -33,8 +33,11 @@ class Noisy(Dataset):
 
 def main():
     method, workers, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    loader = DataLoader(Noisy(), batch_size=4, num_workers=workers, multiprocessing_context=method,
-                        worker_init_fn=SeedPerSample(11, None))
+    kind = DataLoader
+    if mode == "stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader as kind
+    loader = kind(Noisy(), batch_size=4, num_workers=workers, multiprocessing_context=method,
+                  worker_init_fn=SeedPerSample(11, None))
     if mode == "hang":
         it = iter(loader)
         next(it)
@@ -54,8 +57,8 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _samples(script: Path, method: str, workers: int) -> list[str]:
-    proc = subprocess.run([sys.executable, str(script), method, str(workers), "run"], capture_output=True, text=True, timeout=300)
+def _samples(script: Path, method: str, workers: int, mode: str = "run") -> list[str]:
+    proc = subprocess.run([sys.executable, str(script), method, str(workers), mode], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -65,6 +68,8 @@ def test_each_sample_draws_the_same_numbers_under_every_start_method(script: Pat
     assert len(reference) == 24 * 3
     assert _samples(script, "forkserver", 2) == reference
     assert _samples(script, "spawn", 1) == reference
+    # torchdata's StatefulDataLoader runs the same worker_init_fn after its own base_seed + worker_id seeding.
+    assert _samples(script, "fork", 2, "stateful") == reference
 
 
 def _alive(pid: int) -> bool:

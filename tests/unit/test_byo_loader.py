@@ -260,3 +260,63 @@ def test_per_sample_seeding_makes_a_samples_randomness_independent_of_load_order
         assert [plain[i] for i in range(6)] != [plain[i] for i in range(6)], "the unseeded dataset is what the seeding fixes"
     finally:
         rng.restore(saved)
+
+
+class _Counted(torch.utils.data.Sampler[int]):
+    """A sampler that records every set_epoch call (its order does not depend on it)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch, self.calls = n, 0, []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.calls.append(epoch)
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_legato_calls_set_epoch_on_nothing_of_the_users(tmp_path: Path) -> None:
+    """The flat form over 3 epochs is the plain loop's cycle(dl): nobody calls set_epoch, so neither does the Session."""
+    sampler = _Counted(8)
+    loader = DataLoader(_dataset(), batch_size=2, sampler=sampler)
+    session = _session(tmp_path, loader=loader, total_steps=None, total_epochs=3, checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    assert sum(1 for _ in session) == 12 and session.epoch == 3
+    assert sampler.calls == []
+
+
+class _LyingLength(IterableDataset):
+    """Six samples and a position of its own, but a __len__ that says eight."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __len__(self) -> int:
+        return 8
+
+    def __iter__(self):
+        while self.position < 6:
+            self.position += 1
+            yield torch.tensor([float(self.position)])
+        self.position = 0
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+def test_total_epochs_counts_with_len_and_an_epoch_of_another_length_stops_the_run(tmp_path: Path) -> None:
+    from legato.state.loaders import StatefulSource
+
+    loader = DataLoader(_LyingLength(), batch_size=2)
+    session = _session(tmp_path, loader=loader, total_steps=None, total_epochs=2, checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    assert isinstance(session.source, StatefulSource) and session.total_steps == 8
+    with pytest.raises(legato.UsageError, match="ended after 3 batches, but len\\(loader\\) is 4") as caught:
+        for _ in session:
+            pass
+    assert "\n" not in str(caught.value)
