@@ -320,3 +320,35 @@ def test_total_epochs_counts_with_len_and_an_epoch_of_another_length_stops_the_r
         for _ in session:
             pass
     assert "\n" not in str(caught.value)
+
+
+def _late_set_epoch_run(run_dir: Path | None, stop_after: int | None = None) -> list[list[float]]:
+    """A loop that calls sampler.set_epoch(epoch + 1) after each epoch's batches (a DistributedSampler of one replica);
+    with `run_dir` None the plain loop. Returns every batch it saw."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = _dataset()
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, seed=4)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    if run_dir is None:
+        seen = []
+        for epoch in range(3):
+            seen += [b[0].flatten().tolist() for b in loader]
+            sampler.set_epoch(epoch + 1)
+        return seen
+    chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
+    session = _session(run_dir, loader=loader, total_steps=None, total_epochs=3, chaos=chaos,
+                       checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    seen = []
+    for epoch in session.epochs():
+        seen += [b[0].flatten().tolist() for b in session.batches()]
+        sampler.set_epoch(epoch + 1)
+    return seen
+
+
+def test_a_resume_puts_back_the_epoch_the_sampler_had_when_the_interrupted_epoch_opened(tmp_path: Path) -> None:
+    plain = _late_set_epoch_run(None)
+    assert plain[:4] != plain[4:8], "each epoch has its own order"
+    first = _late_set_epoch_run(tmp_path, stop_after=6)  # epoch 1, batch 2 of 4: a fresh sampler would say epoch 0
+    rest = _late_set_epoch_run(tmp_path)
+    assert first + rest == plain
