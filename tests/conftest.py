@@ -24,6 +24,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -103,16 +104,28 @@ def run_ranks(cmd: list[str], world_size: int = 2, timeout: float = 180, **env: 
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     procs = []
-    for rank in range(world_size):
-        full = dict(os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                    MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
-        procs.append(subprocess.Popen(cmd, env=full, stderr=subprocess.PIPE, text=True))
-    try:
-        return [subprocess.CompletedProcess(p.args, p.wait(timeout=timeout), "", p.stderr.read()) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    # stderr goes to files, not pipes read after the wait: a rank that writes more than a pipe holds (64 KiB of logs over
+    # a long run) would block in write() holding its logging lock, and every thread that logs after it would wait on
+    # that lock until the timeout. A DataLoader worker shares its rank's stderr, so a pipe would also stay open (and a
+    # read block) while a worker outlives its rank.
+    with contextlib.ExitStack() as files:
+        logs = [files.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in range(world_size)]
+        for rank in range(world_size):
+            full = dict(os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
+                        MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
+            procs.append(subprocess.Popen(cmd, env=full, stderr=logs[rank], text=True))
+        try:
+            codes = [p.wait(timeout=timeout) for p in procs]
+            return [subprocess.CompletedProcess(p.args, code, "", _read(log)) for p, code, log in zip(procs, codes, logs)]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+
+
+def _read(log) -> str:
+    log.seek(0)
+    return log.read()
 
 
 def codes(procs: list[subprocess.CompletedProcess]) -> list[int]:

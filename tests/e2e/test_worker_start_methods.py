@@ -1,5 +1,6 @@
 """DataLoader workers under every start method (fork, forkserver, spawn): legato's per-sample seeding gives each
-sample the same random numbers whatever the start method and worker count, and workers die with their rank.
+sample the same random numbers whatever the start method and worker count, workers die with their rank, and a
+2-rank run with 2 workers a rank resumes bitwise under each (where the uninterrupted fork-started run ends).
 
 Real worker processes, started by a real DataLoader in a script of its own (spawned workers re-import it).
 """
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, codes, run_ranks, trajectory
 
 SCRIPT = '''
 import json, sys, time
@@ -31,8 +33,11 @@ class Noisy(Dataset):
 
 def main():
     method, workers, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-    loader = DataLoader(Noisy(), batch_size=4, num_workers=workers, multiprocessing_context=method,
-                        worker_init_fn=SeedPerSample(11, None))
+    kind = DataLoader
+    if mode == "stateful":
+        from torchdata.stateful_dataloader import StatefulDataLoader as kind
+    loader = kind(Noisy(), batch_size=4, num_workers=workers, multiprocessing_context=method,
+                  worker_init_fn=SeedPerSample(11, None))
     if mode == "hang":
         it = iter(loader)
         next(it)
@@ -52,8 +57,8 @@ def script(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _samples(script: Path, method: str, workers: int) -> list[str]:
-    proc = subprocess.run([sys.executable, str(script), method, str(workers), "run"], capture_output=True, text=True, timeout=300)
+def _samples(script: Path, method: str, workers: int, mode: str = "run") -> list[str]:
+    proc = subprocess.run([sys.executable, str(script), method, str(workers), mode], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout)
 
@@ -63,6 +68,8 @@ def test_each_sample_draws_the_same_numbers_under_every_start_method(script: Pat
     assert len(reference) == 24 * 3
     assert _samples(script, "forkserver", 2) == reference
     assert _samples(script, "spawn", 1) == reference
+    # torchdata's StatefulDataLoader runs the same worker_init_fn after its own base_seed + worker_id seeding.
+    assert _samples(script, "fork", 2, "stateful") == reference
 
 
 def _alive(pid: int) -> bool:
@@ -74,7 +81,7 @@ def _alive(pid: int) -> bool:
     return stat.exists() and stat.read_text().rsplit(")", 1)[1].split()[0] != "Z"
 
 
-@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+@pytest.mark.parametrize("method", ["fork", "forkserver", "spawn"])
 def test_workers_die_with_their_rank(script: Path, method: str) -> None:
     proc = subprocess.Popen([sys.executable, str(script), method, "2", "hang"], stdout=subprocess.PIPE, text=True)
     workers: list[int] = []
@@ -92,3 +99,36 @@ def test_workers_die_with_their_rank(script: Path, method: str) -> None:
         for pid in workers:
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.slow
+def test_a_run_resumes_bitwise_under_every_start_method(tmp_path: Path) -> None:
+    """helpers/loader_loops.py's cycle loop (k=2 micro-batches a step, augmentation from the global RNGs in the workers),
+    stopped once mid-epoch and mid-accumulation (after step 9) and resumed, under fork, forkserver and spawn."""
+    loops = ROOT / "tests" / "helpers" / "loader_loops.py"
+
+    def launch(run_dir: Path, method: str, **env: str) -> list[subprocess.CompletedProcess]:
+        args = [sys.executable, str(loops), str(run_dir), "--loop", "cycle", "--workers", "2", "--start-method", method]
+        return run_ranks(args, timeout=300, **env)
+
+    def seen(run_dir: Path, rank: int) -> tuple:
+        return ((run_dir / f"batches_rank{rank}.jsonl").read_text(), (run_dir / f"params_rank{rank}.txt").read_text(),
+                [r["loss_hex"] for r in trajectory(run_dir, rank)])
+
+    reference = tmp_path / "reference"
+    assert codes(first := launch(reference, "fork")) == [0, 0], first[0].stderr[-3000:]
+    for method in ("fork", "forkserver", "spawn"):
+        resumed = tmp_path / method
+        attempts = [launch(resumed, method, LEGATO_CHAOS_SIGNAL_AT="8", LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(2)]
+        assert [codes(a) for a in attempts] == [[75, 75], [0, 0]], (method, attempts[-1][0].stderr[-3000:])
+        assert "resumed at step 9 " in attempts[1][0].stderr and "verified" in attempts[1][0].stderr
+        assert [seen(resumed, rank) for rank in range(2)] == [seen(reference, rank) for rank in range(2)], method
+
+
+def test_the_rank_harness_reads_a_rank_that_logs_more_than_a_pipe_holds() -> None:
+    """The fork-started run that hung: ranks' stderr went to pipes read only after they exited, so a rank that logged more
+    than 64 KiB blocked in write() holding its logging lock (its other threads then waited on that lock) until the
+    harness timed out. run_ranks now sends stderr to files; this rank writes 256 KiB and exits at once."""
+    chatty = [sys.executable, "-c", "import sys; sys.stderr.write('legato: step\\n' * 20_000)"]
+    done = run_ranks(chatty, timeout=60)
+    assert codes(done) == [0, 0] and all(len(p.stderr) == 13 * 20_000 for p in done)

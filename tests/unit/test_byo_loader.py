@@ -135,15 +135,17 @@ def test_misuse_is_refused_in_one_paragraph(tmp_path: Path, monkeypatch: pytest.
             late.carry(torch.zeros(1))
 
 
-def _shuffled_run(run_dir: Path | None, stop_after: int | None = None) -> list[str]:
+def _shuffled_run(run_dir: Path | None, stop_after: int | None = None, kind: str = "torch") -> list[str]:
     """A loop over DataLoader(shuffle=True) (RandomSampler seeded from the global RNG as each epoch starts) and dropout;
-    with `run_dir` None the plain loop, else the Session's. Returns every step's loss bits."""
+    with `run_dir` None the plain loop, else the Session's. Returns every step's loss bits. `kind`: "torch", or torchdata's
+    StatefulDataLoader with shuffle=True ("stateful": its own RandomSampler, seeded once from the global RNG) or with torch's
+    RandomSampler ("stateful-torch-sampler")."""
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(40, 3, generator=torch.Generator().manual_seed(1)),
                          torch.randn(40, 1, generator=torch.Generator().manual_seed(2)))
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    loader = DataLoader(data, batch_size=4, shuffle=True)
+    loader = _shuffled_loader(data, kind)
     losses = []
 
     def train(batch: list[torch.Tensor]) -> torch.Tensor:
@@ -167,14 +169,46 @@ def _shuffled_run(run_dir: Path | None, stop_after: int | None = None) -> list[s
     return losses
 
 
-def test_a_random_sampler_seeded_from_the_global_rng_keeps_its_order_and_resumes_mid_epoch(tmp_path: Path) -> None:
+def _shuffled_loader(data: TensorDataset, kind: str) -> DataLoader:
+    if kind == "torch":
+        return DataLoader(data, batch_size=4, shuffle=True)
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    if kind == "stateful":
+        return StatefulDataLoader(data, batch_size=4, shuffle=True)
+    return StatefulDataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data))
+
+
+@pytest.mark.parametrize("kind", ["torch", "stateful", "stateful-torch-sampler"])
+def test_a_random_sampler_seeded_from_the_global_rng_keeps_its_order_and_resumes_mid_epoch(tmp_path: Path, kind: str) -> None:
     """The epoch's opening (the iterator's base seed, then RandomSampler's seed, both from the global RNG) is replayed
-    from the state recorded when the epoch opened; the consumed batches are skipped by index."""
-    plain = _shuffled_run(None)
-    assert _shuffled_run(tmp_path / "same") == plain
-    first = _shuffled_run(tmp_path / "resumed", stop_after=14)  # epoch 1, batch 4 of 10
-    rest = _shuffled_run(tmp_path / "resumed")
+    from the state recorded when the epoch opened; the consumed batches are skipped by index. Also for torchdata's
+    StatefulDataLoader, whose total_epochs= comes from len(loader)."""
+    plain = _shuffled_run(None, kind=kind)
+    assert _shuffled_run(tmp_path / "same", kind=kind) == plain
+    first = _shuffled_run(tmp_path / "resumed", stop_after=14, kind=kind)  # epoch 1, batch 4 of 10
+    rest = _shuffled_run(tmp_path / "resumed", kind=kind)
     assert first + rest == plain
+
+
+def test_a_stateful_dataloaders_own_state_does_not_resume_torchs_random_sampler_which_is_why_legato_positions_it() -> None:
+    """The loader's own state holds how many batches were consumed, not the seed torch's RandomSampler drew from the global
+    RNG as the epoch opened: restored with every RNG as the checkpoint saw it, it fast-forwards over another permutation.
+    legato records the RNG at the opening and replays it (above), which is exact."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = TensorDataset(torch.arange(40.0))
+    loader = StatefulDataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data))
+    batches = iter(loader)
+    seen = [next(batches)[0].tolist() for _ in range(3)]
+    state, at_checkpoint = loader.state_dict(), torch.get_rng_state()
+    rest = [b[0].tolist() for b in batches]
+    torch.set_rng_state(at_checkpoint)
+    resumed = StatefulDataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data))
+    resumed.load_state_dict(state)
+    again = [b[0].tolist() for b in resumed]
+    assert sorted(x for b in seen + rest for x in b) == list(range(40))
+    assert len(again) == len(rest) and again != rest
 
 
 def test_worker_seeding_wraps_the_users_worker_init_fn_and_can_be_switched_off(tmp_path: Path) -> None:
@@ -226,3 +260,95 @@ def test_per_sample_seeding_makes_a_samples_randomness_independent_of_load_order
         assert [plain[i] for i in range(6)] != [plain[i] for i in range(6)], "the unseeded dataset is what the seeding fixes"
     finally:
         rng.restore(saved)
+
+
+class _Counted(torch.utils.data.Sampler[int]):
+    """A sampler that records every set_epoch call (its order does not depend on it)."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.epoch, self.calls = n, 0, []
+
+    def set_epoch(self, epoch: int) -> None:
+        self.calls.append(epoch)
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter(range(self.n))
+
+    def __len__(self) -> int:
+        return self.n
+
+
+def test_legato_calls_set_epoch_on_nothing_of_the_users(tmp_path: Path) -> None:
+    """The flat form over 3 epochs is the plain loop's cycle(dl): nobody calls set_epoch, so neither does the Session."""
+    sampler = _Counted(8)
+    loader = DataLoader(_dataset(), batch_size=2, sampler=sampler)
+    session = _session(tmp_path, loader=loader, total_steps=None, total_epochs=3, checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    assert sum(1 for _ in session) == 12 and session.epoch == 3
+    assert sampler.calls == []
+
+
+class _LyingLength(IterableDataset):
+    """Six samples and a position of its own, but a __len__ that says eight."""
+
+    def __init__(self) -> None:
+        self.position = 0
+
+    def __len__(self) -> int:
+        return 8
+
+    def __iter__(self):
+        while self.position < 6:
+            self.position += 1
+            yield torch.tensor([float(self.position)])
+        self.position = 0
+
+    def state_dict(self) -> dict:
+        return {"position": self.position}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.position = state["position"]
+
+
+def test_total_epochs_counts_with_len_and_an_epoch_of_another_length_stops_the_run(tmp_path: Path) -> None:
+    from legato.state.loaders import StatefulSource
+
+    loader = DataLoader(_LyingLength(), batch_size=2)
+    session = _session(tmp_path, loader=loader, total_steps=None, total_epochs=2, checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    assert isinstance(session.source, StatefulSource) and session.total_steps == 8
+    with pytest.raises(legato.UsageError, match="ended after 3 batches, but len\\(loader\\) is 4") as caught:
+        for _ in session:
+            pass
+    assert "\n" not in str(caught.value)
+
+
+def _late_set_epoch_run(run_dir: Path | None, stop_after: int | None = None) -> list[list[float]]:
+    """A loop that calls sampler.set_epoch(epoch + 1) after each epoch's batches (a DistributedSampler of one replica);
+    with `run_dir` None the plain loop. Returns every batch it saw."""
+    from torch.utils.data.distributed import DistributedSampler
+
+    data = _dataset()
+    sampler = DistributedSampler(data, num_replicas=1, rank=0, seed=4)
+    loader = DataLoader(data, batch_size=4, sampler=sampler)
+    if run_dir is None:
+        seen = []
+        for epoch in range(3):
+            seen += [b[0].flatten().tolist() for b in loader]
+            sampler.set_epoch(epoch + 1)
+        return seen
+    chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
+    session = _session(run_dir, loader=loader, total_steps=None, total_epochs=3, chaos=chaos,
+                       checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    seen = []
+    for epoch in session.epochs():
+        seen += [b[0].flatten().tolist() for b in session.batches()]
+        sampler.set_epoch(epoch + 1)
+    return seen
+
+
+def test_a_resume_puts_back_the_epoch_the_sampler_had_when_the_interrupted_epoch_opened(tmp_path: Path) -> None:
+    plain = _late_set_epoch_run(None)
+    assert plain[:4] != plain[4:8], "each epoch has its own order"
+    first = _late_set_epoch_run(tmp_path, stop_after=6)  # epoch 1, batch 2 of 4: a fresh sampler would say epoch 0
+    rest = _late_set_epoch_run(tmp_path)
+    assert first + rest == plain

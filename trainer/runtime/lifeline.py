@@ -15,7 +15,6 @@ watch.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import logging
 import os
 import select
@@ -28,21 +27,19 @@ log = logging.getLogger(__name__)
 
 PR_SET_PDEATHSIG = 1
 LAUNCHER_PID = "LEGATO_LAUNCHER_PID"
-
-
-def _prctl() -> Callable[..., int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).prctl
+# Resolved once, when the rank imports this module: a DataLoader worker started by `fork` from a rank whose other
+# threads (the checkpoint writer, gloo's, torch's) may hold the dynamic loader's lock at that instant must neither
+# dlopen nor dlsym, nor run `ldconfig` as ctypes.util.find_library does; it only calls this.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
 
 def armed_child(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] | None:
     """A `preexec_fn` for `subprocess.Popen` that arms `sig` in the child before it execs (PR_SET_PDEATHSIG survives
     exec), then exits the child if this process already died in between; None elsewhere than Linux.
 
-    libc's prctl is looked up here, in the parent: between fork and exec the child only calls it.
+    libc's prctl was looked up when this module was imported: between fork and exec the child only calls it.
     """
-    prctl, parent = _prctl(), os.getpid()
+    prctl, parent = _PRCTL, os.getpid()
     if prctl is None:
         return None
 
@@ -57,10 +54,9 @@ def armed_child(sig: signal.Signals = signal.SIGKILL) -> Callable[[], None] | No
 
 def die_with_parent(expected_parent: int | None = None, sig: signal.Signals = signal.SIGKILL) -> None:
     """Arm `sig` for when the parent dies; exit now if the parent is already gone (or is not `expected_parent`)."""
-    prctl = _prctl()
-    if prctl is None:
+    if _PRCTL is None:
         return
-    if prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+    if _PRCTL(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
         log.warning("prctl(PR_SET_PDEATHSIG) failed (errno %d); this process may outlive its parent", ctypes.get_errno())
         return
     parent = os.getppid()

@@ -21,9 +21,11 @@ EPOCH_OVER = object()  # in epochs(): the epoch's iterator ran out (its length w
 class Feed:
     """One rank's supply of batches from an adopted loader (`legato.state.loaders`), or the step index without one."""
 
-    def __init__(self, source: Any, position: Position) -> None:
+    def __init__(self, source: Any, position: Position, epoch_length: int | None = None) -> None:
         self.source = source
         self.position = position
+        # The batches an epoch must have where the run's length was counted in epochs (len(loader) x total_epochs).
+        self.epoch_length = epoch_length
         self.epoch_mode = False
         self._batches: Iterator[Any] | None = None
 
@@ -40,6 +42,10 @@ class Feed:
             if self.position.step_in_epoch == 0:
                 raise UsageError(f"The loader yielded no batch in epoch {self.position.epoch}. Pass a loader that yields at least one "
                                  "batch per epoch.") from None
+            if self.epoch_length is not None and self.position.step_in_epoch != self.epoch_length:
+                raise UsageError(f"The loader's epoch {self.position.epoch} ended after {self.position.step_in_epoch} batches, but "
+                                 f"len(loader) is {self.epoch_length}, from which total_epochs= counted the run's steps. Give the "
+                                 "loader (or its dataset) a __len__ that matches what it yields, or pass total_steps= instead.") from None
             if self.epoch_mode:
                 self._batches = None
                 return EPOCH_OVER

@@ -152,7 +152,8 @@ class Session:
         self.run_dir = Path(run_dir)
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.steps_per_epoch = None if self.source is None else self.source.steps_per_epoch
-        self.total_steps = _total_steps(total_steps, total_epochs, self.steps_per_epoch)
+        per_epoch = None if self.source is None else self.source.batches_per_epoch
+        self.total_steps = _total_steps(total_steps, total_epochs, per_epoch)
         self.scheduler, self.scaler = scheduler, scaler
         self.extras = {name: as_stateful(f"extra.{name}", obj) for name, obj in (extras or {}).items()}
         self.policy = checkpoint
@@ -175,7 +176,7 @@ class Session:
         self.components = self._component_table()
         self.stopped = False
 
-        self._feed = Feed(self.source, self._position)
+        self._feed = Feed(self.source, self._position, per_epoch if total_epochs is not None else None)
         self._telemetry = Telemetry(self.rank, self.total_steps, self.on_event)
         self._agreement = StopAgreement(self.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))

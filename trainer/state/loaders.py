@@ -6,22 +6,36 @@ exactly. A source opens an epoch's iterator at a position, and its
 `state_dict` says where the next batch comes from:
 
 - `resumable_loader()` loaders (legato's own sampler): as before.
-- a torch `DataLoader` with a `BatchSampler` over a sampler whose order is a
-  function of the epoch (anything with `set_epoch`, such as torch's
+- a torch `DataLoader` (torchdata's `StatefulDataLoader` included) over a
+  map-style dataset with a `BatchSampler` over a sampler whose order is a
+  function of its epoch (anything with `set_epoch`, such as torch's
   `DistributedSampler`) or of the RNG it draws when an epoch starts
-  (`RandomSampler`, `SequentialSampler`, ...). Its order is left alone. The
-  global torch RNG and the loader's generators are recorded when an epoch's
-  iterator is opened, because opening draws from them (the workers' base
-  seed, `RandomSampler`'s seed); a mid-epoch resume replays that opening from
-  the recorded state and skips the consumed batches by their indices, never
-  loading their samples. With workers, their global RNGs are seeded per
-  sample (legato.state.worker_rng) unless the Session's `worker_rng` is False.
-- anything with `state_dict`/`load_state_dict` (torchdata's
-  `StatefulDataLoader`, a user loader, a `DataLoader` over an
-  `IterableDataset` with state and no workers): its own state is saved.
+  (`RandomSampler`, torchdata's `RandomSampler`, ...). Its order is left
+  alone: legato calls `set_epoch` on nothing of the user's; the loop calls it
+  where the plain loop did, and a resume puts back the epoch the sampler had
+  when the interrupted epoch opened. The global torch RNG and the loader's
+  generators are recorded when an epoch's iterator is opened, because opening
+  draws from them (the workers' base seed, `RandomSampler`'s seed); a
+  mid-epoch resume replays that opening from the recorded state and skips the
+  consumed batches by their indices, never loading their samples. With
+  workers, their global RNGs are seeded per sample (legato.state.worker_rng)
+  unless the Session's `worker_rng` is False.
+  This position, not a `StatefulDataLoader`'s own `state_dict`, is what is
+  saved for such a loader: the loader's own state counts the consumed
+  batches and fast-forwards a sampler that is not itself stateful over a
+  fresh `iter(sampler)`; it does not hold the seed torch's `RandomSampler`
+  drew from the global RNG as the epoch opened, so its resume draws another
+  permutation. legato's replayed opening is exact with every accepted
+  sampler (tests/unit/test_byo_loader.py shows both), and one rule then
+  covers torch's and torchdata's loaders alike.
+- anything else with `state_dict`/`load_state_dict` (a `StatefulDataLoader`
+  over an `IterableDataset`, with or without workers, a user loader, a
+  `DataLoader` over an `IterableDataset` with state and no workers): its own
+  state is saved; only it knows where each worker's stream stands.
 
-This module must never draw from an RNG except inside the `iter(loader)` call
-the plain loop makes too, and then only from the state that loop saw.
+`persistent_workers=True` is refused (see `_refuse_persistent`). This module
+must never draw from an RNG except inside the `iter(loader)` call the plain
+loop makes too, and then only from the state that loop saw.
 """
 
 from __future__ import annotations
@@ -68,6 +82,11 @@ class Source:
     steps_per_epoch: int | None = None  # None: an epoch ends when its iterator does
     generators: dict[str, torch.Generator]
 
+    @property
+    def batches_per_epoch(self) -> int | None:
+        """Batches in an epoch where known (what `total_epochs=` multiplies), also where the iterator ends the epoch."""
+        return self.steps_per_epoch
+
     def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
         raise NotImplementedError
 
@@ -111,29 +130,59 @@ class LegatoSource(Source):
         return state["epoch"], state["position"] // self.loader.batch_size
 
 
+class _Skipping:
+    """One iteration of the user's sampler, started lazily: it draws its RNG and skips the consumed indices at its first next."""
+
+    def __init__(self, owner: _Positioned) -> None:
+        self.owner = owner
+        self.indices: Iterator[int] | None = None
+
+    def start(self) -> None:
+        """Start the sampler's iteration now, taking over the owner's skip; once."""
+        if self.indices is not None:
+            return
+        self.indices = iter(self.owner.sampler)
+        skip, self.owner.skip = self.owner.skip, 0
+        if skip:
+            next(itertools.islice(self.indices, skip - 1, None), None)
+
+    def __iter__(self) -> Iterator[int]:
+        return self
+
+    def __next__(self) -> int:
+        self.start()
+        return next(self.indices)
+
+
 class _Positioned:
-    """Stands in for the user's sampler inside the loader's BatchSampler: the same indices, from a position on."""
+    """Stands in for the user's sampler inside the loader's BatchSampler: the same indices, from a position on.
+
+    Loaders call `iter()` on it eagerly (torchdata's BatchSampler, once per iterator and again in a multi-worker reset)
+    or lazily (torch's, at the first batch); only the iteration that is started draws and skips, as in the plain loop.
+    """
 
     def __init__(self, sampler: Any) -> None:
         self.sampler = sampler
         self.skip = 0
-        self._started: Iterator[int] | None = None
+        self._last: _Skipping | None = None
+        self._started: _Skipping | None = None
+
+    def at(self, skip: int) -> None:
+        """The next epoch's iteration starts after `skip` indices."""
+        self.skip, self._last, self._started = skip, None, None
 
     def prime(self) -> None:
         """Start the sampler's iteration now (it draws its RNG as it starts), unless the loader already did."""
-        if self._started is None and self.skip:
-            self._started = self._start()
-
-    def _start(self) -> Iterator[int]:
-        indices = iter(self.sampler)
-        skip, self.skip = self.skip, 0
-        if skip:
-            next(itertools.islice(indices, skip - 1, None), None)
-        return indices
+        if self._last is None:
+            self._started = _Skipping(self)
+            self._started.start()
+        else:
+            self._last.start()
 
     def __iter__(self) -> Iterator[int]:
         started, self._started = self._started, None
-        return started if started is not None else self._start()
+        self._last = started if started is not None else _Skipping(self)
+        return self._last
 
     def __len__(self) -> int:
         return len(self.sampler)
@@ -167,15 +216,10 @@ class TorchSource(Source):
             raise UsageError(f"The DataLoader yields no batch (batch size {loader.batch_size}, {len(self.user_sampler)} samples on this "
                              "rank). Lower the batch size.")
         self._opened: dict[str, torch.Tensor] = {}
-        self.seeding: SeedPerSample | None = None
-        if worker_rng and loader.num_workers > 0:
-            user_fn = loader.worker_init_fn
-            if isinstance(user_fn, SeedPerSample):
-                user_fn = user_fn.user_fn
-            # The sampler's own seed where it has one (DistributedSampler), else this process's torch seed; saved either way.
-            seed = getattr(self.user_sampler, "seed", None)
-            self.seeding = SeedPerSample(seed if isinstance(seed, int) else torch.initial_seed(), user_fn)
-            loader.worker_init_fn = self.seeding
+        self._opened_epoch: Any = None  # the sampler's own epoch when this epoch's iterator opened
+        # The sampler's own seed where it has one (DistributedSampler), else this process's torch seed; saved either way.
+        seed = getattr(self.user_sampler, "seed", None)
+        self.seeding = _seed_workers(loader, seed if isinstance(seed, int) else torch.initial_seed()) if worker_rng else None
 
     def _rng_states(self) -> dict[str, torch.Tensor]:
         return {"torch": torch.get_rng_state(), **{name: g.get_state() for name, g in self.generators.items()}}
@@ -186,15 +230,17 @@ class TorchSource(Source):
             g.set_state(states[name])
 
     def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
-        _set_epoch(self.user_sampler, epoch)
-        _set_epoch(self.loader.dataset, epoch)
-        self.positioned.skip = step_in_epoch * self.loader.batch_size
+        self.positioned.at(step_in_epoch * self.loader.batch_size)
         if self.seeding is not None:
             self.seeding.epoch = epoch
         if not resuming:
             self._opened = self._rng_states()
+            self._opened_epoch = getattr(self.user_sampler, "epoch", None)
             return iter(self.loader)
-        # Replay the opening exactly as the interrupted run made it; the Session restores the RNGs afterwards.
+        # Replay the opening exactly as the interrupted run made it, the sampler's epoch included (the loop may set it
+        # after the batches, or never); the Session restores the RNGs afterwards.
+        if self._opened_epoch is not None and getattr(self.user_sampler, "epoch", None) != self._opened_epoch:
+            _set_epoch(self.user_sampler, self._opened_epoch)
         self._set_rng_states(self._opened)
         batches = iter(self.loader)
         self.positioned.prime()
@@ -202,36 +248,72 @@ class TorchSource(Source):
 
     def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
         seed = None if self.seeding is None else self.seeding.seed
-        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "opened": dict(self._opened), "worker_seed": seed}
+        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "opened": dict(self._opened), "worker_seed": seed,
+                "sampler_epoch": self._opened_epoch}
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
         self._opened = dict(state["opened"])
+        self._opened_epoch = state.get("sampler_epoch")
         if self.seeding is not None and state["worker_seed"] is not None:
             self.seeding.seed = state["worker_seed"]
         return state["epoch"], state["step_in_epoch"]
 
 
 class StatefulSource(Source):
-    """A loader (or the IterableDataset behind one) that saves and restores its own position."""
+    """A loader (or the IterableDataset behind one) that saves and restores its own position; its epochs end when its iterator does."""
 
-    def __init__(self, loader: Any, holder: Any) -> None:
+    def __init__(self, loader: Any, holder: Any, worker_rng: bool = True) -> None:
         self.loader, self.holder = loader, holder
         self.generators = {}
         generator = getattr(loader, "generator", None)
         if isinstance(generator, torch.Generator):
             self.generators[LOADER_GENERATOR] = generator
+        self._length = _length(loader)
+        # None: nothing opened since the start or the restore, so asking the loader would build an iterator (and draw
+        # the workers' base seed from the global RNG) where the plain loop builds none.
+        self._unopened: dict | None = {"loader": None}
+        self.seeding = None
+        if isinstance(loader, DataLoader) and worker_rng:
+            self.seeding = _seed_workers(loader, torch.initial_seed())
+
+    @property
+    def batches_per_epoch(self) -> int | None:
+        """`len(loader)` where it has one: the epoch still ends when the iterator does, as in the plain loop."""
+        return self._length
 
     def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
-        _set_epoch(getattr(self.loader, "sampler", None), epoch)
-        _set_epoch(getattr(self.loader, "dataset", self.loader), epoch)
+        self._unopened = None
+        if self.seeding is not None:
+            self.seeding.epoch = epoch
         return iter(self.loader)
 
     def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
-        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "loader": self.holder.state_dict()}
+        own = self._unopened if self._unopened is not None else {"loader": self.holder.state_dict()}
+        return {"epoch": epoch, "step_in_epoch": step_in_epoch, **own}
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
-        self.holder.load_state_dict(state["loader"])
+        if state["loader"] is not None:
+            self.holder.load_state_dict(state["loader"])
+        self._unopened = {"loader": state["loader"]}
         return state["epoch"], state["step_in_epoch"]
+
+
+def _length(loader: Any) -> int | None:
+    try:
+        return len(loader)
+    except TypeError:
+        return None
+
+
+def _seed_workers(loader: DataLoader, seed: int) -> SeedPerSample | None:
+    """Install legato's worker setup (per-sample seeding, then the user's own worker_init_fn) on a loader with workers."""
+    if loader.num_workers == 0:
+        return None
+    user_fn = loader.worker_init_fn
+    if isinstance(user_fn, SeedPerSample):
+        user_fn = user_fn.user_fn
+    loader.worker_init_fn = SeedPerSample(seed, user_fn)
+    return loader.worker_init_fn
 
 
 def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
@@ -247,17 +329,32 @@ def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
             "StatefulDataLoader has them), or pass no loader and draw batches in the loop, registering any batch "
             "you keep between steps with session.carry()."
         )
+    _refuse_persistent(loader)
     if isinstance(loader.sampler, ResumableDistributedSampler):
         return LegatoSource(loader)
-    if _stateful(loader):
-        return StatefulSource(loader, loader)
     if isinstance(loader.dataset, IterableDataset):
-        return _iterable(loader)
+        return _iterable(loader, worker_rng)
+    if _stateful(loader) and not isinstance(loader.batch_sampler, BatchSampler):
+        return StatefulSource(loader, loader, worker_rng)
     return _map_style(loader, worker_rng)
 
 
-def _iterable(loader: DataLoader) -> Source:
+def _refuse_persistent(loader: DataLoader) -> None:
+    if loader.persistent_workers and loader.num_workers > 0:
+        raise UsageError(
+            "The DataLoader has persistent_workers=True. Its workers then live from one epoch into the next: they keep "
+            "the dataset copies, RNG streams and per-sample seeding epoch of the epoch that started them, and the loader "
+            "draws the workers' base seed only once, so a run resumed in a later epoch (with new workers) would draw and "
+            "load differently from the uninterrupted run. Set persistent_workers=False; the workers then restart at "
+            "every epoch, as the resumed run's do."
+        )
+
+
+def _iterable(loader: DataLoader, worker_rng: bool) -> Source:
     dataset = loader.dataset
+    if _stateful(loader):
+        # torchdata's StatefulDataLoader: it snapshots each worker's dataset state itself.
+        return StatefulSource(loader, loader, worker_rng)
     if _stateful(dataset) and loader.num_workers == 0:
         return StatefulSource(loader, dataset)
     why = (
@@ -272,6 +369,14 @@ def _iterable(loader: DataLoader) -> Source:
     )
 
 
+def _rng_ordered(sampler: Any) -> bool:
+    """Whether the sampler's order is decided by the generators it draws as its iteration starts (torch's, torchdata's)."""
+    if type(sampler) in _RNG_ORDERED:
+        return True
+    # torchdata's RandomSampler draws its permutation from its own generator (recorded as SAMPLER_GENERATOR) in iter().
+    return type(sampler).__module__ == "torchdata.stateful_dataloader.sampler" and type(sampler).__name__ == "RandomSampler"
+
+
 def _map_style(loader: DataLoader, worker_rng: bool) -> Source:
     batches = loader.batch_sampler
     if not isinstance(batches, BatchSampler):
@@ -281,15 +386,10 @@ def _map_style(loader: DataLoader, worker_rng: bool) -> Source:
             "batch_size= instead, or give the loader state_dict()/load_state_dict() (torchdata's StatefulDataLoader)."
         )
     sampler = batches.sampler.sampler if isinstance(batches.sampler, _Positioned) else batches.sampler
-    if not (callable(getattr(sampler, "set_epoch", None)) or type(sampler) in _RNG_ORDERED):
+    if not (callable(getattr(sampler, "set_epoch", None)) or _rng_ordered(sampler)):
         raise UsageError(
             f"The DataLoader's sampler ({type(sampler).__name__}) has no set_epoch(epoch) and is none of torch's own samplers, "
             "so legato cannot replay its order after a resume. Give it a set_epoch(epoch) method after which its order is a "
             "function of the epoch (as torch's DistributedSampler), or use torch's DistributedSampler or RandomSampler."
-        )
-    if loader.persistent_workers:
-        raise UsageError(
-            "The DataLoader has persistent_workers=True: its workers carry their state from one epoch into the next, "
-            "which a resumed run cannot rebuild. Set persistent_workers=False."
         )
     return TorchSource(loader, worker_rng)

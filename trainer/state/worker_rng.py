@@ -56,7 +56,8 @@ class SeedPerSample:
         for sig in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
             signal.signal(sig, signal.SIG_IGN)
         info = torch.utils.data.get_worker_info()
-        if info is not None:
+        # An IterableDataset's samples have no index: its randomness is its own (saved by its state_dict), not per sample.
+        if info is not None and not isinstance(info.dataset, torch.utils.data.IterableDataset):
             _reseeding(info.dataset, self.seed, self.epoch)
         if self.user_fn is not None:
             self.user_fn(worker_id)
