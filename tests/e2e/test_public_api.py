@@ -2,28 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_bitwise_equal
-
-from legato.runtime.launch import free_port
+from conftest import ROOT, assert_bitwise_equal, run_ranks
 
 EXAMPLE = ROOT / "examples" / "own_loop.py"
 
 
 def launch(run_dir: Path, *args: str) -> list[subprocess.CompletedProcess]:
-    port = free_port()
-    procs = []
-    for rank in range(2):
-        env = dict(os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                   PYTHONWARNINGS="ignore")
-        env["PYTHONPATH"] = str(ROOT)
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLE), str(run_dir), *args], env=env, stderr=subprocess.PIPE, text=True))
-    return [subprocess.CompletedProcess(p.args, p.wait(timeout=120), "", p.stderr.read()) for p in procs]
+    return run_ranks([sys.executable, str(EXAMPLE), str(run_dir), *args], timeout=120, PYTHONPATH=str(ROOT))
 
 
 @pytest.mark.slow
