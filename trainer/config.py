@@ -26,7 +26,7 @@ from legato.errors import UsageError
 __all__ = [
     "KEEP_LAST_MAX", "MINUTES_MAX", "SECONDS_MAX", "STEPS_MAX", "ChaosSection", "CheckpointSection", "Config", "DeterminismSection",
     "LocalSection", "ReproSection", "RunSection", "SlurmSection", "TrainSection", "config_from_dict", "load_config",
-    "training_identity", "training_settings",
+    "training_identity", "training_settings", "REQUIRED",
 ]
 
 SLURM_SIGNAL_CHECK_S = 30  # slurmctld looks at time limits (and sends --signal) on this fixed interval
@@ -117,7 +117,7 @@ class TrainSection:
     device: str = option("auto", choices=("auto", "cpu", "cuda"), doc="auto trains on CUDA when the machine has it")
     backend: str = option("auto", choices=("auto", "nccl", "gloo"), doc="auto is NCCL when each local rank has its own GPU, else gloo")
     collective_timeout_s: int = option(300, minimum=1, maximum=SECONDS_MAX, doc="how long a collective may wait for the other ranks")
-    options: dict = option({}, doc="settings passed through to the task or entrypoint")
+    options: dict = option({}, free_text=True, doc="settings passed through to the task or entrypoint (texts may span lines)")
 
 
 @dataclass
@@ -225,6 +225,16 @@ def training_identity(cfg: Config) -> dict:
     return {"world_size": cfg.world_size, **training_settings(cfg)}
 
 
+# What a config file must say itself (in the file or a --set): each tuple is satisfied by any one of its keys. How long to
+# train, what to train and where the run lives have no default that is right for a file someone wrote: a deleted
+# train.steps silently trained 60 steps, a missing train.task the tiny_gpt demo, two unnamed configs shared runs/legato-run.
+REQUIRED = {
+    ("train.steps",): "how many optimizer steps the run trains",
+    ("train.task", "train.entrypoint"): "what is trained",
+    ("run.name", "run.dir"): "where the run lives",
+}
+
+
 def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config (or the defaults when `path` is None), apply `key=value` overrides."""
     raw: dict = {}
@@ -234,7 +244,25 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
         raw = read_yaml(Path(path))
     for item in overrides:
         apply_override(raw, item)
-    return config_from_dict(raw, source)
+    cfg = build(Config, raw, prefix="", source=source)
+    if path is not None:
+        _check_required(raw, source)
+    check_cross_fields(cfg, source)
+    return cfg
+
+
+def _check_required(raw: dict, source: str) -> None:
+    for keys, says in REQUIRED.items():
+        if any(_given(raw, key) for key in keys):
+            continue
+        either = f" (or {' or '.join(keys[1:])})" if len(keys) > 1 else ""
+        raise UsageError(f"{source}: {keys[0]}{either} is missing; it says {says}, and a config file must say that itself rather "
+                         f"than fall back to a default. Add it under {keys[0].split('.')[0]}:, or pass --set {keys[0]}=...")
+
+
+def _given(raw: dict, key: str) -> bool:
+    section, name = key.split(".")
+    return isinstance(raw.get(section), dict) and name in raw[section]
 
 
 def config_from_dict(raw: dict, source: str = "config") -> Config:

@@ -106,13 +106,14 @@ CASES: dict[str, tuple[str | None, list[str], tuple[str, ...]]] = {
     ),
     "deep_nesting": ("train:\n  options:\n    x: " + "[" * 5000 + "]" * 5000 + "\n", [], ("nests deeper",)),
     "deep_nesting_in_set": (GOOD, ["train.options.x=" + "[" * 5000 + "]" * 5000], ("nests deeper",)),
-    "python_tag": ("run: !!python/object/apply:os.system ['touch /tmp/legato-pwned']\n", [], ("not valid YAML",)),
+    "python_tag": ("run: !!python/object/apply:os.system ['touch /tmp/legato-pwned']\n", [], ("the tag !!python/object/apply:os.system",
+                                                                                            "Remove the tag")),
     "list_document": ("- run\n- train\n", [], ("mapping of sections",)),
     "scalar_document": ("just text\n", [], ("mapping of sections",)),
     "empty_file": ("", [], ("is empty",)),
     "comments_only": ("# nothing here\n\n# at all\n", [], ("is empty",)),
     "empty_document": ("---\n...\n", [], ("empty document",)),
-    "non_string_key": ("1: 2\n", [], ("1 is not a known key",)),
+    "non_string_key": ("1: 2\n", [], ("mapping key that is an integer", "line 1", "Quote the key")),
     "list_as_key": ("? [a, b]\n: 1\n", [], ("not valid YAML",)),
     "bad_set_key": (GOOD, ["train..steps=3"], ("--set", "dotted key")),
     "set_without_key": (GOOD, ["=3"], ("key=value",)),
@@ -245,8 +246,8 @@ def test_a_good_entrypoint_and_good_configs_still_load(tmp_path: Path, monkeypat
         assert isinstance(load_config(config), Config)
     # Anchors, aliases and merge keys within the limits stay legal YAML.
     path = tmp_path / "anchored.yaml"
-    path.write_text(f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  warmup_steps: &n 3\ncheckpoint:\n  "
-                    "every_steps: *n\n")
+    path.write_text(f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  task: mlp\n  warmup_steps: &n 3\n"
+                    "checkpoint:\n  every_steps: *n\n")
     cfg = load_config(path)
     assert (cfg.train.steps, cfg.train.warmup_steps, cfg.checkpoint.every_steps) == (7, 3, 3)
     assert load_config(None, ["train.lr=1e-3", "slurm.signal=sigusr1", f"run.dir={tmp_path}/r"]).slurm.signal == "USR1"
