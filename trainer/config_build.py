@@ -44,7 +44,8 @@ _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # Free text (values a task or entrypoint reads) may span lines and hold tabs, but never a CR (CRLF) or another control.
 _FREE_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
 _CONTROL_NAMES = {"\x00": "a NUL byte", "\n": "a line break (LF)", "\r": "a carriage return (CR, as in Windows line ends)",
-                  "\t": "a tab"}
+                  "\t": "a tab", "\x85": "a next-line character (NEL, U+0085)", "\u2028": "a line separator (U+2028)",
+                  "\u2029": "a paragraph separator (U+2029)"}
 
 
 def option(
