@@ -6,8 +6,9 @@ the signal's lead, the chaos rank against the world size, the entrypoint or
 task and its options, the names that reach the scheduler, and the run
 directory's path. Each failure is a `UsageError` naming the key and the fix.
 This module must NEVER create, write or open anything: the run directory is
-only looked at, and the only value it changes is the stop signal, normalized
-to its canonical spelling.
+only looked at, and the only values it changes are the stop signal (to its
+canonical spelling) and `run.dir` (without redundant `.`, `//` and trailing
+`/`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ SBATCH_OPTION = re.compile(r"[a-z][a-z0-9-]{0,63}")
 
 
 def check_cross_fields(cfg: Config, source: str) -> None:
-    """Refuse a built config whose keys disagree with each other; normalizes `slurm.signal` in place."""
+    """Refuse a built config whose keys disagree with each other; normalizes `slurm.signal` and `run.dir` in place."""
     for key, items, kind, low, high in (
         ("chaos.signal_at_steps", cfg.chaos.signal_at_steps, int, 0, STEPS_MAX),  # 0: during start-up
         ("chaos.skip_restore", cfg.chaos.skip_restore, str, None, None),
