@@ -77,3 +77,10 @@ def test_slurm_executor_without_slurm_on_path_is_refused_before_anything_is_writ
         assert_usage_error(proc, "executor is slurm", "sbatch and srun are not on PATH", "legato devcluster up", "executor: local")
         assert "Could not detect" not in proc.stderr
         _nothing_but_the_config(tmp_path)
+
+
+@pytest.mark.parametrize("args", [["--password=QQ77-launcher-secret"], ["--nproc", "QQ77-launcher-secret"], ["QQ77-launcher-secret"]])
+def test_the_local_launcher_never_echoes_a_value_in_a_usage_error(tmp_path: Path, args: list[str]) -> None:
+    proc = _cli(tmp_path, ["legato", str(TINY_GPT), *args])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "QQ77" not in proc.stdout + proc.stderr
