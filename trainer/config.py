@@ -5,7 +5,8 @@ public contract (key names are relied on by users and outside checks). Each
 section is a dataclass whose fields say, in `option(doc=...)`, what the key
 controls: this file is the table of keys. `load_config` and `config_from_dict`
 turn YAML (`legato.config_read`) into these sections (`legato.config_build`)
-and refuse keys that disagree (`legato.config_checks`), every mistake a
+and refuse keys that disagree (`legato.config_checks`) and a config file
+that leaves out a key it must say (`REQUIRED`), every mistake a
 `UsageError` that names the key, the problem and the fix, before anything is
 submitted or written. It must never touch the filesystem beyond reading the
 YAML file and looking at (never creating) the path of the run directory.
@@ -24,9 +25,9 @@ from legato.config_read import apply_override, read_yaml
 from legato.errors import UsageError
 
 __all__ = [
-    "KEEP_LAST_MAX", "MINUTES_MAX", "SECONDS_MAX", "STEPS_MAX", "ChaosSection", "CheckpointSection", "Config", "DeterminismSection",
-    "LocalSection", "ReproSection", "RunSection", "SlurmSection", "TrainSection", "config_from_dict", "load_config",
-    "training_identity", "training_settings", "REQUIRED",
+    "KEEP_LAST_MAX", "MINUTES_MAX", "REQUIRED", "SECONDS_MAX", "STEPS_MAX", "ChaosSection", "CheckpointSection", "Config",
+    "DeterminismSection", "LocalSection", "ReproSection", "RunSection", "SlurmSection", "TrainSection", "config_from_dict",
+    "load_config", "training_identity", "training_settings",
 ]
 
 SLURM_SIGNAL_CHECK_S = 30  # slurmctld looks at time limits (and sends --signal) on this fixed interval
@@ -244,11 +245,7 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
         raw = read_yaml(Path(path))
     for item in overrides:
         apply_override(raw, item)
-    cfg = build(Config, raw, prefix="", source=source)
-    if path is not None:
-        _check_required(raw, source)
-    check_cross_fields(cfg, source)
-    return cfg
+    return config_from_dict(raw, source, required=path is not None)
 
 
 def _check_required(raw: dict, source: str) -> None:
@@ -265,8 +262,11 @@ def _given(raw: dict, key: str) -> bool:
     return isinstance(raw.get(section), dict) and name in raw[section]
 
 
-def config_from_dict(raw: dict, source: str = "config") -> Config:
-    """A checked `Config` from plain data as YAML spells it; `source` names where it came from in messages."""
+def config_from_dict(raw: dict, source: str = "config", required: bool = False) -> Config:
+    """A checked `Config` from plain data as YAML spells it; `source` names where it came from in messages; `required`:
+    the keys in REQUIRED must be in `raw` (a config file), rather than take their defaults (a program's own config)."""
     cfg = build(Config, raw, prefix="", source=source)
+    if required:
+        _check_required(raw, source)
     check_cross_fields(cfg, source)
     return cfg
