@@ -45,19 +45,12 @@ from legato.orchestrator.follow import is_script_run, show_events, watch_script
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.local_train import train_locally, trainer_command
 from legato.orchestrator.plot import plot_losses, replay_spans
+from legato.orchestrator.preflight import checked_config
 from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.reports import capture_diff_lines, capture_lines, verdict_lines
 from legato.orchestrator.repro import CaptureRequest, capture, read_capture
 from legato.orchestrator.repro_diff import diff_captures, resolve_capture
-from legato.orchestrator.rundir import (
-    SupervisorLock,
-    capture_config,
-    captured_config,
-    check_compatible,
-    check_entrypoint,
-    newest_run,
-    redact_config,
-)
+from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, newest_run
 from legato.orchestrator.runstate import final_manifest
 from legato.orchestrator.status import current_job, current_session, read_progress, summarize
 from legato.orchestrator.supervisor import Supervisor, session_exit_code, start_session
@@ -78,12 +71,11 @@ EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a writer whose
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`legato run`: start the config's run, or re-attach to the one in progress, and supervise it until it ends (or `--detach`)."""
-    cfg, hidden = redact_config(load_config(args.config, args.overrides))
-    for key in hidden:
+    checked = checked_config(args.config, args.overrides)
+    cfg = checked.cfg
+    for key in checked.hidden:
         print(f"legato: warning: {key} looks secret; it is redacted in everything legato writes, so the job sees a placeholder. Pass "
               "secrets through the environment.", file=sys.stderr)
-    check_entrypoint(cfg)
-    check_compatible(cfg)
     lock = SupervisorLock(cfg.run_dir)
     lock.acquire()
     try:
@@ -239,10 +231,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
         return _verify_command(args)
     if args.config is None:
         raise UsageError("legato verify needs a CONFIG (or --compare REFERENCE RUN).")
-    cfg, _ = redact_config(load_config(args.config, args.overrides))
-    if args.executor:
-        cfg.executor = args.executor
-    check_entrypoint(cfg)
+    cfg = checked_config(args.config, args.overrides, executor=args.executor, run_dir_matters=False).cfg
     steps = interruption_steps(cfg.train.steps, _parse_steps(args.interrupt_at), args.interruptions, args.seed)
     out = fresh_directory(args.out, cfg.run.name)
     verdict = verify_config(cfg, steps, out, _verify_phase(args.config), LiveView(events=VERIFY_EVENTS))

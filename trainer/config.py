@@ -5,7 +5,8 @@ public contract (key names are relied on by users and outside checks). Each
 section is a dataclass whose fields say, in `option(doc=...)`, what the key
 controls: this file is the table of keys. `load_config` and `config_from_dict`
 turn YAML (`legato.config_read`) into these sections (`legato.config_build`)
-and refuse keys that disagree (`legato.config_checks`), every mistake a
+and refuse keys that disagree (`legato.config_checks`) and a config file
+that leaves out a key it must say (`REQUIRED`), every mistake a
 `UsageError` that names the key, the problem and the fix, before anything is
 submitted or written. It must never touch the filesystem beyond reading the
 YAML file and looking at (never creating) the path of the run directory.
@@ -24,10 +25,9 @@ from legato.config_read import apply_override, read_yaml
 from legato.errors import UsageError
 
 __all__ = [
-    "KEEP_LAST_MAX", "MINUTES_MAX", "SECONDS_MAX", "STEPS_MAX", "ChaosSection", "CheckpointSection", "Config", "DeterminismSection",
-    "Fsdp2Section",
-    "LocalSection", "ReproSection", "RunSection", "SlurmSection", "TrainSection", "config_from_dict", "load_config",
-    "training_identity", "training_settings",
+    "KEEP_LAST_MAX", "MINUTES_MAX", "REQUIRED", "SECONDS_MAX", "STEPS_MAX", "ChaosSection", "CheckpointSection", "Config",
+    "DeterminismSection", "Fsdp2Section", "LocalSection", "ReproSection", "RunSection", "SlurmSection", "TrainSection",
+    "config_from_dict", "load_config", "training_identity", "training_settings",
 ]
 
 SLURM_SIGNAL_CHECK_S = 30  # slurmctld looks at time limits (and sends --signal) on this fixed interval
@@ -131,7 +131,7 @@ class TrainSection:
     device: str = option("auto", choices=("auto", "cpu", "cuda"), doc="auto trains on CUDA when the machine has it")
     backend: str = option("auto", choices=("auto", "nccl", "gloo"), doc="auto is NCCL when each local rank has its own GPU, else gloo")
     collective_timeout_s: int = option(300, minimum=1, maximum=SECONDS_MAX, doc="how long a collective may wait for the other ranks")
-    options: dict = option({}, doc="settings passed through to the task or entrypoint")
+    options: dict = option({}, free_text=True, doc="settings passed through to the task or entrypoint (texts may span lines)")
     parallel: str = option("ddp", choices=("ddp", "fsdp2"), doc="how the bundled loop spreads the model over the ranks: replicated "
                            "(DistributedDataParallel) or sharded (FSDP2's fully_shard)")
     accumulate: int = option(1, minimum=1, maximum=4096, doc="micro-batches per optimizer step (gradient accumulation); each is "
@@ -244,6 +244,16 @@ def training_identity(cfg: Config) -> dict:
     return {"world_size": cfg.world_size, **training_settings(cfg)}
 
 
+# What a config file must say itself (in the file or a --set): each tuple is satisfied by any one of its keys. How long to
+# train, what to train and where the run lives have no default that is right for a file someone wrote: a deleted
+# train.steps silently trained 60 steps, a missing train.task the tiny_gpt demo, two unnamed configs shared runs/legato-run.
+REQUIRED = {
+    ("train.steps",): "how many optimizer steps the run trains",
+    ("train.task", "train.entrypoint"): "what is trained",
+    ("run.name", "run.dir"): "where the run lives",
+}
+
+
 def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -> Config:
     """Read a YAML config (or the defaults when `path` is None), apply `key=value` overrides."""
     raw: dict = {}
@@ -253,11 +263,28 @@ def load_config(path: str | Path | None, overrides: typing.Sequence[str] = ()) -
         raw = read_yaml(Path(path))
     for item in overrides:
         apply_override(raw, item)
-    return config_from_dict(raw, source)
+    return config_from_dict(raw, source, required=path is not None)
 
 
-def config_from_dict(raw: dict, source: str = "config") -> Config:
-    """A checked `Config` from plain data as YAML spells it; `source` names where it came from in messages."""
+def _check_required(raw: dict, source: str) -> None:
+    for keys, says in REQUIRED.items():
+        if any(_given(raw, key) for key in keys):
+            continue
+        either = f" (or {' or '.join(keys[1:])})" if len(keys) > 1 else ""
+        raise UsageError(f"{source}: {keys[0]}{either} is missing; it says {says}, and a config file must say that itself rather "
+                         f"than fall back to a default. Add it under {keys[0].split('.')[0]}:, or pass --set {keys[0]}=...")
+
+
+def _given(raw: dict, key: str) -> bool:
+    section, name = key.split(".")
+    return isinstance(raw.get(section), dict) and name in raw[section]
+
+
+def config_from_dict(raw: dict, source: str = "config", required: bool = False) -> Config:
+    """A checked `Config` from plain data as YAML spells it; `source` names where it came from in messages; `required`:
+    the keys in REQUIRED must be in `raw` (a config file), rather than take their defaults (a program's own config)."""
     cfg = build(Config, raw, prefix="", source=source)
+    if required:
+        _check_required(raw, source)
     check_cross_fields(cfg, source)
     return cfg

@@ -4,8 +4,10 @@
 `build()` walks a dataclass schema, refusing unknown keys (with the nearest
 known one), wrong types and values out of bounds, each as a `UsageError` that
 names the key, the problem and the fix. The ceilings every value is held to
-live here, written once. This module must NEVER know a key of legato's own
-schema (that is `legato.config`), read a file or touch the filesystem.
+live here, written once, and so is what a config's text and plain data may
+hold (`text_problem`, `check_plain`). This module must NEVER know a key of
+legato's own schema (that is `legato.config`), read a file or touch the
+filesystem.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from dataclasses import field
@@ -36,11 +39,23 @@ PATH_MAX = 4096
 TYPE_WORDS = {int: "an integer", float: "a number", str: "a string", bool: "true or false", list: "a list", dict: "a mapping"}
 
 
+MAX_PLAIN_DEPTH = 32
+# Control characters (C0, DEL, C1) and Unicode's line and paragraph separators: never in a name, path or one-line value.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+# Free text (values a task or entrypoint reads) may span lines and hold tabs, but never a CR (CRLF) or another control.
+_FREE_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
+_CONTROL_NAMES = {"\x00": "a NUL byte", "\n": "a line break (LF)", "\r": "a carriage return (CR, as in Windows line ends)",
+                  "\t": "a tab", "\x85": "a next-line character (NEL, U+0085)", "\u2028": "a line separator (U+2028)",
+                  "\u2029": "a paragraph separator (U+2029)"}
+
+
 def option(
-    default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = ""
+    default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = "",
+    free_text: bool = False,
 ) -> Any:
-    """A config field; `key` spells its YAML name where that is a Python keyword (checkpoint.async)."""
-    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc, "key": key}
+    """A config field; `key` spells its YAML name where that is a Python keyword (checkpoint.async); `free_text`: the
+    texts inside it (a mapping's values) may span lines."""
+    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc, "key": key, "free_text": free_text}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -96,8 +111,12 @@ def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any
     value = _coerce(key, value, base, source)
     if isinstance(value, float) and not math.isfinite(value):
         raise UsageError(f"{source}: {key} is {value!r}; it must be a finite number. Write a number such as {meta.get('minimum') or 1}.")
-    if isinstance(value, str) and ("\x00" in value or len(value) > MAX_TEXT):
-        raise UsageError(f"{source}: {key} holds a NUL byte or is longer than {MAX_TEXT} characters. Write a short value.")
+    if isinstance(value, str):
+        problem = text_problem(value)
+        if problem:
+            raise UsageError(f"{source}: {key} {problem}; a setting is one line of printable text. Write it without that.")
+    if isinstance(value, (dict, list)):
+        check_plain(source, key, value, free=bool(meta.get("free_text")))
     choices = meta.get("choices") or ()
     if choices and value not in choices:
         shown = ", ".join(str(c) for c in choices if c is not None)
@@ -134,20 +153,55 @@ def _coerce(key: str, value: Any, base: type, source: str) -> Any:
 
 
 def check_list(source: str, key: str, items: list, kind: type, low: int | None, high: int | None) -> None:
-    """A list field's entries: at most MAX_LIST of them, each of `kind`, texts short and NUL-free, numbers within bounds."""
+    """A list field's entries: at most MAX_LIST of them, each of `kind`, numbers within bounds."""
     if len(items) > MAX_LIST:
         raise UsageError(f"{source}: {key} holds {len(items)} entries; at most {MAX_LIST} make sense. Shorten it.")
     bad = [x for x in items if not isinstance(x, kind) or isinstance(x, bool)]
     if bad:
         raise UsageError(f"{source}: {key} must be a list of {TYPE_WORDS[kind][2:]}s, but it holds {show(bad[0])}. Fix that entry.")
     if kind is str:
-        bad = [x for x in items if "\x00" in x or len(x) > MAX_TEXT]
-        if bad:
-            raise UsageError(f"{source}: {key} holds an entry with a NUL byte or over {MAX_TEXT} characters. Fix that entry.")
-        return
+        return  # their text was checked with the list (`check_plain`)
     bad = [x for x in items if (low is not None and x < low) or (high is not None and x > high)]
     if bad:
         raise UsageError(f"{source}: {key} holds {show(bad[0])}; its entries must be from {low} to {high}. Fix that entry.")
+
+
+def text_problem(text: str, free: bool = False) -> str | None:
+    """What makes `text` unfit as a config value ("holds a tab at character 3"), or None; never quotes the text,
+    which may be a secret. `free`: line breaks and tabs are fine (text a task reads), CRs and other controls are not."""
+    if len(text) > MAX_TEXT and not free:  # free text is bounded by the file's and --set's own limits
+        return f"is longer than {MAX_TEXT} characters"
+    found = (_FREE_CONTROL if free else _CONTROL).search(text)
+    if found is None:
+        return None
+    char = found.group()
+    return f"holds {_CONTROL_NAMES.get(char, f'the control character U+{ord(char):04X}')} at character {found.start() + 1}"
+
+
+def check_plain(source: str, key: str, value: Any, free: bool = False, depth: int = 0) -> None:
+    """Plain data all the way down (text keys, finite numbers, clean text, lists and mappings), or a `UsageError` naming
+    the key path; for the mappings and lists legato passes on without a schema (train.options, slurm.extra_sbatch)."""
+    if depth > MAX_PLAIN_DEPTH:
+        raise UsageError(f"{source}: {key} nests deeper than {MAX_PLAIN_DEPTH} levels. Flatten it.")
+    if isinstance(value, dict):
+        for name, item in value.items():
+            if not isinstance(name, str) or text_problem(name):
+                raise UsageError(f"{source}: {key} has a key that is not one line of printable text. Write each key as a plain word.")
+            check_plain(source, f"{key}.{name}", item, free, depth + 1)
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            check_plain(source, f"{key}[{index}]", item, free, depth + 1)
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise UsageError(f"{source}: {key} is {value!r}; a number in a config must be finite (nan never equals itself, so a "
+                         "resume would find the settings changed). Write a finite number.")
+    elif isinstance(value, str):
+        problem = text_problem(value, free)
+        if problem:
+            allowed = "text without CRs or other control characters" if free else "one line of printable text"
+            raise UsageError(f"{source}: {key} {problem}; it must be {allowed}. Write it without that.")
+    elif value is not None and not isinstance(value, (bool, int, float)):
+        raise UsageError(f"{source}: {key} is a {type(value).__name__}; a config holds only text, numbers, true/false, null, lists "
+                         "and mappings. Write it as one of those.")
 
 
 def show_path(path: Path) -> str:

@@ -6,8 +6,9 @@ the signal's lead, the chaos rank against the world size, the entrypoint or
 task and its options, the names that reach the scheduler, and the run
 directory's path. Each failure is a `UsageError` naming the key and the fix.
 This module must NEVER create, write or open anything: the run directory is
-only looked at, and the only value it changes is the stop signal, normalized
-to its canonical spelling.
+only looked at, and the only values it changes are the stop signal (to its
+canonical spelling) and `run.dir` (without redundant `.`, `//` and trailing
+`/`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ SBATCH_OPTION = re.compile(r"[a-z][a-z0-9-]{0,63}")
 
 
 def check_cross_fields(cfg: Config, source: str) -> None:
-    """Refuse a built config whose keys disagree with each other; normalizes `slurm.signal` in place."""
+    """Refuse a built config whose keys disagree with each other; normalizes `slurm.signal` and `run.dir` in place."""
     for key, items, kind, low, high in (
         ("chaos.signal_at_steps", cfg.chaos.signal_at_steps, int, 0, STEPS_MAX),  # 0: during start-up
         ("chaos.skip_restore", cfg.chaos.skip_restore, str, None, None),
@@ -72,7 +73,7 @@ def _check_task_options(cfg: Config, source: str) -> None:
     from legato.tasks.options import check_options
 
     try:
-        check_options(cfg.train.task, cfg.train.options, cfg.world_size)
+        check_options(cfg.train.task, cfg.train.options, cfg.world_size, cfg.train.batch_size)
     except UsageError as exc:
         raise UsageError(f"{source}: {exc}") from None
 
@@ -88,12 +89,9 @@ def _check_parallel(cfg: Config, source: str) -> None:
 
 
 def _check_names(cfg: Config, source: str) -> None:
-    name = cfg.run.name
-    if not name or len(name) > NAME_MAX or any(ord(c) < 32 for c in name) or name in (".", ".."):
-        raise UsageError(
-            f"{source}: run.name is {show(name)}; it names the run and its default directory, so it must be 1 to {NAME_MAX} "
-            "printable characters other than '.' and '..'. Pick a short name."
-        )
+    _check_run_name(cfg.run.name, source)
+    if cfg.run.dir:
+        cfg.run.dir = _normalized_run_dir(cfg.run.dir, source)
     for key in ("partition", "account", "qos"):
         value = getattr(cfg.slurm, key)
         if value is not None and not SLURM_WORD.fullmatch(value):
@@ -105,6 +103,35 @@ def _check_names(cfg: Config, source: str) -> None:
         if (not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value))
                 or any(c in str(value) for c in "\x00\n\r")):
             raise UsageError(f"{source}: slurm.extra_sbatch.{option} is {show(value)}; give one line of text or a number.")
+
+
+def _check_run_name(name: str, source: str) -> None:
+    """A name that is one directory under runs/: no '/', no surrounding blanks, not '.' or '..'."""
+    problem = None
+    if not name or len(name) > NAME_MAX or any(ord(c) < 32 for c in name) or name in (".", ".."):
+        problem = f"it names the run and its default directory, so it must be 1 to {NAME_MAX} printable characters other than '.' and '..'"
+    elif "/" in name:
+        problem = "it names one directory (runs/<name>), so it cannot hold '/'; set run.dir for a directory elsewhere"
+    elif name != name.strip():
+        problem = "it begins or ends with a blank, which would name a directory no one can tell apart from the name without it"
+    if problem:
+        raise UsageError(f"{source}: run.name is {show(name)}; {problem}. Pick a short name.")
+
+
+def _normalized_run_dir(text: str, source: str) -> str:
+    """run.dir without redundant parts (a/./b//c/ is a/b/c); '~', '..' and surrounding blanks are refused, not guessed at."""
+    problem = None
+    if text.startswith("~"):
+        problem = ("starts with '~', which legato does not expand (a shell does, but not inside YAML or quotes), so it would "
+                   "create a directory named '~'. Write the full path, such as $HOME/runs/<name> expanded")
+    elif ".." in Path(text).parts:
+        problem = ("holds a '..' component, so where it points depends on the directory legato starts in and on symlinks. Write "
+                   "the path without it")
+    elif text != text.strip():
+        problem = "begins or ends with a blank, which would be part of the directory's name. Remove the blank"
+    if problem:
+        raise UsageError(f"{source}: run.dir {show(text, 300)} {problem}.")
+    return os.path.normpath(text)
 
 
 def _check_run_dir(run_dir: Path, source: str) -> None:

@@ -74,6 +74,9 @@ def apply_override(raw: dict, item: str) -> None:
     parts = key.strip().split(".")
     if not all(OVERRIDE_KEY.fullmatch(part) for part in parts):
         raise UsageError(f"--set {show(key)} is not a dotted key such as train.steps. Fix the key.")
+    if "\r" in text:
+        # YAML would fold it into a blank without a word: a CR here is a pasted Windows line end, never meant.
+        raise UsageError(f"--set {show(key)}: the value holds a carriage return (CR). Retype it on one line.")
     value = safeyaml.load(text, f"--set {show(key)}: the value")
     node = raw
     for part in parts[:-1]:

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TINY_GPT
+from conftest import MLP, TINY_GPT
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -110,19 +110,63 @@ CASES: dict[str, tuple[str | None, list[str], tuple[str, ...]]] = {
     ),
     "deep_nesting": ("train:\n  options:\n    x: " + "[" * 5000 + "]" * 5000 + "\n", [], ("nests deeper",)),
     "deep_nesting_in_set": (GOOD, ["train.options.x=" + "[" * 5000 + "]" * 5000], ("nests deeper",)),
-    "python_tag": ("run: !!python/object/apply:os.system ['touch /tmp/legato-pwned']\n", [], ("not valid YAML",)),
+    "python_tag": ("run: !!python/object/apply:os.system ['touch /tmp/legato-pwned']\n", [], ("the tag !!python/object/apply:os.system",
+                                                                                            "Remove the tag")),
     "list_document": ("- run\n- train\n", [], ("mapping of sections",)),
     "scalar_document": ("just text\n", [], ("mapping of sections",)),
     "empty_file": ("", [], ("is empty",)),
     "comments_only": ("# nothing here\n\n# at all\n", [], ("is empty",)),
     "empty_document": ("---\n...\n", [], ("empty document",)),
-    "non_string_key": ("1: 2\n", [], ("1 is not a known key",)),
+    "non_string_key": ("1: 2\n", [], ("mapping key that is an integer", "line 1", "Quote the key")),
     "list_as_key": ("? [a, b]\n: 1\n", [], ("not valid YAML",)),
     "bad_set_key": (GOOD, ["train..steps=3"], ("--set", "dotted key")),
     "set_without_key": (GOOD, ["=3"], ("key=value",)),
     "set_with_nul": (GOOD, ["run.name=a\x00b"], ("NUL",)),
     "set_too_long": (GOOD, ["run.name=" + "n" * 70_000], ("longer than",)),
     "set_invalid_yaml": (GOOD, ["train.steps=[1"], ("not valid YAML",)),
+    # issue 25: YAML beyond the core schema, text that is not one line, paths, missing keys, options no rank could train
+    "date_in_options": (GOOD, ["train.options.started=2024-01-01"], ("train.options.started", "date or time", "Quote it")),
+    "datetime_in_file": (GOOD.replace("  lr: 0.003\n", "  lr: 2001-12-14t21:59:43.10-05:00\n"), [], ("date or time", "line 12")),
+    "date_as_key": (GOOD, ["train.options={2024-01-01: x}"], ("date or time",)),
+    "binary_tag": (GOOD.replace("    dropout: 0.1\n", "    dropout: 0.1\n    blob: !!binary aGVsbG8=\n"), [], ("binary data (!!binary)",)),
+    "set_tag": (GOOD, ["train.options.tags=!!set {a, b}"], ("a set (!!set)", "Write a list instead")),
+    "omap_tag": (GOOD, ["train.options.order=!!omap [a: 1, b: 2]"], ("an ordered map (!!omap)", "Write a mapping")),
+    "pairs_tag": (GOOD, ["train.options.order=!!pairs [a: 1]"], ("a list of pairs (!!pairs)",)),
+    "custom_tag": (GOOD, ["train.options.x=!vault abc"], ("the tag !vault", "Remove the tag")),
+    "python_tuple_tag": (GOOD, ["train.options.x=!!python/tuple [1, 2]"], ("the tag !!python/tuple",)),
+    "mixed_keys": (GOOD, ["train.options.table={1: a, b: c}"], ("mapping key that is an integer", "Quote the key")),
+    "bool_key": (GOOD.replace("    dropout: 0.1\n", "    dropout: 0.1\n    on: 1\n"), [], ("mapping key that is true/false",)),
+    "run_dir_dotdot": (GOOD, ["run.dir=runs/../../elsewhere"], ("run.dir", "'..' component")),
+    "run_dir_tilde": (GOOD, ["run.dir=~/runs/x"], ("run.dir", "starts with '~'", "Write the full path")),
+    "run_dir_blank": (GOOD, ["run.dir='runs/x '"], ("run.dir", "ends with a blank")),
+    "run_name_slash": (GOOD, ["run.name=team/x"], ("run.name", "cannot hold '/'")),
+    "run_name_blank": (GOOD, ["run.name=' x'"], ("run.name", "begins or ends with a blank")),
+    "run_name_crlf": (GOOD.replace("name: tiny_gpt", 'name: "tiny\\r\\ngpt"'), [], ("run.name", "carriage return", "character 5")),
+    "run_name_tab": (GOOD.replace("name: tiny_gpt", 'name: "tiny\\tgpt"'), [], ("run.name", "a tab")),
+    "run_name_line_separator": (GOOD.replace("name: tiny_gpt", 'name: "tiny\\u2028gpt"'), [], ("run.name", "U+2028")),
+    "setup_line_crlf": (GOOD, ['slurm.setup=["module load x\\r"]'], ("slurm.setup", "carriage return")),
+    "repro_allow_del": (GOOD, ['repro.allow=["A\\x7f"]'], ("repro.allow", "U+007F")),
+    "master_addr_newline": (GOOD, ['slurm.master_addr="node1\\nnode2"'], ("slurm.master_addr", "line break")),
+    "cr_in_set_value": (GOOD, ["train.options.note=a\rb"], ("--set 'train.options.note'", "carriage return")),
+    "cr_in_options_text": (GOOD, ['train.options.note="a\\r\\nb"'], ("train.options.note", "carriage return")),
+    "control_in_options_key": (GOOD, ['train.options={"a\\x01": 1}'], ("train.options has a key",)),
+    "nan_in_options": (GOOD, ["train.options.clip=.nan"], ("train.options.clip", "finite")),
+    "inf_nested_in_options": (GOOD, ["train.options.sched={warm: [1, {peak: -.inf}]}"], ("train.options.sched.warm[1].peak", "finite")),
+    "sbatch_value_tab": (GOOD, ['slurm.extra_sbatch={comment: "a\\tb"}'], ("slurm.extra_sbatch.comment", "a tab")),
+    "missing_steps": (GOOD.replace("  steps: 60\n", ""), [], ("train.steps is missing", "--set train.steps=")),
+    "missing_task": (GOOD.replace("  task: tiny_gpt\n", ""), [], ("train.task (or train.entrypoint) is missing",)),
+    "missing_run_name_and_dir": (GOOD.replace("  name: tiny_gpt\n  dir: runs/tiny_gpt\n", "  {}\n").replace("run:\n  {}", "run: {}"), [],
+                                 ("run.name (or run.dir) is missing",)),
+    "missing_train_section": ("run: {name: x}\n", [], ("train.steps is missing",)),
+    "steps_null": (GOOD, ["train.steps=null"], ("train.steps must be an integer",)),
+    "near_miss_option": (GOOD, ["train.options.head=4"], ("train.options.head", "Did you mean train.options.heads?")),
+    "mlp_batch_of_one": (MLP.read_text(), ["train.batch_size=1"], ("train.batch_size is 1", "batch norm")),
+    "mlp_batch_beyond_share": (MLP.read_text(), ["train.options.samples=20"], ("train.options.samples is 20", "no full batch")),
+    "gpt_batch_beyond_windows": (GOOD, ["train.options.sentences=100", "train.batch_size=200"], ("fewer than the 2 ranks times",)),
+    "gpt_largest_corpus_too_few_windows": (GOOD, ["train.options={sentences: 200000, block: 2, dim: 4, heads: 1, layers: 1}",
+                                                  "train.batch_size=1000000"], ("give at most", "fewer than the 2 ranks times")),
+    "gpt_beyond_memory": (GOOD, ["train.options.dim=4096", "train.options.layers=64"], ("GiB on each rank", "Lower dim")),
+    "mlp_beyond_memory": (MLP.read_text(), ["train.options.hidden=100000", "train.options.features=100000"], ("GiB on each rank",)),
 }
 
 # name -> file bytes (written as-is), words
@@ -249,8 +293,8 @@ def test_a_good_entrypoint_and_good_configs_still_load(tmp_path: Path, monkeypat
         assert isinstance(load_config(config), Config)
     # Anchors, aliases and merge keys within the limits stay legal YAML.
     path = tmp_path / "anchored.yaml"
-    path.write_text(f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  warmup_steps: &n 3\ncheckpoint:\n  "
-                    "every_steps: *n\n")
+    path.write_text(f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  task: mlp\n  warmup_steps: &n 3\n"
+                    "checkpoint:\n  every_steps: *n\n")
     cfg = load_config(path)
     assert (cfg.train.steps, cfg.train.warmup_steps, cfg.checkpoint.every_steps) == (7, 3, 3)
     assert load_config(None, ["train.lr=1e-3", "slurm.signal=sigusr1", f"run.dir={tmp_path}/r"]).slurm.signal == "USR1"
@@ -306,3 +350,21 @@ def test_fuzz_raw_yaml_text(tmp_path: Path, text: str) -> None:
     path.write_text(text)
     _loads_or_refuses(path, [])
     _loads_or_refuses(None, [f"train.options.x={text}"])
+
+
+def test_what_the_schema_still_takes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusals of issue 25 leave sensible input alone: each of these loads, some normalized."""
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "config.yaml"
+    path.write_text(GOOD.replace("\n", "\r\n"))  # a file saved with Windows line ends is still one config
+    assert load_config(path).run.name == "tiny_gpt"
+    cfg = load_config(path, ["run.dir=runs//x/./y/", 'train.options.started="2024-01-01"', "train.options.op==",
+                             'train.options.pem="-----BEGIN KEY-----\\nabc\\tdef\\n-----END KEY-----"',
+                             "train.options.nested={a: [1, 2.5, null]}"])
+    assert cfg.run.dir == "runs/x/y"
+    assert cfg.train.options["started"] == "2024-01-01" and cfg.train.options["op"] == "="
+    assert cfg.train.options["pem"] == "-----BEGIN KEY-----\nabc\tdef\n-----END KEY-----"  # text a task reads may span lines
+    path.write_text(GOOD.replace("  steps: 60\n", "").replace("  task: tiny_gpt\n", ""))
+    cfg = load_config(path, ["train.steps=5", "train.entrypoint=pkg.mod:main"])  # a --set says what the file left out
+    assert (cfg.train.steps, cfg.train.entrypoint) == (5, "pkg.mod:main")
+    assert load_config(None).train.steps == 60  # the programmatic defaults are still defaults

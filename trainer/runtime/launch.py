@@ -25,6 +25,7 @@ from pathlib import Path
 from legato.config import load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.paths import RunPaths
+from legato.quiet_args import Parser
 from legato.runtime.job import resolve_entrypoint
 from legato.runtime.launch_env import determinism_environ
 from legato.runtime.lifeline import LAUNCHER_PID, armed_child
@@ -44,7 +45,7 @@ def free_port() -> int:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     """The local launcher's command line: CONFIG, `--nproc` and `--set KEY=VALUE` overrides."""
-    parser = argparse.ArgumentParser(prog="python -m legato", description="Run the legato trainer locally on N processes.")
+    parser = Parser(prog="python -m legato", description="Run the legato trainer locally on N processes.")
     parser.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
     parser.add_argument("--nproc", type=int, default=None, help="number of ranks (default: local.tasks from the config)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key")

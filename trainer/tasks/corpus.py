@@ -50,3 +50,9 @@ def min_corpus_length(n_sentences: int) -> int:
     """A lower bound of `len(make_corpus(n_sentences))`, without generating it."""
     shortest = sum(min(len(w) for w in words) for words in (_SUBJECTS, _VERBS, _OBJECTS)) + 2 + 1
     return n_sentences * (shortest + 1) - 1
+
+
+def max_corpus_length(n_sentences: int) -> int:
+    """An upper bound of `len(make_corpus(n_sentences))`, without generating it."""
+    longest = sum(max(len(w) for w in words) for words in (_SUBJECTS, _VERBS, _OBJECTS, _TAILS)) + 3 + 1
+    return n_sentences * (longest + 1) - 1

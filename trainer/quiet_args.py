@@ -1,0 +1,58 @@
+"""argparse whose usage errors name the flag but never the value that came with it.
+
+People mistype `--password=...` or paste a token after the wrong flag, and the
+error line ends up in terminals, CI logs and tickets. argparse's own messages
+quote values in a few fixed phrasings, so `Parser` cuts the value out of each
+of those before argparse prints; unrecognized arguments are reported by name
+only. Errors still go out as argparse prints them (usage, then one error line)
+with exit code 2. Both command lines use it: `legato` (legato.orchestrator)
+and `python -m legato` (legato.runtime.launch). This module must never import
+anything of legato's: the core and the CLI both stand on it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Sequence
+from typing import NoReturn
+
+# argparse's phrasings that quote the value given, each with the value cut out (greedy: a value may hold anything).
+_VALUE_ECHOES = (
+    (re.compile(r"(invalid [\w ]+? value): .*", re.S), r"\1"),
+    (re.compile(r"(invalid choice): .* (\(choose from .*\))$", re.S), r"\1 \2"),
+    (re.compile(r"(invalid choice): .*", re.S), r"\1"),
+    (re.compile(r"ignored explicit argument .*", re.S), "takes no value"),
+    (re.compile(r"(ambiguous option: [^=\s]+)=\S*"), r"\1"),
+)
+_FLAG = re.compile(r"--[A-Za-z][\w-]*|-[A-Za-z]")
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose usage errors name the flag but never the value that came with it."""
+
+    def parse_args(self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:  # type: ignore[override]
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(unrecognized(extras))
+        return parsed
+
+    def error(self, message: str) -> NoReturn:
+        super().error(without_values(message))
+
+
+def without_values(message: str) -> str:
+    """An argparse error message with any value it quotes cut out."""
+    for pattern, replacement in _VALUE_ECHOES:
+        message = pattern.sub(replacement, message)
+    return message
+
+
+def unrecognized(extras: list[str]) -> str:
+    """The error for arguments no command takes: the flags by name, anything else (values) only counted."""
+    flags = [name for name in (arg.split("=", 1)[0] for arg in extras) if _FLAG.fullmatch(name)]
+    values = len(extras) - len(flags)
+    named = f"unrecognized arguments: {' '.join(flags)}" if flags else "unrecognized arguments"
+    if values:
+        named += f" (and {values} value{'s' if values > 1 else ''}, not shown)"
+    return named
