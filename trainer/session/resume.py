@@ -26,7 +26,7 @@ from legato.session.telemetry import Telemetry
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
-from legato.store import layout
+from legato.store import bases, layout
 from legato.store.manifest import RunShape, newest_usable
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,14 @@ def pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict]
         found = newest_usable(root, run, strict=True)
     except UsageError as exc:
         return str(exc)
-    return None if found is None else (str(found.path), found.manifest)
+    if found is None:
+        return None
+    unusable = bases.problem(found.path, found.manifest)
+    if unusable is None:
+        return str(found.path), found.manifest
+    log.warning("checkpoint %s: %s; resuming from the checkpoint itself, verified by its digests but without a replay", found.path,
+                unusable)
+    return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
 
 
 def strict_determinism(training: dict | None) -> bool:
