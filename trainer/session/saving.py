@@ -129,7 +129,7 @@ class Saver:
         self._on_disk_after[step] = {step: [own, ""], snap.step: at or [own, bases.REPLAY_PREFIX]}
         if at is not None:
             return {}, at, True
-        return layout.files(self.components, snap.parts, self.peers.rank, prefix=bases.REPLAY_PREFIX), None, True
+        return layout.files(self.components, snap.parts, self.peers.rank, bases.REPLAY_PREFIX, self.peers.world_size), None, True
 
     # -- checkpoints ----------------------------------------------------------
 
@@ -184,7 +184,7 @@ class Saver:
     def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests) -> None:
         self.telemetry.sync()
         rank, step = self.peers.rank, self.position.step
-        files = layout.files(self.components, parts, rank)
+        files = layout.files(self.components, parts, rank, world_size=self.peers.world_size)
         base_files, at, has_base = self._base(reason)
         files.update(base_files)
         base = _share(rank, self.snapshot, self.window, at) if has_base else None
@@ -208,7 +208,7 @@ class Saver:
         assert self.background is not None
         snap, window, rank = self.snapshot, list(self.window), self.peers.rank
         # The layout is built here, where the live module is (per-rank buffer names); it only refers to the copies.
-        files = layout.files(self.components, staged.parts, rank)
+        files = layout.files(self.components, staged.parts, rank, world_size=self.peers.world_size)
         base_files, at, has_base = self._base("periodic")
         files.update(base_files)
 

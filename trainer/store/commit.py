@@ -2,8 +2,8 @@
 
 Layout: `<root>/step_<N>/` holds the files of every rank (which rank writes
 which file: `legato.store.layout.writes`) and `manifest.json` (step, world
-size, per-rank component digests and hashes, the global hash and an XXH3-128
-per file). The phases, in order:
+size, per-rank component digests and hashes and the files each rank wrote,
+the global hash and an XXH3-128 per file). The phases, in order:
 
   stage    the temporary directory `<root>/.tmp_step_<N>/`, its paths checked
   write    each rank writes and fsyncs its files there (one hash pass)
@@ -138,7 +138,8 @@ def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dic
         "world_size": world_size,
         "torch_version": torch.__version__,
         "global_hash": ghash,
-        "ranks": [{"rank": r["rank"], "hash": r["hash"], "components": r["components"]} for r in reports],
+        # Who wrote what: a rank's missing file names the rank whose share is lost.
+        "ranks": [{"rank": r["rank"], "hash": r["hash"], "components": r["components"], "wrote": sorted(r["files"])} for r in reports],
         "files": {name: info for r in reports for name, info in r["files"].items()},
         "created_unix": time.time(),
         **meta,
