@@ -11,6 +11,7 @@ it works on the component table, the position's feed and plain data.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,9 +57,11 @@ class Resumer:
         self.root, self.peers, self.components, self.feed = root, peers, components, feed
         self.chaos, self.telemetry, self.verify = chaos, telemetry, verify
         self.resumed: Resumed | None = None
+        self._started = time.perf_counter()
 
     def select(self, training: dict | None) -> tuple[Path, dict] | None:
         """Rank 0 picks the newest verified checkpoint and hands its manifest to the others."""
+        self._started = time.perf_counter()
         picked = self.peers.from_leader(pick(self.root, self.peers.world_size, training) if self.peers.rank == 0 else None)
         if isinstance(picked, str):
             raise UsageError(picked)
@@ -101,11 +104,12 @@ class Resumer:
             match=self.resumed.match,
             mismatches={str(r): n for r, n in mismatches.items()},
             replay=None if verdict is None else verdict.to_event(),
+            seconds=round(time.perf_counter() - self._started, 3),
         )
         if self.resumed.match:
             how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step}"
-            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s", self.peers.rank, step, path,
-                               recomputed, how)
+            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (%.2fs)", self.peers.rank, step, path,
+                               recomputed, how, time.perf_counter() - self._started)
             return
         message = _problems(step, path, manifest, mismatches, verdict)
         if self.verify == "warn":
