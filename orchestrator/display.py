@@ -96,6 +96,7 @@ class LiveView:
             Kind.RESUMED: lambda: (
                 f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
                 + ("verified ✓" if e["match"] else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
+                + _resume_time(e)
             ),
             Kind.REPLAY_STOPPED: lambda: (
                 f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands"
@@ -163,6 +164,12 @@ def _replay_words(replay: dict | None) -> str:
     return f"replay ✗ diverged at step {replay['first_divergence']['step']}, "
 
 
+def _resume_time(e: dict) -> str:
+    """The resume's total time (choosing, verifying and loading the checkpoint, and the replay); older ledgers lack it."""
+    seconds = e.get("seconds")
+    return "" if seconds is None else f"; resume took {seconds:.2f}s"
+
+
 def _resume_problem(e: dict) -> str:
     replay = e.get("replay")
     if replay and not replay["identical"]:
@@ -179,15 +186,16 @@ def waiting_line(w: dict) -> str:
 
 def status_table(summary: RunSummary) -> str:
     """The run summary as the text table `legato status` prints: one row per attempt, then the run's state."""
-    header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "replay", "ckpt s", "environment", "ended")
+    header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "replay", "resume s", "ckpt s", "environment", "ended")
     rows = [header]
     for a in summary.attempts:
         verified = "-" if a.verified is None else ("✓" if a.verified else "✗")
         ckpt = f"{max(a.checkpoint_seconds):.2f}" if a.checkpoint_seconds else "-"
         resumed = "-" if a.resumed_from_step is None else str(a.resumed_from_step)
         env = "-" if a.environment_changed is None else ("CHANGED: " + ",".join(a.environment_changed) if a.environment_changed else "same")
+        resume = "-" if a.resume_seconds is None else f"{a.resume_seconds:.2f}"
         rows.append((str(a.number), a.job_id, str(a.restart), ",".join(a.hosts), str(a.steps_run), resumed, verified, a.replay_text,
-                     ckpt, env, a.ended))
+                     resume, ckpt, env, a.ended))
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     state = summary.state.upper()

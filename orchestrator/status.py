@@ -36,6 +36,7 @@ class Attempt:
     ended: str = "running"
     stop_signal_step: int | None = None
     checkpoint_seconds: list[float] = field(default_factory=list)
+    resume_seconds: float | None = None  # the resume's total time, its replay included
     environment: dict[str, str] = field(default_factory=dict, repr=False)
     environment_changed: list[str] | None = None
 
@@ -171,6 +172,7 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.verified = bool(e["match"])
         attempt.expected_hash, attempt.recomputed_hash = e["expected_hash"], e["recomputed_hash"]
         attempt.replay = e.get("replay")
+        _apply_resume_time(attempt, e)
     elif kind == Kind.REPLAY_STOPPED:
         attempt.replay = {"stopped_at": e["step"], "checkpoint_step": e["checkpoint_step"]}
     elif kind == Kind.CHECKPOINT_COMMITTED:
@@ -183,6 +185,11 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.ended = f"not requeued: {e.get('reason')}"
     elif kind in (Kind.REQUEUED, Kind.FINISHED, Kind.FAILED):
         attempt.ended = kind  # the attempt's end is named after its kind
+
+
+def _apply_resume_time(attempt: Attempt, e: dict) -> None:
+    """The resume's total time (choosing, verifying and loading the checkpoint, and the replay); ledgers before it lack it."""
+    attempt.resume_seconds = e.get("seconds")
 
 
 def _apply_capture(attempt: Attempt, e: dict) -> None:

@@ -267,6 +267,7 @@ class Resumed(_Attempt):
     match: bool
     mismatches: dict[str, list[str]]
     replay: dict[str, Any] | None
+    seconds: float  # the resume's total time: choosing the checkpoint, verifying and loading it, and the replay
 
 
 class ReplayStopped(_Attempt):

@@ -42,7 +42,17 @@ def test_async_run_stopped_by_a_signal_resumes_bitwise(reference: Path, tmp_path
     assert_bitwise_equal(reference, tmp_path, STEPS)
     for step in (4, 8, 12, 16, 20, 24, 28):
         ours, theirs = manifest(tmp_path, step), manifest(reference, step)
-        assert ours["global_hash"] == theirs["global_hash"] and ours["replay"] == theirs["replay"], step
+        assert ours["global_hash"] == theirs["global_hash"] and same_replay(ours) == same_replay(theirs), step
+
+
+def same_replay(m: dict) -> dict:
+    """A manifest's replay section as two runs on one trajectory share it: a base referred to is listed with its files'
+    sizes and hashes, and those depend on the memory the writer pickled (the live tensors or the staged copies), not
+    only on the bits, so the listing is compared by file name (the base's bits are in its digests)."""
+    replay = dict(m["replay"])
+    if "base" in replay:
+        replay["base"] = {**replay["base"], "files": sorted(replay["base"]["files"])}
+    return replay
 
 
 @pytest.mark.slow

@@ -112,6 +112,8 @@ def train(
     signal_at: tuple[int, ...] = (),
     steps: int = 12,
     replay_steps: int = 4,
+    every_steps: int = 0,
+    keep_last: int = 3,
     verify: str = "error",
     chaos: legato.Chaos | None = None,
     on_step: Callable[[legato.Session], None] | None = None,
@@ -130,7 +132,8 @@ def train(
     session = legato.Session(
         run_dir, model=net, optimizer=optimizer, loader=loader, total_steps=steps,
         extras=extras.get(loop, {}) if register else {},
-        checkpoint=legato.CheckpointPolicy(hash_every_steps=1, agree_every_steps=1, replay_steps=replay_steps, verify=verify),
+        checkpoint=legato.CheckpointPolicy(hash_every_steps=1, agree_every_steps=1, replay_steps=replay_steps, verify=verify,
+                                           every_steps=every_steps, keep_last=keep_last),
         chaos=chaos or legato.Chaos(signal_rank=world - 1, signal_at_steps=signal_at),
     )
     for batch in session:

@@ -85,7 +85,7 @@ def test_summary_status_table_and_json_show_each_attempts_replay(tmp_path: Path)
     tag = {"job_id": "5", "time": 2, "hosts": ["a"], "world_size": 2}
     identical = {"from_step": 4, "steps": 4, "identical": True, "first_divergence": None, "differing_at_end": {}}
     diverged = {"from_step": 12, "steps": 3, "identical": False, "first_divergence": {"step": 13, "rank": 1, "cause": "a prefetched batch"}}
-    resumed = {"event": "resumed", "time": 3, "expected_hash": "h", "recomputed_hash": "h", "mismatches": {}}
+    resumed = {"event": "resumed", "time": 3, "expected_hash": "h", "recomputed_hash": "h", "mismatches": {}, "seconds": 1.25}
     events = [
         {"event": "run_started", "time": 1, "total_steps": 30},
         {"event": "attempt_started", "restart": 0, **tag},
@@ -102,3 +102,4 @@ def test_summary_status_table_and_json_show_each_attempts_replay(tmp_path: Path)
     assert not summary.all_resumes_verified
     table = status_table(summary)
     assert "replay ✓ 4 steps" in table and "replay ✗ at step 13" in table and "replay stopped at step 6" in table
+    assert "resume s" in table and "1.25" in table and [a.resume_seconds for a in summary.attempts] == [None, 1.25, None, 1.25]

@@ -20,10 +20,9 @@ from legato.session import replay
 from legato.session.resume import Resumer
 from legato.state import components as table
 from legato.state.hashing import global_hash
+from legato.store.bases import location
 
 log = logging.getLogger(__name__)
-
-REPLAY_PREFIX = "replay_"
 
 
 class Outcome(Enum):
@@ -41,6 +40,7 @@ class Replayer:
     def __init__(self, resumer: Resumer, agreement: StopAgreement, flag: StopFlag, verify: str) -> None:
         self.resumer, self.agreement, self.flag, self.verify = resumer, agreement, flag, verify
         self.check: replay.ReplayCheck | None = None
+        self.base_restored = False  # agreed: every rank's base restored to its recorded digests
         self._target: tuple[Path, dict] | None = None
 
     @property
@@ -51,8 +51,9 @@ class Replayer:
     def start(self, path: Path, manifest: dict) -> None:
         """Restore the replay base B of checkpoint N; the loop then runs steps B+1..N again."""
         base, rank = manifest["replay"], self.resumer.peers.rank
-        self.resumer.load(path, REPLAY_PREFIX)
+        self.resumer.load(*location(path, manifest))
         unrestored, _ = self.resumer.check(base["ranks"])
+        self.base_restored = not unrestored
         self.resumer.chaos.consume_rng(self.resumer.components)
         mine = base["ranks"][rank]
         self.check = replay.ReplayCheck(rank, base["from_step"], manifest["step"], mine["steps"], unrestored.get(rank, []))

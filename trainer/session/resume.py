@@ -12,6 +12,7 @@ it works on the component table, the position's feed and plain data.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +29,7 @@ from legato.session.voice import refuse
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
-from legato.store import layout
+from legato.store import bases, layout
 from legato.store.manifest import RunShape, newest_usable
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,11 @@ class Resumer:
         self.root, self.peers, self.components, self.feed = root, peers, components, feed
         self.chaos, self.telemetry, self.verify = chaos, telemetry, verify
         self.resumed: Resumed | None = None
+        self._started = time.perf_counter()
 
     def select(self, training: dict | None) -> tuple[Path, dict] | None:
         """Rank 0 picks the newest verified checkpoint and hands its manifest to the others."""
+        self._started = time.perf_counter()
         picked = self.peers.from_leader(pick(self.root, self.peers.world_size, training) if self.peers.rank == 0 else None)
         if isinstance(picked, str):
             raise UsageError(picked)
@@ -103,11 +106,12 @@ class Resumer:
             match=self.resumed.match,
             mismatches={str(r): n for r, n in mismatches.items()},
             replay=None if verdict is None else verdict.to_event(),
+            seconds=round(time.perf_counter() - self._started, 3),
         )
         if self.resumed.match:
             how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step}"
-            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s", self.peers.rank, step, path,
-                               recomputed, how)
+            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (%.2fs)", self.peers.rank, step, path,
+                               recomputed, how, time.perf_counter() - self._started)
             return
         message = _problems(step, path, manifest, mismatches, verdict)
         if self.verify == "warn":
@@ -139,7 +143,14 @@ def pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict]
         found = newest_usable(root, run, strict=True)
     except UsageError as exc:
         return str(exc)
-    return None if found is None else (str(found.path), found.manifest)
+    if found is None:
+        return None
+    unusable = bases.problem(found.path, found.manifest)
+    if unusable is None:
+        return str(found.path), found.manifest
+    log.warning("checkpoint %s: %s; resuming from the checkpoint itself, verified by its digests but without a replay", found.path,
+                unusable)
+    return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
 
 
 def strict_determinism(training: dict | None) -> bool:

@@ -5,8 +5,11 @@ checkpoint; a stop or the final step is written synchronously, a periodic one
 in the background when `checkpoint.async_` says so (legato.store.async_checkpoint,
 else legato.store.checkpoint). Every `replay_steps` steps the state is copied
 into the replay base (a Snapshot) and each step appends its record, so that
-every checkpoint carries its own proof. This module must never call back into
-the Session and never restore anything.
+every checkpoint carries its own proof. A base is written once: a checkpoint
+whose base is already on disk (the newest checkpoint's own state, or the base
+it wrote or refers to) refers to those files instead (legato.store.bases), and
+a final checkpoint, never replayed, has none. This module must never call back
+into the Session and never restore anything.
 """
 
 from __future__ import annotations
@@ -20,17 +23,17 @@ import torch
 
 from legato.dist.peers import Peers
 from legato.dist.stop import StopAgreement
+from legato.paths import STEP_PREFIX
 from legato.session import replay
 from legato.session.position import Position
-from legato.session.replayer import REPLAY_PREFIX
 from legato.session.telemetry import Telemetry
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import Digests, rank_hash
 from legato.state.sharded import local
 from legato.state.snapshot import Snapshot, batch_tensors
+from legato.store import bases, layout
 from legato.store import checkpoint as ckpt
-from legato.store import layout
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
 from legato.store.commit import Committed, KillPoint
 
@@ -54,6 +57,10 @@ class Saver:
         self.window: list[dict] = []
         self.held = replay.HeldBatches()
         self._batch_fingerprint: str | None = None
+        # Base states on disk, step -> [directory, prefix]: the newest checkpoint's own state and its base, both kept
+        # from pruning while it is the newest. A snapshot found here is referred to, never written again.
+        self.on_disk: dict[int, list[str]] = {}
+        self._on_disk_after: dict[int, dict[int, list[str]]] = {}  # checkpoint step -> `on_disk` once it is committed
 
     # -- the replay base ------------------------------------------------------
 
@@ -102,9 +109,29 @@ class Saver:
         """Whether a resume from `manifest` proves itself by a replay."""
         return self.snapshot is not None and "replay" in manifest and manifest["step"] < total_steps
 
-    def _has_base(self) -> bool:
-        snap = self.snapshot
-        return snap is not None and snap.step is not None and snap.step < self.position.step
+    def resumed(self, path: Path, manifest: dict, replayed: bool, verified: bool) -> None:
+        """After a resume: the state restored (checkpoint `path`, or its replay base) is on disk, if it verified on every rank."""
+        if not verified:
+            self.on_disk = {}
+        elif replayed:
+            directory, prefix = bases.location(path, manifest)
+            self.on_disk = {manifest["replay"]["from_step"]: [directory.name, prefix]}
+        else:
+            self.on_disk = {manifest["step"]: [path.name, ""]}
+
+    def _base(self, reason: str) -> tuple[dict[str, Any], list[str] | None, bool]:
+        """The replay base of the checkpoint due now: this rank's files to write for it, where it is on disk already, and
+        whether it has one. A final checkpoint has none (nothing resumes from it into a replay)."""
+        step, snap = self.position.step, self.snapshot
+        own = f"{STEP_PREFIX}{step}"
+        if reason == "final" or snap is None or snap.step is None or snap.step >= step:
+            self._on_disk_after[step] = {step: [own, ""]}
+            return {}, None, False
+        at = self.on_disk.get(snap.step)
+        self._on_disk_after[step] = {step: [own, ""], snap.step: at or [own, bases.REPLAY_PREFIX]}
+        if at is not None:
+            return {}, at, True
+        return layout.files(self.components, snap.parts, self.peers.rank, bases.REPLAY_PREFIX, self.peers.world_size), None, True
 
     # -- checkpoints ----------------------------------------------------------
 
@@ -159,11 +186,11 @@ class Saver:
     def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests) -> None:
         self.telemetry.sync()
         rank, step = self.peers.rank, self.position.step
-        files = layout.files(self.components, parts, rank)
-        base = replay.base_share(rank, self.snapshot, self.window) if self._has_base() else None
-        if base is not None:
-            files.update(layout.files(self.components, self.snapshot.parts, rank, prefix=REPLAY_PREFIX))
-        seen_all = (seen,) if base is None else (seen, self.snapshot.seen)
+        files = layout.files(self.components, parts, rank, world_size=self.peers.world_size)
+        base_files, at, has_base = self._base(reason)
+        files.update(base_files)
+        base = _share(rank, self.snapshot, self.window, at) if has_base else None
+        seen_all = (seen,) if not base_files else (seen, self.snapshot.seen)
         share = ckpt.RankShare(rank, files, components, rank_hash(components), replay=base, seen=seen_all)
         committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, self._meta(reason),
                                           self.policy.keep_last, self.kill)
@@ -181,14 +208,14 @@ class Saver:
     def _save_async(self, staged: Snapshot) -> None:
         """Hand the staged state to the background writer; it is committed at a later agreed boundary."""
         assert self.background is not None
-        snap, window, rank, has_base = self.snapshot, list(self.window), self.peers.rank, self._has_base()
+        snap, window, rank = self.snapshot, list(self.window), self.peers.rank
         # The layout is built here, where the live module is (per-rank buffer names); it only refers to the copies.
-        files = layout.files(self.components, staged.parts, rank)
-        if has_base:
-            files.update(layout.files(self.components, snap.parts, rank, prefix=REPLAY_PREFIX))
+        files = layout.files(self.components, staged.parts, rank, world_size=self.peers.world_size)
+        base_files, at, has_base = self._base("periodic")
+        files.update(base_files)
 
         def base() -> dict | None:
-            return replay.base_share(rank, snap, window) if has_base else None
+            return _share(rank, snap, window, at) if has_base else None
 
         holds = (staged, snap) if has_base else (staged,)
         self.background.start(Job(self.position.step, staged, files, base, self._meta("periodic"), holds, staged.copy_s))
@@ -196,7 +223,17 @@ class Saver:
 
     def _committed(self, committed: Committed | None, reason: str) -> None:
         """Report a published checkpoint (rank 0 alone knows an asynchronous one's global hash)."""
-        if committed is None or not committed.global_hash:
+        if committed is None:
+            return
+        self.on_disk = self._on_disk_after.pop(committed.step, {})
+        self._on_disk_after = {step: after for step, after in self._on_disk_after.items() if step > committed.step}
+        if not committed.global_hash:
             return
         self.last_checkpoint = committed
         self.telemetry.committed(committed, reason)
+
+
+def _share(rank: int, snapshot: Snapshot, window: list[dict], at: list[str] | None) -> dict:
+    """A rank's replay share; `at` names the checkpoint directory and prefix holding the base when it is on disk already."""
+    share = replay.base_share(rank, snapshot, window)
+    return share if at is None else {**share, bases.AT_KEY: at}

@@ -352,8 +352,10 @@ class Session:
             log.info("rank %d: no checkpoint under %s, starting at step 0", self.rank, self.checkpoint_root)
         elif self._saving.replayable(found[1], self.total_steps):
             self._replayer.start(*found)
+            self._saving.resumed(*found, replayed=True, verified=self._replayer.base_restored)
         else:
             self._resumer.restore(*found)
+            self._saving.resumed(*found, replayed=False, verified=self.resumed is not None and self.resumed.match)
         # Before the first forward pass; chaos "buckets" leaves DDP's own layout on resume (fault injection).
         pinning = (pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets")
                    else Pinning(False, "chaos: DDP's own layout"))

@@ -2,8 +2,8 @@
 
 Layout: `<root>/step_<N>/` holds the files of every rank (which rank writes
 which file: `legato.store.layout.writes`) and `manifest.json` (step, world
-size, per-rank component digests and hashes, the global hash and an XXH3-128
-per file). The phases, in order:
+size, per-rank component digests and hashes and the files each rank wrote,
+the global hash and an XXH3-128 per file). The phases, in order:
 
   stage    the temporary directory `<root>/.tmp_step_<N>/`, its paths checked
   write    each rank writes and fsyncs its files there (one hash pass)
@@ -11,6 +11,7 @@ per file). The phases, in order:
   publish  the leader writes and fsyncs the manifest and publishes the
            directory with one atomic rename: a reader sees all or nothing
   prune    the leader removes older temporaries and checkpoints past keep_last
+           (not one a kept checkpoint refers to as its replay base)
 
 The synchronous driver (legato.store.checkpoint) runs them in one collective
 call; the asynchronous one (legato.store.async_checkpoint) writes in a worker
@@ -39,6 +40,7 @@ from legato.files import fsync_dir, write_fsynced
 from legato.paths import CHECKPOINT_MANIFEST as MANIFEST
 from legato.paths import STEP_PREFIX, TMP_STEP_PREFIX
 from legato.state.hashing import Digests, global_hash
+from legato.store import bases
 from legato.store.filehash import save_hashed
 from legato.store.manifest import FORMAT, check_contained, checkpoint_step, list_checkpoints, manifest_checksum
 
@@ -136,13 +138,14 @@ def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dic
         "world_size": world_size,
         "torch_version": torch.__version__,
         "global_hash": ghash,
-        "ranks": [{"rank": r["rank"], "hash": r["hash"], "components": r["components"]} for r in reports],
+        # Who wrote what: a rank's missing file names the rank whose share is lost.
+        "ranks": [{"rank": r["rank"], "hash": r["hash"], "components": r["components"], "wrote": sorted(r["files"])} for r in reports],
         "files": {name: info for r in reports for name, info in r["files"].items()},
         "created_unix": time.time(),
         **meta,
     }
     if reports[0]["replay"] is not None:
-        manifest["replay"] = {"from_step": reports[0]["replay"]["from_step"], "ranks": [r["replay"] for r in reports]}
+        manifest["replay"] = bases.section(root, reports)
     manifest["manifest_sha256"] = manifest_checksum(manifest)
     write_fsynced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True).encode())
     kill_point(kill, step, "after_manifest")
@@ -161,7 +164,7 @@ def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dic
 
 def prune(root: Path, keep_last: int, keep: int) -> None:
     """Phase prune (the leader), after publishing step `keep`: remove temporary directories of earlier steps
-    and all but the `keep_last` newest checkpoints up to `keep`.
+    and all but the `keep_last` newest checkpoints up to `keep`, except those a kept one refers to as its replay base.
 
     Directories past `keep` are neither counted nor removed: a temporary one may be the next asynchronous
     checkpoint, which another rank already writes; a published one is of a timeline this run fell back from
@@ -172,8 +175,10 @@ def prune(root: Path, keep_last: int, keep: int) -> None:
         if not suffix.isdigit() or int(suffix) < keep:
             shutil.rmtree(stale, ignore_errors=True)
     upto = [p for p in list_checkpoints(root) if checkpoint_step(p) <= keep]
+    bases_kept = bases.referenced(upto[:keep_last])
     for old in upto[keep_last:]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.name not in bases_kept:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def committed(root: Path, step: int, reports: list[dict], ghash: str, seconds: float) -> Committed:

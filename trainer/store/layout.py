@@ -2,21 +2,32 @@
 
 Inside a checkpoint directory (`prefix` "" for the checkpoint itself; the
 replay base uses the same layout under `replay_`): `model.pt` (the model's
-state dict alone), `train_state.pt` (name -> state of the other replicated
-components), `rank<R>.pt` (name -> state of the per-rank components, plus
-`<name>_buffers` for the per-rank keys of replicated ones), `<name>.shard<R>.pt`
-(rank R's shards of a sharded component, FSDP2's DTensors as plain records:
-legato.state.sharded; every rank writes its own). `writes` is the one
-decision of which rank writes which file: a sharded layout (per-rank spread
-writes, FSDP2 state) changes it there. This module must never know the
-Session or touch the process group.
+state dict alone, readable without legato), `train_state.pt` (name -> state of
+the other replicated components), `rank<R>.pt` (name -> state of the per-rank
+components, plus `<name>_buffers` for the per-rank keys of replicated ones),
+`<name>.shard<R>.pt` (rank R's shards of a sharded component, FSDP2's DTensors
+as plain records: legato.state.sharded; every rank writes its own).
+
+With more than one rank the replicated state is written once, spread over
+every rank as DCP's deduplicating planner does: the tensors of
+`train_state.pt` go to `shared<K>.pt` files, each tensor to the rank with the
+fewest bytes so far (rank 0 starts with `model.pt`), and `train_state.pt`
+keeps a marker `("legato.share", K, I)` in each one's place. Every rank computes
+the same plan from the same shapes, writes and hashes only its share, and on
+restore reads every share back (in parallel threads). A rank's missing share
+makes the checkpoint unverifiable, so the manifest reader falls back to an
+older one. `writes` is the one decision of which rank writes which file. This
+module must never know the Session or touch the process group.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from legato.errors import UsageError
 from legato.state.components import MODEL_FILE, RANK_FILE, SHARD_FILE, Component
@@ -24,12 +35,19 @@ from legato.store.filehash import load_file
 
 PER_RANK_SUFFIX = "_buffers"
 _SOLE_FILES = (MODEL_FILE,)  # files that hold one component's state dict as is (readable without legato)
-WRITER_OF_REPLICATED = 0  # replicated state is identical on every rank: one copy, from rank 0
+WRITER_OF_REPLICATED = 0  # replicated state is identical on every rank: rank 0 writes what is not spread
+SHARE_PREFIX = "shared"
+SHARE_MARK = "legato.share"
+SPREAD_MIN_BYTES = 4096  # smaller tensors stay in train_state.pt: a marker would cost more than it spreads
 
 
 def writes(rank: int, file: str) -> bool:
-    """Whether rank `rank` writes `file` (a component's file: RANK_FILE or SHARD_FILE for its own, else a replicated one)."""
-    return file in (RANK_FILE, SHARD_FILE) or rank == WRITER_OF_REPLICATED
+    """Whether rank `rank` writes `file` (a component's file: RANK_FILE or SHARD_FILE for its own, `shared<K>.pt` for rank K's
+    share, else a replicated one, which rank 0 writes)."""
+    if file in (RANK_FILE, SHARD_FILE):
+        return True
+    share = _share_index(file)
+    return rank == (WRITER_OF_REPLICATED if share is None else share)
 
 
 def rank_file(rank: int, prefix: str = "") -> str:
@@ -42,8 +60,18 @@ def shard_file(name: str, rank: int, prefix: str = "") -> str:
     return f"{prefix}{name}.shard{rank}.pt"
 
 
-def files(table: Iterable[Component], parts: Mapping[str, Any], rank: int, prefix: str = "") -> dict[str, Any]:
-    """File name -> content for this rank's share of a checkpoint (rank 0 also writes the replicated files)."""
+def share_file(rank: int, prefix: str = "") -> str:
+    """The name of the file holding rank `rank`'s share of the replicated tensors."""
+    return f"{prefix}{SHARE_PREFIX}{rank}.pt"
+
+
+def _share_index(file: str) -> int | None:
+    suffix = file.removeprefix(SHARE_PREFIX).removesuffix(".pt")
+    return int(suffix) if file.startswith(SHARE_PREFIX) and file.endswith(".pt") and suffix.isdigit() else None
+
+
+def files(table: Iterable[Component], parts: Mapping[str, Any], rank: int, prefix: str = "", world_size: int = 1) -> dict[str, Any]:
+    """File name -> content for this rank's share of a checkpoint."""
     own: dict[str, Any] = {}
     shared: dict[str, dict[str, Any]] = {}
     sharded: dict[str, Any] = {}
@@ -58,19 +86,94 @@ def files(table: Iterable[Component], parts: Mapping[str, Any], rank: int, prefi
             keys = c.per_rank_keys()
             own[c.name + PER_RANK_SUFFIX] = {k: v for k, v in parts[c.name].items() if k in keys}
         shared.setdefault(c.file, {})[c.name] = parts[c.name]
+    contents = {file: next(iter(states.values())) if file in _SOLE_FILES else states for file, states in shared.items()}
+    if world_size > 1:
+        preload = sum(_nbytes(contents[f]) for f in _SOLE_FILES if f in contents)
+        spread, shares = _spread({f: c for f, c in contents.items() if f not in _SOLE_FILES}, world_size, preload)
+        contents.update(spread)
+        contents[share_file(rank)] = shares[rank]
     out = {rank_file(rank, prefix): own, **sharded}
-    for file, states in shared.items():
-        if writes(rank, file):
-            out[prefix + file] = next(iter(states.values())) if file in _SOLE_FILES else states
+    out.update({prefix + file: content for file, content in contents.items() if writes(rank, file)})
     return out
+
+
+def _nbytes(tree: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in _tensors(tree))
+
+
+def _tensors(tree: Any) -> Iterable[torch.Tensor]:
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, Mapping):
+        for value in tree.values():
+            yield from _tensors(value)
+    elif isinstance(tree, (list, tuple)):
+        for value in tree:
+            yield from _tensors(value)
+
+
+def _spread(contents: dict[str, Any], world_size: int, preload: int) -> tuple[dict[str, Any], list[dict[int, torch.Tensor]]]:
+    """Each file's content with its big tensors replaced by markers, and each rank's share {index: tensor}.
+
+    The plan depends only on the order and sizes of the tensors, identical on every rank for replicated state.
+    """
+    big = [t for content in contents.values() for t in _tensors(content) if _nbytes(t) >= SPREAD_MIN_BYTES]
+    loads = [preload] + [0] * (world_size - 1)
+    owner: dict[int, tuple[int, int]] = {}  # id(tensor) -> (rank, index)
+    for index in sorted(range(len(big)), key=lambda i: (-_nbytes(big[i]), i)):
+        if id(big[index]) in owner:
+            continue  # one tensor reached twice: one copy, restored as one object
+        rank = min(range(world_size), key=lambda r: (loads[r], r))
+        loads[rank] += _nbytes(big[index])
+        owner[id(big[index])] = (rank, index)
+    shares: list[dict[int, torch.Tensor]] = [{} for _ in range(world_size)]
+
+    def mark(tree: Any) -> Any:
+        if isinstance(tree, torch.Tensor) and id(tree) in owner:
+            rank, index = owner[id(tree)]
+            shares[rank][index] = tree
+            return (SHARE_MARK, rank, index)
+        if isinstance(tree, Mapping):
+            return {k: mark(v) for k, v in tree.items()}
+        if isinstance(tree, (list, tuple)):
+            items = [mark(v) for v in tree]
+            return items if isinstance(tree, list) else tuple(items)
+        return tree
+
+    return {file: mark(content) for file, content in contents.items()}, shares
+
+
+def _is_mark(value: Any) -> bool:
+    return isinstance(value, tuple) and len(value) == 3 and value[0] == SHARE_MARK
+
+
+def _fill(tree: Any, shares: Mapping[int, Mapping[int, torch.Tensor]], where: Path) -> Any:
+    """`tree` with every marker replaced by its tensor from the shares read back."""
+    if _is_mark(tree):
+        _, rank, index = tree
+        if rank not in shares or index not in shares[rank]:
+            raise UsageError(f"The checkpoint {where} lacks rank {rank}'s share ({share_file(rank)}) of the replicated state; "
+                             "resume from another checkpoint (move this one away).")
+        return shares[rank][index]
+    if isinstance(tree, Mapping):
+        return {k: _fill(v, shares, where) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_fill(v, shares, where) for v in tree]
+    if isinstance(tree, tuple):
+        return tuple(_fill(v, shares, where) for v in tree)
+    return tree
 
 
 def load(table: Iterable[Component], path: Path, rank: int, prefix: str = "") -> dict[str, Any]:
     """Every component's saved state from checkpoint directory `path`, as this rank must restore it."""
     table = list(table)
-    contents = {rank_file(rank, prefix): load_file(path / rank_file(rank, prefix))}
-    for file in {c.file for c in table if c.replicated}:
-        contents[prefix + file] = load_file(path / (prefix + file))
+    names = [rank_file(rank, prefix), *sorted({prefix + c.file for c in table if c.replicated})]
+    share_names = sorted(p.name for p in path.glob(f"{prefix}{SHARE_PREFIX}*.pt") if _share_index(p.name[len(prefix):]) is not None)
+    # The files are read in parallel: torch.load spends most of its time in reads and copies that release the GIL.
+    with ThreadPoolExecutor(max_workers=max(1, len(names) + len(share_names)), thread_name_prefix="legato-restore") as pool:
+        loaded = dict(zip([*names, *share_names], pool.map(lambda name: load_file(path / name), [*names, *share_names])))
+    shares = {_share_index(name[len(prefix):]): loaded.pop(name) for name in share_names}
+    contents = {name: _fill(loaded[name], shares, path) if shares else loaded[name] for name in names}
     states: dict[str, Any] = {}
     missing = []
     for c in table:

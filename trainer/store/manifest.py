@@ -115,9 +115,16 @@ def read_manifest(path: Path) -> dict:
     if manifest.get("manifest_sha256") != manifest_checksum(manifest):
         raise ValueError(f"{CHECKPOINT_MANIFEST} does not match its own checksum (corrupt)")
     check_manifest(manifest)
-    for name, info in manifest["files"].items():
-        _verify_file(path / name, info)
+    verify_listed(path, manifest["files"])
     return manifest
+
+
+def verify_listed(directory: Path, files: dict) -> None:
+    """Verify each file a manifest lists (name -> {bytes, hash, segments}) in `directory`; raises ValueError naming the first bad one."""
+    for name, info in files.items():
+        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
+            raise ValueError(f"{CHECKPOINT_MANIFEST} names the file {name!r}, which is not a plain name inside the checkpoint")
+        _verify_file(directory / name, info)
 
 
 def _verify_file(path: Path, info: dict) -> None:

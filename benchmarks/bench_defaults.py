@@ -1,0 +1,214 @@
+"""Benchmark: checkpoints as users run them, live Sessions at their default settings, side by side in one run.
+
+For each rank count (`--ranks`, gloo processes on this machine) and state size
+(`--mb`: model + AdamW moments, `Linear(h, h)` so the model is a third of it),
+rounds of every variant alternate and the median of each is printed, the time
+of a collective variant being the slowest rank's:
+
+- control: `torch.save` + fsync of the whole state by rank 0, twice (plain A,
+  plain B): the spread between the two is the noise floor of the run;
+- legato: a live Session at its defaults, stopped by a real SIGUSR2 after its
+  third step; the time is what the loop sees of the stopping step (the digest
+  pass and the barrier checkpoint) less a normal step. Again with
+  `replay_steps=0` (no replay base), and the step of a periodic checkpoint at step 3
+  with `async_=True` (its blocking part: the staging copy);
+- DCP `save` and `async_save` (blocking part, and total until durable);
+- raw write + fsync of the bytes of one rank's share (state / ranks), every rank
+  at once (the disk's floor for a spread write), and of the whole state by one rank;
+- a memory copy of the state (the floor of any blocking part);
+- restore: a Session's resume with replay off (select, verify, load, digest check)
+  against `torch.load` + `load_state_dict`.
+
+    python benchmarks/bench_defaults.py [--ranks 2 4] [--mb 64 256 1024] [--rounds 3] [--dir /tmp]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+
+import legato
+from legato.runtime.launch import free_port
+
+STEPS = 6
+STOP_AFTER = 3
+# The defaults, except that the ranks agree at every step (the default spaces agreements about 1 s apart, and these
+# runs are a few steps long); the agreement's cadence changes when a stop lands, not what a checkpoint costs.
+DEFAULTS = legato.CheckpointPolicy(agree_every_steps=1)
+NO_REPLAY = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=0)
+
+
+def make(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    hidden = int((megabytes * 2**20 / 4 / 3) ** 0.5)
+    model = torch.nn.Linear(hidden, hidden, bias=False)
+    optimizer = torch.optim.AdamW(model.parameters())
+    return model, optimizer
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    features = getattr(model, "module", model).in_features
+    loss = model(torch.ones(2, features)).square().mean()
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss
+
+
+def slowest(seconds: float) -> float:
+    value = torch.tensor([seconds], dtype=torch.float64)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return float(value[0])
+
+
+def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool) -> float:
+    """What the loop sees of the checkpoint step of a live Session, less its median other step."""
+    model, optimizer = make(megabytes)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    chaos = legato.Chaos(signal_rank=dist.get_world_size() - 1, signal_at_steps=(STOP_AFTER - 1,)) if stop else legato.Chaos()
+    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=STEPS, checkpoint=policy, chaos=chaos)
+    gaps, it = [], iter(session)
+    while True:
+        start = time.perf_counter()
+        try:
+            next(it)
+        except StopIteration:
+            gaps.append(time.perf_counter() - start)
+            break
+        gaps.append(time.perf_counter() - start)
+        session.report(train_step(ddp, optimizer))
+    step = session.last_checkpoint.step if stop and session.last_checkpoint is not None else STOP_AFTER
+    # gaps[i] ends step i (gaps[0] is the start-up); the checkpoint is at `step`.
+    others = [g for i, g in enumerate(gaps[1:], start=1) if i != step and i < len(gaps) - 1] or [0.0]
+    return gaps[step] - statistics.median(others)
+
+
+def session_restore(run_dir: Path, megabytes: int) -> float:
+    """A resume with replay off: select and verify the newest checkpoint, load it, check its digests."""
+    model, optimizer = make(megabytes)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=STEPS, checkpoint=NO_REPLAY)
+    start = time.perf_counter()
+    it = iter(session)
+    next(it)
+    seconds = time.perf_counter() - start
+    it.close()
+    return seconds
+
+
+def torch_save_fsync(state: dict, path: Path) -> None:
+    with open(path, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def raw_write(path: Path, nbytes: int) -> None:
+    data = memoryview(bytearray(nbytes))
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, directory: str, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    base = Path(directory)
+    times: dict[str, list[float]] = {}
+
+    def record(name: str, seconds: float) -> None:
+        times.setdefault(name, []).append(slowest(seconds))
+
+    def timed(fn, *args: object, **kwargs: object) -> float:
+        dist.barrier()
+        start = time.perf_counter()
+        fn(*args, **kwargs)
+        return time.perf_counter() - start
+
+    model, optimizer = make(megabytes)
+    train_step(model, optimizer)
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    total = sum(t.nbytes for t in [*model.state_dict().values(), *[v for s in optimizer.state.values() for v in s.values()]])
+    tensors = [*model.state_dict().values(), *[v for s in optimizer.state.values() for v in s.values() if v.dim()]]
+    copies = [t.clone() for t in tensors]
+    for r in range(rounds):
+        scratch = base / f"r{r}"
+        if rank == 0:
+            scratch.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        for label in ("plain A", "plain B"):
+            record(f"control: torch.save + fsync, rank 0 ({label})",
+                   timed(torch_save_fsync, state, scratch / f"{label[-1]}.pt") if rank == 0 else timed(lambda: None))
+        record("legato Session, defaults (stop checkpoint)", session_checkpoint(scratch / "legato", megabytes, DEFAULTS, True))
+        record("legato Session, replay_steps=0", session_checkpoint(scratch / "noreplay", megabytes, NO_REPLAY, True))
+        record("legato Session async_=True, blocking (periodic)",
+               session_checkpoint(scratch / "async", megabytes, legato.CheckpointPolicy(async_=True, every_steps=STOP_AFTER), False))
+        record("DCP save", timed(dcp.save, state, checkpoint_id=str(scratch / "dcp")))
+        dist.barrier()
+        start = time.perf_counter()
+        future = dcp.async_save(state, checkpoint_id=str(scratch / "dcp_async"))
+        blocking = time.perf_counter() - start
+        future.result()
+        record("DCP async_save, blocking", blocking)
+        record("DCP async_save, total", time.perf_counter() - start)
+        record("raw write + fsync, each rank its share", timed(raw_write, scratch / f"raw{rank}", total // world))
+        record("raw write + fsync, the whole state, rank 0", timed(raw_write, scratch / "raw", total) if rank == 0 else timed(lambda: None))
+        record("memory copy of the state", timed(lambda: [c.copy_(t) for c, t in zip(copies, tensors)]))
+        record("legato resume, replay off (restore + verify)", session_restore(scratch / "noreplay", megabytes))
+        dist.barrier()
+        start = time.perf_counter()
+        loaded = torch.load(scratch / "A.pt", weights_only=True) if (scratch / "A.pt").exists() else state
+        model.load_state_dict(loaded["model"])
+        optimizer.load_state_dict(loaded["optimizer"])
+        record("torch.load + load_state_dict", time.perf_counter() - start)
+        dist.barrier()
+        if rank == 0:
+            shutil.rmtree(scratch, ignore_errors=True)
+    if rank == 0:
+        out.update({name: statistics.median(values) for name, values in times.items()})
+        out["bytes"] = total
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--mb", type=int, nargs="+", default=[64, 256, 1024])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--dir", default=tempfile.gettempdir())
+    args = parser.parse_args()
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians; ratios against torch.save + fsync (plain A)")
+    for world in args.ranks:
+        for megabytes in args.mb:
+            directory = Path(tempfile.mkdtemp(prefix="legato-bench-", dir=args.dir))
+            with mp.Manager() as manager:
+                out = manager.dict()
+                mp.spawn(worker, args=(world, free_port(), megabytes, args.rounds, str(directory), out), nprocs=world)
+                results = dict(out)
+            shutil.rmtree(directory, ignore_errors=True)
+            anchor = results["control: torch.save + fsync, rank 0 (plain A)"]
+            print(f"\n{world} ranks, {results.pop('bytes') / 2**20:.0f} MiB state")
+            print(f"| {'variant':<48} | seconds | ratio |")
+            print(f"| {'-' * 48} | ------- | ----- |")
+            for name, seconds in results.items():
+                print(f"| {name:<48} | {seconds:7.3f} | {seconds / anchor:5.2f} |")
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
