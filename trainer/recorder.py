@@ -4,7 +4,8 @@ Under `legato run` the Session reports to the job side, which writes the
 ledger with its job tag. A Session in a user's own script (launched by
 torchrun, srun or a shell) has no such listener; `LedgerRecorder` is then its
 `on_event`, so that `legato verify --command` reads each resume and its
-verdict (hashes, replay) from records, never from a log line. Only rank 0
+verdict (hashes, replay), and the state legato does not save, from records,
+never from a log line. Only rank 0
 records, with the same fields as the job side minus the job tag. It must
 never record the trainer's other reports (progress, stop agreement), and never
 be used beside a listener that writes the ledger itself (each resume would be
@@ -18,7 +19,7 @@ from pathlib import Path
 from legato.events import JOB_TAG_FIELDS, Kind, field_names
 from legato.ledger_file import record
 
-RECORDED = (Kind.RESUMED, Kind.REPLAY_STOPPED)
+RECORDED = (Kind.RESUMED, Kind.REPLAY_STOPPED, Kind.UNSAVED_STATE)
 
 
 class LedgerRecorder:

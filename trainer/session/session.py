@@ -32,7 +32,7 @@ reach into the orchestrator; it reports what happens through plain-dict events.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -55,6 +55,7 @@ from legato.session.replayer import Outcome, Replayer
 from legato.session.resume import Resumed, Resumer
 from legato.session.saving import Saver
 from legato.session.telemetry import Telemetry
+from legato.session.unsaved import Census
 from legato.state import components as table
 from legato.state import loaders, rng
 from legato.state.components import Component
@@ -139,6 +140,8 @@ class Session:
         training: dict | None = None,
         on_event: Callable[[dict], None] | None = None,
         worker_rng: bool = True,
+        ignore: Iterable[Any] = (),
+        census: str = "warn",
     ) -> None:
         self.source = loaders.adopt(loader, worker_rng)
         self.run_dir = Path(run_dir)
@@ -168,6 +171,9 @@ class Session:
 
         self._feed = Feed(self.source, self._position)
         self._telemetry = Telemetry(self.rank, self.total_steps, self.on_event)
+        self._ignored = list(ignore)
+        self._census = Census(self._peers, self._telemetry, census, self._registered)
+        self._census_pending = True  # the census at the attempt's first checkpoint
         self._agreement = StopAgreement(self.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
@@ -296,7 +302,22 @@ class Session:
         self.carried.hold(batch)
         return batch
 
+    def ignore(self, *objects: Any) -> None:
+        """Mark objects as needing no saving (a frozen teacher, a validation loader): the census of unsaved state skips them."""
+        self._ignored.extend(objects)
+
     # -- internals -------------------------------------------------------
+
+    def _registered(self) -> list[Any]:
+        """What the Session saves or was told to ignore: the census of unsaved state counts everything else."""
+        return [self.model, self.optimizer, self.scheduler, self.scaler, self.loader, self.source, self.carried,
+                *self.extras.values(), *self.generators.values(), *self._ignored]
+
+    def _census_at(self, reason: str | None) -> None:
+        """The census at the attempt's first and last checkpoints (the same steps on every rank: it is collective)."""
+        if reason is not None and (self._census_pending or reason in ("signal", "final")):
+            self._census_pending = False
+            self._census.check(self.step, reason)
 
     def _steps(self) -> Iterator[Any]:
         while self.step < self.total_steps and not self.stopped and not (self._feed.epoch_mode and self._position.epoch_complete):
@@ -311,6 +332,8 @@ class Session:
 
     def _begin(self) -> None:
         self._begun = True
+        # Before the resume, so what legato does not save is named before a resume says it verified.
+        self._census.check(self.step, "start")
         if self.carried.used:
             # A batch carried before the loop: saved from now on, and restored into its tensors below.
             self.components.insert(next(i for i, c in enumerate(self.components) if c.name == "data"), Component(CARRIED, self.carried))
@@ -350,6 +373,7 @@ class Session:
             self.chaos.after_step(self.rank, self.step, self._flag.signals[0])
             reason = self._saving.reason(self._agreement, self._flag.raised, self.total_steps)
             self._saving.step_end(reason, self._loss, self._lr, self._flag.received_at)
+            self._census_at(reason)
             self.stopped = reason == "signal"
         if self._saving.snapshot_due(self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
