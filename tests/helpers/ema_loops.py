@@ -77,7 +77,9 @@ def main() -> int:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     model, net, optimizer, ema, data = build(rank, args.ema)
+    # A replay base 2 steps back: a replay from step 0 would rebuild the EMA from scratch and hide the fault.
     session = legato.Session(args.run_dir, model=net, optimizer=optimizer, total_steps=12, census=args.census,
+                             checkpoint=legato.CheckpointPolicy(replay_steps=2),
                              extras={"ema": ema} if args.ema == "registered" else None,
                              ignore=[ema] if args.ema == "ignored" else ())
     train(session, model, net, optimizer, ema, data)

@@ -41,7 +41,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from legato.dist.peers import Peers
-from legato.dist.reduction import Pinning, pin_bucket_layout
+from legato.dist.reduction import BucketLayout, restoring
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
 from legato.events import Kind
@@ -345,10 +345,9 @@ class Session:
             self._replayer.start(*found)
         else:
             self._resumer.restore(*found)
-        # Before the first forward pass; chaos "buckets" leaves DDP's own layout on resume (fault injection).
-        pinning = (pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets")
-                   else Pinning(False, "chaos: DDP's own layout"))
-        self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=pinning.pinned, reason=pinning.reason)
+        # The resume restored the bucket layout with the other components; chaos "buckets" leaves DDP's own (fault injection).
+        layout = restoring(self.model, found is not None, self.chaos.skips("buckets"))
+        self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=layout.restored, reason=layout.reason)
         self._telemetry.open_trajectory(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
         self._saving.take_snapshot()
         if agree_at_start(self._flag, self.group):
@@ -397,6 +396,8 @@ class Session:
             Component("counters", Counters(self._position), table.TRAIN_STATE_FILE),
             Component("metrics", self._metrics),
             Component("grads", Gradients(module)),
+            # After the gradients: a restored reducer takes them into its buckets as they are.
+            Component("buckets", BucketLayout(self.model), table.TRAIN_STATE_FILE),
             *(Component(f"extra.{name}", obj, restore_last=is_rng(obj)) for name, obj in self.extras.items()),
             Component("data", DataPosition(self._position, self.source)),
             *(Component(name, obj, restore_last=True) for name, obj in rng.components(self.generators).items()),
