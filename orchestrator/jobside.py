@@ -165,6 +165,8 @@ class JobEvents:
             self.ledger.append(Kind.REPLAY_STOPPED, **self.ident.tag(), step=event["step"], checkpoint_step=event["checkpoint_step"])
         elif kind == Kind.BUCKET_LAYOUT:
             self.ledger.append(Kind.BUCKET_LAYOUT, **self.ident.tag(), step=event["step"], pinned=event["pinned"], reason=event["reason"])
+        elif kind == Kind.UNSAVED_STATE:
+            self.ledger.append(Kind.UNSAVED_STATE, **self.ident.tag(), **{k: event[k] for k in ("step", "when", "objects", "strict")})
         elif kind == Kind.ERROR:
             self.error = event["message"]
             self.peer_lost = bool(event.get("peer_lost"))

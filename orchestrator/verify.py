@@ -244,8 +244,8 @@ def diagnose(v: Verdict, complete: bool) -> str:
             f"random numbers, yet ended with different {', '.join(d.components)}: the gradient all-reduce summed in another "
             f"order than the uninterrupted run did (reduction order: with {v.world_size} ranks the bits of a sum depend on "
             "where each gradient sits in DDP's buckets, and DDP rebuilds them after the first step of every attempt)."
-            f"{where} Pass the DistributedDataParallel wrapper itself as the Session's model, before its first forward "
-            "pass, so the Session can pin the layout."
+            f"{where} Pass the DistributedDataParallel wrapper itself as the Session's model, so the Session saves its "
+            "bucket layout and restores it on resume."
         )
     if d.step == resumed_at + 1 and (d.loss_differs or any(n.startswith("rng.") for n in d.components)):
         return (
@@ -281,8 +281,11 @@ def _unrestored(names: list[str], step: int) -> str:
             parts.append(f"the {name} state is missing from the restore")
     if "model" in names:
         parts.append("the model weights were not restored")
+    if "buckets" in names:
+        parts.append("DDP's gradient bucket layout was not restored (reduction order: with 3 or more ranks the resumed steps "
+                     "sum gradients in another order than the uninterrupted run)")
     rest = [n for n in names if not n.startswith("rng.") and n not in ("data", "optimizer", "scheduler", "scaler", "model", "counters",
-                                                                       "metrics")]
+                                                                       "metrics", "buckets")]
     if rest:
         parts.append(f"these components were not restored: {', '.join(rest)}")
     if not parts:

@@ -6,8 +6,8 @@ from disk (plain strings) compares equal to its member, and a member written
 to JSON is its plain string: the file format is the strings themselves.
 Three kinds (`PROGRESS`, `STOP_AGREED`, `ERROR`) are reports from the trainer
 to its `on_event` callback, and one (`WAITING`) the supervisor's to its CLI,
-that never land in the ledger as such; the Session
-reports `CHECKPOINT_COMMITTED`, `RESUMED`, `REPLAY_STOPPED` and `BUCKET_LAYOUT`
+that never land in the ledger as such; the Session reports
+`CHECKPOINT_COMMITTED`, `RESUMED`, `REPLAY_STOPPED`, `BUCKET_LAYOUT` and `UNSAVED_STATE`
 with the fields below plus `rank` (and `path` for a resume), and the job side
 writes them on with its job tag (a script's own Session writes them itself,
 `legato.recorder`, tagged with its attempt). Groupings readers need are defined here,
@@ -62,6 +62,8 @@ class Kind(str, enum.Enum):
     REPLAY_STOPPED = "replay_stopped"
     # The Session, at its first step: whether DDP's gradient bucket layout is pinned.
     BUCKET_LAYOUT = "bucket_layout"
+    # The Session, when its census found stateful objects no registered component saves (an EMA model, a generator...).
+    UNSAVED_STATE = "unsaved_state"
     # Rank 0's job side, after training completed: terminal.
     FINISHED = "finished"
     # Rank 0's job side or the supervisor, when the run cannot go on: terminal.
@@ -285,6 +287,18 @@ class BucketLayout(_Attempt):
     reason: str
 
 
+class UnsavedState(_Attempt):
+    """The fields of an `UNSAVED_STATE` record: the objects legato does not save, when they were found, and whether refused.
+
+    Each object is {"kind", "type", "where", "size", "ranks"}; `when` is "start" or the checkpoint's reason.
+    """
+
+    step: int
+    when: str
+    objects: list[dict[str, Any]]
+    strict: bool
+
+
 class Finished(_Attempt):
     """The fields of a `FINISHED` record: the last step and the final global hash."""
 
@@ -384,6 +398,7 @@ FIELDS: dict[Kind, type] = {
     Kind.RESUMED: Resumed,
     Kind.REPLAY_STOPPED: ReplayStopped,
     Kind.BUCKET_LAYOUT: BucketLayout,
+    Kind.UNSAVED_STATE: UnsavedState,
     Kind.FINISHED: Finished,
     Kind.FAILED: Failed,
     Kind.RANK_LOST: RankLost,

@@ -5,7 +5,7 @@ ledger with its job tag. A Session in a user's own script (launched by
 torchrun, srun or a shell) has no such listener; `LedgerRecorder` is then its
 `on_event`, so that `legato status`, `watch`, `plot` and `verify --command`
 read the script's run from records, never from a log line: rank 0's
-checkpoints, resumes and their verdicts (hashes, replay), its bucket layout,
+checkpoints, resumes and their verdicts (hashes, replay), its bucket layout, the state legato does not save,
 how the attempt ended (`ATTEMPT_STOPPED` at a stop checkpoint, `FINISHED` at the
 final one), each rank's stop signal, and rank 0's progress in progress.json
 (`ProgressFile`, the job side's too). Records carry the attempt's job tag
@@ -24,7 +24,7 @@ from legato.files import write_atomic
 from legato.ledger_file import record
 from legato.paths import RunPaths
 
-RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.RESUMED, Kind.REPLAY_STOPPED, Kind.BUCKET_LAYOUT)
+RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.RESUMED, Kind.REPLAY_STOPPED, Kind.BUCKET_LAYOUT, Kind.UNSAVED_STATE)
 
 
 class ProgressFile:

@@ -2,9 +2,11 @@
 
 Real gloo process groups of real processes. The reducer-level test shows the
 fault is real (DDP's own per-attempt layout parts the runs at the first
-resumed step) and that the pinned layout removes it; the end-to-end tests run
-4 ranks through `legato verify` and 8 ranks through the trainer, across two
-interruptions, and plant the layout fault for the checker to name.
+resumed step) and that restoring the run's layout removes it; the end-to-end
+tests run 4 ranks through `legato verify` and 8 ranks through the trainer,
+across two interruptions, and plant the layout fault for the checker to name.
+A run under legato is bitwise the plain DDP loop (helpers/plain_vs_legato.py,
+several buckets) at 2, 3, 4 and 8 ranks, uninterrupted and resumed.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, run_trainer
+import torch
+from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, run_ranks, run_trainer
 from test_verify import verify
 
 from legato.runtime.launch import free_port
@@ -39,10 +42,10 @@ def reducer_experiment(tmp_path: Path, world: int) -> dict:
 
 
 @pytest.mark.parametrize("world", [3, 4])
-def test_fresh_ddp_attempt_reduces_like_the_uninterrupted_run_only_when_pinned(tmp_path: Path, world: int) -> None:
+def test_fresh_ddp_attempt_reduces_like_the_uninterrupted_run_only_with_its_layout_restored(tmp_path: Path, world: int) -> None:
     result = reducer_experiment(tmp_path, world)
-    pinned, default = result["pinned"], result["ddp_default"]
-    assert pinned["resumed"] == pinned["uninterrupted"]
+    restored, default = result["restored"], result["ddp_default"]
+    assert restored["resumed"] == restored["uninterrupted"]
     # DDP's own layout: the first resumed step already differs (the planted fault is real at this size).
     assert default["resumed"][0] != default["uninterrupted"][0]
 
@@ -71,12 +74,57 @@ def test_eight_ranks_resume_bitwise_across_two_interruptions(tmp_path: Path) -> 
 
 
 def test_planted_layout_fault_is_caught_and_named_reduction_order(tmp_path: Path) -> None:
-    # Replay off: with it, the resume's own replay already fails on the planted layout; this is verify's diagnosis.
+    # Replay off: this is the restore check's diagnosis (the layout is state: its digest differs on every rank).
     code, verdict, out = verify(
         tmp_path, "--interrupt-at", "2", sets=("local.tasks=4", "chaos.skip_restore=[buckets]", "checkpoint.replay_steps=0", *SMALL)
     )
     assert code == 1, out[-3000:]
-    assert not verdict["identical"] and verdict["resumes"][0]["match"]
-    assert "reduction order" in verdict["cause"] and "chaos: DDP's own layout" in verdict["cause"], verdict["cause"]
-    assert verdict["divergence"]["step"] > 3 and set(verdict["divergence"]["components"]) <= {"model", "optimizer", "grads"}
+    assert not verdict["identical"] and not verdict["resumes"][0]["match"]
+    assert set(verdict["resumes"][0]["mismatches"]) == {"0", "1", "2", "3"}
+    assert all(names == ["buckets"] for names in verdict["resumes"][0]["mismatches"].values())
+    assert "reduction order" in verdict["cause"] and "bucket layout was not restored" in verdict["cause"], verdict["cause"]
     assert [u["run"] for u in verdict["unpinned_layouts"]] == ["run"]
+
+PLAIN_VS_LEGATO = ROOT / "tests" / "helpers" / "plain_vs_legato.py"
+STOPS = {"LEGATO_CHAOS_SIGNAL_AT": "2,5", "LEGATO_CHAOS_SIGNAL_RANK": "1"}
+
+
+def digests(out: Path) -> dict[int, str]:
+    """Rank 0's parameter digest after each step; a step run twice (a replay) must have the same bits both times."""
+    seen: dict[int, str] = {}
+    for line in (out / "digests.txt").read_text().splitlines():
+        step, digest = line.split()
+        assert seen.setdefault(int(step), digest) == digest, f"step {step} ran twice with different bits"
+    return seen
+
+
+def launch_loop(out: Path, world: int, *args: str, **env: str) -> list[int]:
+    procs = run_ranks([sys.executable, str(PLAIN_VS_LEGATO), str(out), *args], world_size=world, timeout=600, **env)
+    assert all(p.returncode in (0, 75) for p in procs), procs[0].stderr[-3000:]
+    return [p.returncode for p in procs]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 8])
+def test_uninterrupted_legato_run_is_bitwise_the_plain_ddp_loop(tmp_path: Path, world: int) -> None:
+    assert launch_loop(tmp_path / "plain", world) == [0] * world
+    assert launch_loop(tmp_path / "legato", world, "--legato") == [0] * world
+    assert digests(tmp_path / "legato") == digests(tmp_path / "plain") and len(digests(tmp_path / "plain")) == 8
+    buckets = torch.load(tmp_path / "legato" / "checkpoints" / "step_8" / "train_state.pt", weights_only=True)["buckets"]["buckets"]
+    assert len(buckets) >= 3, buckets  # several gradient buckets, in DDP's own gradient-ready order
+
+
+@pytest.mark.parametrize("replay", ["0", "2"])
+def test_four_ranks_multi_bucket_resumed_twice_is_bitwise_the_plain_ddp_loop(tmp_path: Path, replay: str) -> None:
+    """Replay off: the restored layout alone; replay 2: the replay base's layout (the run's, two steps back)."""
+    assert launch_loop(tmp_path / "plain", 4) == [0] * 4
+    codes = [launch_loop(tmp_path / "resumed", 4, "--legato", "--replay-steps", replay, **STOPS)[0] for _ in range(3)]
+    assert codes == [75, 75, 0]
+    assert digests(tmp_path / "resumed") == digests(tmp_path / "plain")
+
+
+def test_a_resume_that_leaves_ddp_its_own_layout_fails_naming_the_buckets(tmp_path: Path) -> None:
+    assert launch_loop(tmp_path, 4, "--legato", "--skip-buckets", **STOPS) == [75] * 4
+    procs = run_ranks([sys.executable, str(PLAIN_VS_LEGATO), str(tmp_path), "--legato", "--skip-buckets"], world_size=4, timeout=600)
+    for proc in procs:
+        assert proc.returncode != 0 and "Resume verification failed at step 3" in proc.stderr, proc.stderr[-3000:]
+        assert "Differing components: rank 0: buckets; rank 1: buckets; rank 2: buckets; rank 3: buckets" in proc.stderr

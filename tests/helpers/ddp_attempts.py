@@ -2,10 +2,11 @@
 
     python tests/helpers/ddp_attempts.py RANK WORLD PORT OUT.json
 
-Each rank trains a small transformer for `STEPS` steps with one DDP wrapper
-(the uninterrupted run), and again with a fresh model, optimizer and DDP
-wrapper built from the state after `CUT` steps (the resumed attempt), once
-with legato's pinned bucket layout and once with DDP's own. Rank 0 writes the
+Each rank trains a small transformer for `STEPS` steps with one plain DDP
+wrapper (the uninterrupted run), and again with a fresh model, optimizer and
+DDP wrapper built from the state after `CUT` steps (the resumed attempt), once
+with the bucket layout the first wrapper had at the cut restored (legato's
+`BucketLayout`) and once with the fresh wrapper's own. Rank 0 writes the
 parameter digests after every step of each run. Real gloo, real processes.
 """
 
@@ -21,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from legato.dist.reduction import pin_bucket_layout
+from legato.dist.reduction import BucketLayout
 
 STEPS, CUT = 4, 2
 
@@ -30,13 +31,6 @@ def build() -> torch.nn.Module:
     torch.manual_seed(0)
     layer = torch.nn.TransformerEncoderLayer(d_model=16, nhead=2, dim_feedforward=32, dropout=0.0, batch_first=True)
     return torch.nn.Sequential(torch.nn.Embedding(20, 16), layer, torch.nn.Linear(16, 20))
-
-
-def wrap(model: torch.nn.Module, pin: bool) -> DDP:
-    net = DDP(model)
-    if pin:
-        assert pin_bucket_layout(net).pinned
-    return net
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -58,18 +52,22 @@ def train(net: DDP, opt: torch.optim.Optimizer, rank: int, steps: range) -> list
     return out
 
 
-def run(rank: int, pin: bool) -> dict:
+def run(rank: int, restore: bool) -> dict:
     model = build()
-    net = wrap(model, pin)
+    net = DDP(model)
     uninterrupted = train(net, torch.optim.SGD(model.parameters(), lr=0.1), rank, range(STEPS))
     model = build()
-    net = wrap(model, pin)
+    net = DDP(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     train(net, opt, rank, range(CUT))
     state, opt_state = copy.deepcopy(model.state_dict()), copy.deepcopy(opt.state_dict())
+    layout = BucketLayout(net).state_dict()
+    assert layout["buckets"] is not None
     model = build()
     model.load_state_dict(state)
-    net = wrap(model, pin)
+    net = DDP(model)
+    if restore:
+        BucketLayout(net).load_state_dict(layout)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     opt.load_state_dict(opt_state)
     resumed = train(net, opt, rank, range(CUT, STEPS))
@@ -81,7 +79,7 @@ def main() -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    result = {"pinned": run(rank, True), "ddp_default": run(rank, False)}
+    result = {"restored": run(rank, True), "ddp_default": run(rank, False)}
     dist.destroy_process_group()
     if rank == 0:
         with open(out, "w") as f:

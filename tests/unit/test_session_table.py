@@ -95,6 +95,7 @@ def test_save_restore_verify_continues_bit_for_bit(reference: Path, tmp_path: Pa
         "counters",
         "metrics",
         "grads",
+        "buckets",
         "extra.ema",
         "data",
         "rng.python",
@@ -106,7 +107,7 @@ def test_save_restore_verify_continues_bit_for_bit(reference: Path, tmp_path: Pa
     # Replicated state once in rank 0's shared files, per-rank state (and batch-norm buffers) in rank0.pt.
     shared = torch.load(step_dir / "train_state.pt", weights_only=True)
     own = torch.load(step_dir / "rank0.pt", weights_only=True)
-    assert set(shared) == {"optimizer", "scheduler", "counters"}
+    assert set(shared) == {"optimizer", "scheduler", "counters", "buckets"}
     assert set(own) == {
         "metrics",
         "grads",

@@ -59,6 +59,8 @@ class RunContext:
         """A Session with checkpoint, stop and chaos policies from the config; kwargs as for Session."""
         c, chaos = self.cfg.checkpoint, self.cfg.chaos
         kwargs.setdefault("total_steps", self.cfg.train.steps)
+        # Strict determinism also refuses state legato does not save (legato.state.census).
+        kwargs.setdefault("census", "strict" if self.cfg.determinism.mode == "strict" else "warn")
         return Session(
             self.run_dir,
             checkpoint=CheckpointPolicy(c.every_steps, c.every_minutes, c.keep_last, c.verify, c.hash_every_steps, c.agree_every_steps,

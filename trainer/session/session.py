@@ -32,7 +32,7 @@ reach into the orchestrator; it reports what happens through plain-dict events.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +41,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from legato.dist.peers import Peers
-from legato.dist.reduction import Pinning, pin_bucket_layout
+from legato.dist.reduction import BucketLayout, restoring
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
 from legato.events import Kind
@@ -56,6 +56,7 @@ from legato.session.replayer import Outcome, Replayer
 from legato.session.resume import Resumed, Resumer
 from legato.session.saving import Saver
 from legato.session.telemetry import Telemetry
+from legato.session.unsaved import Census
 from legato.state import components as table
 from legato.state import loaders, rng
 from legato.state.components import Component
@@ -147,6 +148,8 @@ class Session:
         training: dict | None = None,
         on_event: Callable[[dict], None] | None = None,
         worker_rng: bool = True,
+        ignore: Iterable[Any] = (),
+        census: str = "warn",
     ) -> None:
         self.source = loaders.adopt(loader, worker_rng)
         self.run_dir = Path(run_dir)
@@ -178,6 +181,9 @@ class Session:
 
         self._feed = Feed(self.source, self._position, per_epoch if total_epochs is not None else None)
         self._telemetry = Telemetry(self.rank, self.total_steps, self.on_event)
+        self._ignored = list(ignore)
+        self._census = Census(self._peers, self._telemetry, census, self._registered)
+        self._census_pending = True  # the census at the attempt's first checkpoint
         self._agreement = StopAgreement(self.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
@@ -328,7 +334,22 @@ class Session:
         self.carried.hold(batch)
         return batch
 
+    def ignore(self, *objects: Any) -> None:
+        """Mark objects as needing no saving (a frozen teacher, a validation loader): the census of unsaved state skips them."""
+        self._ignored.extend(objects)
+
     # -- internals -------------------------------------------------------
+
+    def _registered(self) -> list[Any]:
+        """What the Session saves or was told to ignore: the census of unsaved state counts everything else."""
+        return [self.model, self.optimizer, self.scheduler, self.scaler, self.loader, self.source, self.carried,
+                *self.extras.values(), *self.generators.values(), *self._ignored]
+
+    def _census_at(self, reason: str | None) -> None:
+        """The census at the attempt's first and last checkpoints (the same steps on every rank: it is collective)."""
+        if reason is not None and (self._census_pending or reason in ("signal", "final")):
+            self._census_pending = False
+            self._census.check(self.step, reason)
 
     def _steps(self) -> Iterator[Any]:
         while self.step < self.total_steps and not self.stopped and not (self._feed.epoch_mode and self._position.epoch_complete):
@@ -343,6 +364,8 @@ class Session:
 
     def _begin(self) -> None:
         self._begun = True
+        # Before the resume, so what legato does not save is named before a resume says it verified.
+        self._census.check(self.step, "start")
         if self.carried.used:
             # A batch carried before the loop: saved from now on, and restored into its tensors below.
             self.components.insert(next(i for i, c in enumerate(self.components) if c.name == "data"), Component(CARRIED, self.carried))
@@ -356,10 +379,9 @@ class Session:
         else:
             self._resumer.restore(*found)
             self._saving.resumed(*found, replayed=False, verified=self.resumed is not None and self.resumed.match)
-        # Before the first forward pass; chaos "buckets" leaves DDP's own layout on resume (fault injection).
-        pinning = (pin_bucket_layout(self.model) if found is None or not self.chaos.skips("buckets")
-                   else Pinning(False, "chaos: DDP's own layout"))
-        self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=pinning.pinned, reason=pinning.reason)
+        # The resume restored the bucket layout with the other components; chaos "buckets" leaves DDP's own (fault injection).
+        layout = restoring(self.model, found is not None, self.chaos.skips("buckets"))
+        self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=layout.restored, reason=layout.reason)
         self._telemetry.open_trajectory(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
         self._saving.take_snapshot()
         if agree_at_start(self._flag, self.group):
@@ -385,6 +407,7 @@ class Session:
             self.chaos.after_step(self.rank, self.step, self._flag.signals[0])
             reason = self._saving.reason(self._agreement, self._flag.raised, self.total_steps)
             self._saving.step_end(reason, self._loss, self._lr, self._flag.received_at)
+            self._census_at(reason)
             self.stopped = reason == "signal"
         if self._saving.snapshot_due(self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
@@ -410,6 +433,8 @@ class Session:
             Component("counters", Counters(self._position), table.TRAIN_STATE_FILE),
             Component("metrics", self._metrics),
             Component("grads", ShardedGradients(Gradients(module), module) if sharded else Gradients(module)),
+            # After the gradients: a restored reducer takes them into its buckets as they are.
+            Component("buckets", BucketLayout(self.model), table.TRAIN_STATE_FILE),
             *(Component(f"extra.{name}", own(obj), restore_last=is_rng(obj)) for name, obj in self.extras.items()),
             Component("data", DataPosition(self._position, self.source)),
             *(Component(name, obj, restore_last=True) for name, obj in rng.components(self.generators).items()),

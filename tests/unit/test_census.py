@@ -1,0 +1,207 @@
+"""The census of unsaved state, in one process: planted objects of each kind are found and named, covered ones are not.
+
+Real objects (no fakes): modules, optimizers, schedulers, scalers, generators
+planted as locals, attributes, module globals and garbage. The same census
+with 2 real ranks and real stops: e2e/test_unsaved_state.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import random
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch.optim.swa_utils import AveragedModel
+from torch.utils.data import DataLoader, TensorDataset
+
+import legato
+from legato.errors import UsageError
+from legato.state.census import find_unsaved, kind_of
+
+
+class Holder:
+    """A user's own object: the census walks its attributes."""
+
+
+class Counter:
+    """A user's own object with state_dict/load_state_dict."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def state_dict(self) -> dict:
+        return {"n": self.n}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.n = state["n"]
+
+
+def net() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4), torch.nn.Linear(4, 1))
+
+
+def found(registered: list, **_planted: object) -> dict[str, tuple[str, str]]:
+    """{where's variable path: (kind, type)} of what the census finds from the caller's frame."""
+    return {f.where.split(" (")[0]: (f.kind, f.type) for f in find_unsaved(registered, frame=sys._getframe(1))}
+
+
+def test_a_clean_loop_has_nothing_unsaved() -> None:
+    model = net()
+    wrapped = torch.nn.ModuleDict({"inner": model})  # holds only the model's tensors: covered, like DDP or torch.compile
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    scheduler = torch.optim.lr_scheduler.SequentialLR(optimizer, [torch.optim.lr_scheduler.ConstantLR(optimizer),
+                                                                  torch.optim.lr_scheduler.StepLR(optimizer, 2)], milestones=[2])
+    loader = DataLoader(TensorDataset(torch.zeros(8, 3)), batch_size=2, shuffle=True, generator=torch.Generator())
+    loss_fn = torch.nn.MSELoss()  # no parameters, no buffers: no state
+    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    global_rng, torch_rng = random._inst, torch.default_generator  # saved by legato itself
+    assert found([model, optimizer, scheduler, loader]) == {}
+    del wrapped, loss_fn, scaler, global_rng, torch_rng
+
+
+def test_every_kind_planted_is_found_where_it_lives() -> None:
+    model = net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    ema = AveragedModel(model)
+    manual = copy.deepcopy(model)
+    second = torch.optim.Adam(manual.parameters())
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 2)
+    scaler = torch.amp.GradScaler("cpu")
+    trainer = Holder()
+    trainer.noise = torch.Generator()
+    trainer.rngs = {"np": np.random.default_rng(0), "py": random.Random(1)}
+    trainer.counter = Counter()
+    assert found([model, optimizer]) == {
+        "ema": ("module", "torch.optim.swa_utils.AveragedModel"),
+        "manual": ("module", "torch.nn.modules.container.Sequential"),
+        "second": ("optimizer", "torch.optim.adam.Adam"),
+        "scheduler": ("LR scheduler", "torch.optim.lr_scheduler.StepLR"),
+        "scaler": ("GradScaler", "torch.amp.grad_scaler.GradScaler"),
+        "trainer.noise": ("torch.Generator", "torch._C.Generator"),
+        "trainer.rngs['np']": ("numpy Generator", "numpy.random._generator.Generator"),
+        "trainer.rngs['py']": ("random.Random", "random.Random"),
+        "trainer.counter": ("object with state_dict", f"{__name__}.Counter"),
+    }
+    # Registered (as extras would be) or ignored, each is covered, with everything it holds.
+    assert found([model, optimizer, ema, manual, second, scheduler, scaler, trainer]) == {}
+
+
+def test_a_finding_names_its_frame_and_size() -> None:
+    model = net()
+    ema = AveragedModel(model)
+    [finding] = find_unsaved([model], frame=sys._getframe())
+    assert finding.where == (f"ema (local of test_a_finding_names_its_frame_and_size() in {__file__}:"
+                             f"{test_a_finding_names_its_frame_and_size.__code__.co_firstlineno})")
+    # 3*4+4 + 4+4 (+2 BN running stats, +1 batches tracked) + 4+1, and the AveragedModel's n_averaged.
+    assert finding.size == "39 elements, 0.00 MiB"
+    del ema
+
+
+def test_only_the_outermost_of_nested_modules_is_named() -> None:
+    model = net()
+    ema = AveragedModel(model)
+    inner = ema.module  # also a variable, but inside the AveragedModel: one finding
+    assert found([model]) == {"ema": ("module", "torch.optim.swa_utils.AveragedModel")}
+    del inner
+
+
+def test_a_module_no_variable_names_is_found_by_the_collector_and_garbage_is_not() -> None:
+    model = net()
+    hidden = types.ModuleType("users_state")
+    hidden.ema = copy.deepcopy(model)
+    sys.modules["users_state"] = hidden
+    try:
+        garbage = copy.deepcopy(model)
+        garbage.cycle = [garbage]  # unreachable once deleted, collected only by a collection
+        gc.disable()
+        del garbage
+        [finding] = find_unsaved([model], frame=sys._getframe())
+        assert finding.kind == "module" and finding.where == "ema (global of module users_state)"
+    finally:
+        gc.enable()
+        del sys.modules["users_state"]
+
+
+def test_kinds_that_hold_no_state_are_not_state() -> None:
+    assert kind_of(torch.nn.ReLU()) is None and kind_of(torch.amp.GradScaler("cpu", enabled=False)) is None
+    assert kind_of(torch.nn.Module) is None and kind_of(torch) is None and kind_of(torch.zeros(2)) is None
+    assert kind_of(torch.nn.Linear(1, 1)) == "module"
+
+
+# -- the Session's census --------------------------------------------------------
+
+
+def loop_parts() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    model = net()
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def run(session: legato.Session, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    for step in session:
+        loss = model(torch.full((4, 3), float(step))).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        session.report(loss)
+
+
+def test_the_session_warns_once_on_rank_0_and_records_the_finding(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model, optimizer = loop_parts()
+    ema = AveragedModel(model)
+    events: list[dict] = []
+    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=6, on_event=events.append,
+                             checkpoint=legato.CheckpointPolicy(every_steps=2, replay_steps=0))
+    with caplog.at_level(logging.WARNING, logger="legato.session.unsaved"):
+        run(session, model, optimizer)
+    warnings = [r.getMessage() for r in caplog.records if "does not save" in r.getMessage()]
+    assert len(warnings) == 1 and "torch.optim.swa_utils.AveragedModel (module" in warnings[0], warnings
+    assert "found as ema (local of test_the_session_warns_once" in warnings[0] and "start of this attempt" in warnings[0]
+    records = [e for e in events if e["event"] == "unsaved_state"]
+    assert [(r["when"], r["strict"], len(r["objects"])) for r in records] == [("start", False, 1)]
+    del ema
+
+
+def test_an_object_made_during_the_run_is_named_at_the_first_checkpoint(tmp_path: Path) -> None:
+    model, optimizer = loop_parts()
+    events: list[dict] = []
+    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=4, on_event=events.append,
+                             checkpoint=legato.CheckpointPolicy(every_steps=2, replay_steps=0))
+    late = None
+    for step in session:
+        late = late or torch.Generator()
+        optimizer.step()
+        session.report(float(step))
+    assert [(r["when"], r["step"], r["objects"][0]["kind"]) for r in events if r["event"] == "unsaved_state"] == [
+        ("periodic", 2, "torch.Generator")]
+
+
+def test_ignored_objects_are_not_named(tmp_path: Path) -> None:
+    model, optimizer = loop_parts()
+    teacher, events = net(), []
+    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=2, on_event=events.append, census="strict")
+    session.ignore(teacher)
+    run(session, model, optimizer)
+    assert not [e for e in events if e["event"] == "unsaved_state"]
+
+
+def test_strict_refuses_to_start(tmp_path: Path) -> None:
+    model, optimizer = loop_parts()
+    ema = AveragedModel(model)
+    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=2, census="strict")
+    with pytest.raises(UsageError, match=r"AveragedModel \(module.*refuses to train until each is registered or ignored"):
+        run(session, model, optimizer)
+    assert session.step == 0 and not list((tmp_path / "checkpoints").glob("step_*"))
+    del ema
+
+
+def test_an_unknown_census_mode_is_refused(tmp_path: Path) -> None:
+    model, optimizer = loop_parts()
+    with pytest.raises(UsageError, match=r"census='loud'\) is not one of warn, strict, off"):
+        legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=2, census="loud")
