@@ -30,10 +30,10 @@ _LAZY = {
     "ResumableDistributedSampler": "legato.state.sampler",
     "sample_generator": "legato.state.sampler",
     "Chaos": "legato.session.session",
-    "CheckpointPolicy": "legato.session.session",
+    "CheckpointPolicy": "legato.session.policy",
     "Session": "legato.session.session",
-    "StopPolicy": "legato.session.session",
-    "resumable_loader": "legato.session.session",
+    "StopPolicy": "legato.session.policy",
+    "resumable_loader": "legato.state.sampler",
 }
 
 __all__ = [

@@ -117,7 +117,8 @@ def start_ranks(script: Path, out: Path, world: int = 2, **env: str) -> list[sub
         port = s.getsockname()[1]
     out.mkdir(parents=True, exist_ok=True)
     return [
-        subprocess.Popen([sys.executable, str(script), str(out)], stderr=subprocess.PIPE, text=True, env=dict(
+        # stderr to a file, never a pipe nobody reads while the ranks run: a full pipe blocks a rank holding its logging lock.
+        subprocess.Popen([sys.executable, str(script), str(out)], stderr=(out / f"rank{rank}.stderr").open("w"), text=True, env=dict(
             os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
             PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT), **env))
         for rank in range(world)

@@ -31,13 +31,16 @@ SMALL = ("train.steps=8", "train.num_workers=0", "repro.enabled=false")
 def reducer_experiment(tmp_path: Path, world: int) -> dict:
     out, port = tmp_path / "result.json", str(free_port())
     cmd = [sys.executable, str(ROOT / "tests" / "helpers" / "ddp_attempts.py")]
-    procs = [subprocess.Popen([*cmd, str(rank), str(world), port, str(out)], stderr=subprocess.PIPE, text=True) for rank in range(world)]
+    # stderr to files read after the wait, never pipes: a rank whose pipe fills blocks, and its peers with it.
+    logs = [tmp_path / f"rank{rank}.stderr" for rank in range(world)]
+    procs = [subprocess.Popen([*cmd, str(rank), str(world), port, str(out)], stderr=logs[rank].open("w")) for rank in range(world)]
     try:
-        errors = [p.communicate(timeout=300)[1] for p in procs]
+        for p in procs:
+            p.wait(timeout=300)
     finally:
         for p in procs:
             p.kill()
-    assert all(p.returncode == 0 for p in procs), "\n".join(e[-2000:] for e in errors)
+    assert all(p.returncode == 0 for p in procs), "\n".join(log.read_text()[-2000:] for log in logs)
     return json.loads(out.read_text())
 
 

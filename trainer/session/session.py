@@ -33,12 +33,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.utils.data import DataLoader
 
 from legato.dist.peers import Peers
 from legato.dist.reduction import BucketLayout, restoring
@@ -51,6 +49,7 @@ from legato.runtime.lifeline import die_with_launcher
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
+from legato.session.policy import CheckpointPolicy, StopPolicy
 from legato.session.position import Counters, DataPosition, Metrics, Position
 from legato.session.replayer import Outcome, Replayer
 from legato.session.resume import Resumed, Resumer
@@ -61,7 +60,7 @@ from legato.state import components as table
 from legato.state import loaders, rng
 from legato.state.components import Component
 from legato.state.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
-from legato.state.sampler import ResumableDistributedSampler, worker_init
+from legato.state.sampler import resumable_loader
 from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
 from legato.store.commit import Committed
 
@@ -72,53 +71,6 @@ __all__ = ["CHAOS_AT_ENV", "CHAOS_RANK_ENV", "Chaos", "CheckpointPolicy", "Resum
 
 log = logging.getLogger(__name__)
 CARRIED = "carried"
-
-
-@dataclass(frozen=True)
-class CheckpointPolicy:
-    """When to checkpoint, how many to keep, and how a resume is verified."""
-
-    every_steps: int = 0
-    # On by default, so a hard kill (node failure, OOM, SIGKILL at the time limit) loses at most this much work. Young-Daly:
-    # sqrt(2 x checkpoint cost x mean time between failures) = sqrt(2 x 2.6 s x 1 day) ~ 11 min for 256 MiB at defaults
-    # (2026-11-23, 2 cores); 10 minutes costs under 0.5% of the run. 0 turns it off.
-    every_minutes: float = 10.0
-    keep_last: int = 3
-    verify: str = "error"  # "error" or "warn" on a resume whose state hash does not match
-    hash_every_steps: int = 10
-    agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
-    # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
-    replay_steps: int = 32
-    # Periodic checkpoints written in the background (legato.store.async_checkpoint). None: on when the model lives on a
-    # GPU, where the device-to-pinned-host copy blocks about 0.01x a synchronous write (docs/gpu.md), off on the CPU,
-    # where the two measured a tie end to end (docs/benchmarks.md) and the copy would only cost host memory.
-    async_: bool | None = None
-
-
-@dataclass(frozen=True)
-class StopPolicy:
-    """The signals that ask the run to stop at an agreed step."""
-
-    signals: tuple[str, ...] = ("USR2",)
-
-
-def resumable_loader(
-    dataset: Any, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, shuffle: bool = True,
-    **kwargs: Any
-) -> DataLoader:
-    """A DataLoader whose position the Session can save and restore exactly."""
-    sampler = ResumableDistributedSampler(len(dataset), rank, world_size, seed, shuffle=shuffle)
-    return DataLoader(
-        dataset,
-        batch_size=batch_size,
-        sampler=sampler,
-        drop_last=True,
-        num_workers=num_workers,
-        worker_init_fn=worker_init if num_workers else None,
-        generator=torch.Generator(),
-        persistent_workers=False,
-        **kwargs,
-    )
 
 
 class Session:

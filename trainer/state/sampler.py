@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Iterator
+from typing import Any
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Sampler
 
 from legato.state.determinism import derive_seed
 
@@ -86,3 +87,22 @@ def worker_init(worker_id: int) -> None:
     seed = torch.initial_seed()
     random.seed(seed)
     np.random.seed(seed % 2**32)
+
+
+def resumable_loader(
+    dataset: Any, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, shuffle: bool = True,
+    **kwargs: Any
+) -> DataLoader:
+    """A DataLoader whose position the Session can save and restore exactly."""
+    sampler = ResumableDistributedSampler(len(dataset), rank, world_size, seed, shuffle=shuffle)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        sampler=sampler,
+        drop_last=True,
+        num_workers=num_workers,
+        worker_init_fn=worker_init if num_workers else None,
+        generator=torch.Generator(),
+        persistent_workers=False,
+        **kwargs,
+    )

@@ -1,0 +1,39 @@
+"""What a Session is told to do about checkpoints and stop signals: plain, frozen settings with their defaults.
+
+The defaults are the product's promises (a periodic checkpoint on by default, a replay-verified resume); each is
+justified where it is set. This module must never act on a setting: the Session and its delegates do.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["CheckpointPolicy", "StopPolicy"]
+
+
+@dataclass(frozen=True)
+class CheckpointPolicy:
+    """When to checkpoint, how many to keep, and how a resume is verified."""
+
+    every_steps: int = 0
+    # On by default, so a hard kill (node failure, OOM, SIGKILL at the time limit) loses at most this much work. Young-Daly:
+    # sqrt(2 x checkpoint cost x mean time between failures) = sqrt(2 x 2.6 s x 1 day) ~ 11 min for 256 MiB at defaults
+    # (2026-11-23, 2 cores); 10 minutes costs under 0.5% of the run. 0 turns it off.
+    every_minutes: float = 10.0
+    keep_last: int = 3
+    verify: str = "error"  # "error" or "warn" on a resume whose state hash does not match
+    hash_every_steps: int = 10
+    agree_every_steps: int = 0  # 0: agree about once a second, whatever the step time
+    # K: keep a replay base at most K steps back and replay it on resume; 0 for off (default: see docs/benchmarks.md)
+    replay_steps: int = 32
+    # Periodic checkpoints written in the background (legato.store.async_checkpoint). None: on when the model lives on a
+    # GPU, where the device-to-pinned-host copy blocks about 0.01x a synchronous write (docs/gpu.md), off on the CPU,
+    # where the two measured a tie end to end (docs/benchmarks.md) and the copy would only cost host memory.
+    async_: bool | None = None
+
+
+@dataclass(frozen=True)
+class StopPolicy:
+    """The signals that ask the run to stop at an agreed step."""
+
+    signals: tuple[str, ...] = ("USR2",)
