@@ -14,11 +14,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from conftest import ROOT
+from helpers.cli import wait_for
+from helpers.launches import process_tree, steps_done
 from helpers.port import UNSEEDED, assert_same_run
 
 from legato.runtime.launch import free_port
@@ -38,25 +39,6 @@ def _env(**extra: str) -> dict[str, str]:
 def _launch(out: Path, **env: str) -> subprocess.Popen:
     cmd = [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)]
     return subprocess.Popen(cmd, env=_env(**env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def _steps_done(out: Path) -> int:
-    path = out / "trajectory" / "rank0.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def _tree(pid: int) -> list[int]:
-    found = []
-    for child in children(pid):
-        found += [child, *_tree(child)]
-    return found
 
 
 @pytest.fixture(scope="module")
@@ -89,11 +71,11 @@ def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
     launcher = _launch(out, LEGATO_CHAOS_STEP_SLEEP_S="0.3")
     seen: set[int] = {launcher.pid}
     try:
-        _wait_for(lambda: len(children(launcher.pid)) == 2, 120, "torchrun to start both ranks")
+        wait_for(lambda: len(children(launcher.pid)) == 2, 120, "torchrun to start both ranks")
         if not early:
-            _wait_for(lambda: _steps_done(out) >= 3, 180, "three trained steps")
+            wait_for(lambda: steps_done(out) >= 3, 180, "three trained steps")
         ranks = sorted(children(launcher.pid))
-        seen |= set(_tree(launcher.pid))
+        seen |= set(process_tree(launcher.pid))
         for pid in TARGETS[target](launcher.pid, ranks):
             os.kill(pid, sig)
         _, stderr = launcher.communicate(timeout=240)
@@ -101,7 +83,7 @@ def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
         assert "every rank stopped at a committed checkpoint" in stderr
         assert "Traceback" not in stderr
         assert not [pid for pid in seen if alive(pid)], "a process of the stopped launch is still alive"
-        assert (early or _steps_done(out) > 0) and _steps_done(out) < STEPS
+        assert (early or steps_done(out) > 0) and steps_done(out) < STEPS
     finally:
         launcher.kill()
         for pid in seen:
@@ -120,12 +102,12 @@ def test_a_sigkilled_launcher_takes_its_ranks_with_it(tmp_path: Path) -> None:
     launcher = _launch(out, LEGATO_CHAOS_STEP_SLEEP_S="0.3")
     seen: set[int] = {launcher.pid}
     try:
-        _wait_for(lambda: _steps_done(out) >= 2, 180, "two trained steps")
-        seen |= set(_tree(launcher.pid))
+        wait_for(lambda: steps_done(out) >= 2, 180, "two trained steps")
+        seen |= set(process_tree(launcher.pid))
         assert len(seen) >= 3
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait(timeout=60)
-        _wait_for(lambda: not [pid for pid in seen if alive(pid)], 60, "the ranks to die with their launcher")
+        wait_for(lambda: not [pid for pid in seen if alive(pid)], 60, "the ranks to die with their launcher")
     finally:
         for pid in seen:
             if alive(pid):

@@ -17,16 +17,16 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, trajectory
-from helpers.cli import legato
+from helpers.cli import legato, wait_for
+from helpers.launches import process_tree, steps_done
 
 from legato.runtime.launch import free_port
-from legato.runtime.processes import alive, children
+from legato.runtime.processes import alive
 
 pytestmark = pytest.mark.slow
 
@@ -36,25 +36,6 @@ STEPS_PER_EPOCH, EPOCHS = 24, 4
 STEPS = STEPS_PER_EPOCH * EPOCHS
 # Each interruption: ("stop", after at least this many steps) or ("kill", once this periodic checkpoint is published).
 MAIN = (("stop", 8), ("stop", 30), ("kill", 60))
-
-
-def _wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
-def _steps_done(run: Path) -> int:
-    path = run / "trajectory" / "rank0.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
-
-
-def _tree(pid: int) -> list[int]:
-    found = []
-    for child in children(pid):
-        found += [child, *_tree(child)]
-    return found
 
 
 def tb_points(log_dir: Path, purged: bool = True) -> dict[str, list[tuple[int, float]]]:
@@ -106,20 +87,20 @@ def _interrupt(run: Path, how: str, at: int, fault: str) -> str:
     seen = {launcher.pid}
     try:
         if how == "stop":
-            _wait_for(lambda: _steps_done(run) >= at, 180, f"step {at}")
+            wait_for(lambda: steps_done(run) >= at, 180, f"step {at}")
             os.kill(launcher.pid, signal.SIGUSR2)
             _, stderr = launcher.communicate(timeout=240)
             assert launcher.returncode == 75, stderr[-3000:]
             return stderr
-        _wait_for(lambda: (run / "checkpoints" / f"step_{at}").is_dir() and _logged_past(run, at + 2), 180,
+        wait_for(lambda: (run / "checkpoints" / f"step_{at}").is_dir() and _logged_past(run, at + 2), 180,
                   f"the periodic checkpoint at step {at} and TensorBoard points past it")
-        seen |= set(_tree(launcher.pid))
+        seen |= set(process_tree(launcher.pid))
         for pid in sorted(seen):
             os.kill(pid, signal.SIGKILL)
-        _wait_for(lambda: not [pid for pid in seen if alive(pid)], 60, "every process of the killed launch to end")
+        wait_for(lambda: not [pid for pid in seen if alive(pid)], 60, "every process of the killed launch to end")
         return launcher.communicate(timeout=60)[1]
     finally:
-        for pid in [launcher.pid, *_tree(launcher.pid)]:
+        for pid in [launcher.pid, *process_tree(launcher.pid)]:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
 
