@@ -26,7 +26,8 @@ from legato.errors import UsageError
 
 __all__ = [
     "KEEP_LAST_MAX", "MINUTES_MAX", "REQUIRED", "SECONDS_MAX", "STEPS_MAX", "ChaosSection", "CheckpointSection", "Config",
-    "DeterminismSection", "Fsdp2Section", "LocalSection", "ReproSection", "RunSection", "SlurmSection", "TrainSection",
+    "DeterminismSection", "Fsdp2Section", "LocalSection", "ReproSection", "RunSection", "SETTINGS_ADDED_LATER", "SlurmSection",
+    "TrainSection",
     "config_from_dict", "load_config", "training_identity", "training_settings",
 ]
 
@@ -235,7 +236,17 @@ def training_settings(cfg: Config) -> dict:
 
     A checkpoint records them; resuming under different ones is refused, naming the keys.
     """
-    return {"train": dataclasses.asdict(cfg.train), "determinism": dataclasses.asdict(cfg.determinism)}
+    train = dataclasses.asdict(cfg.train)
+    defaults = dataclasses.asdict(TrainSection())
+    for key in SETTINGS_ADDED_LATER:
+        if train[key] == defaults[key]:
+            del train[key]
+    return {"train": train, "determinism": dataclasses.asdict(cfg.determinism)}
+
+
+# Training settings added after checkpoints already existed: recorded only away from their default, so that a run
+# whose checkpoints were written before the setting existed (under what is now its default) keeps resuming.
+SETTINGS_ADDED_LATER = ("parallel", "accumulate", "fsdp2")
 
 
 def training_identity(cfg: Config) -> dict:

@@ -201,3 +201,21 @@ def test_the_agreed_interval_at_most_doubles_after_a_burst_of_fast_steps() -> No
     assert agreement._propose(1000) == 8
     agreement._last_check = (1000, time.monotonic() - 100.0)  # then one step per 10 s: shrinks at once
     assert agreement._propose(1010) == 1
+
+
+def test_a_checkpoint_from_before_a_setting_existed_resumes_under_its_default(tmp_path) -> None:
+    """Checkpoints recorded their training settings before train.parallel/accumulate/fsdp2 existed; a run at those
+    settings' defaults still continues from them, and one that moved away from a default is refused naming it."""
+    import pytest
+
+    from legato.config import SETTINGS_ADDED_LATER, load_config, training_settings
+    from legato.errors import UsageError
+    from legato.store.manifest import check_compatible
+
+    now = training_settings(load_config(None, []))
+    before = {**now, "train": {k: v for k, v in now["train"].items() if k not in SETTINGS_ADDED_LATER}}
+    manifest = {"world_size": 2, "torch_version": "2.13.0", "training": before}
+    check_compatible(manifest, tmp_path / "checkpoints" / "step_10", 2, now, "2.13.0")
+    sharded = training_settings(load_config(None, ["train.parallel=fsdp2"]))
+    with pytest.raises(UsageError, match="train.parallel"):
+        check_compatible(manifest, tmp_path / "checkpoints" / "step_10", 2, sharded, "2.13.0")
