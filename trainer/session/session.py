@@ -407,8 +407,6 @@ class Session:
         self._telemetry.close()
 
 
-
-
 def _total_steps(total_steps: int | None, total_epochs: int | None, steps_per_epoch: int | None) -> int:
     """The run's length in steps, from exactly one of total_steps= and total_epochs=."""
     if (total_steps is None) == (total_epochs is None):
