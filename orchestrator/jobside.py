@@ -34,7 +34,7 @@ import submitit
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
-from legato.events import DECISIONS, Kind
+from legato.events import DECISIONS, JOB_TAG_FIELDS, Kind, field_names
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.repro import CaptureRequest, capture
@@ -159,7 +159,7 @@ class JobEvents:
             fields = {k: event[k] for k in ("step", "global_hash", "seconds", "bytes", "reason")}
             self.ledger.append(Kind.CHECKPOINT_COMMITTED, **self.ident.tag(), **fields)
         elif kind == Kind.RESUMED:
-            fields = {k: event.get(k) for k in ("step", "expected_hash", "recomputed_hash", "match", "mismatches", "replay")}
+            fields = {k: event.get(k) for k in sorted(field_names(Kind.RESUMED) - JOB_TAG_FIELDS)}
             self.ledger.append(Kind.RESUMED, **self.ident.tag(), **fields)
         elif kind == Kind.REPLAY_STOPPED:
             self.ledger.append(Kind.REPLAY_STOPPED, **self.ident.tag(), step=event["step"], checkpoint_step=event["checkpoint_step"])

@@ -32,3 +32,15 @@ def test_an_attempt_that_crashed_without_a_cancel_is_recorded_as_failed(tmp_path
     decision, terminal = _ended_attempt(tmp_path, cancelled=False)
     assert decision == Kind.FAILED
     assert [e["event"] for e in terminal] == [Kind.FAILED]
+
+
+def test_the_job_side_writes_every_field_of_a_resume_the_session_reports(tmp_path: Path) -> None:
+    """`legato status`'s resume time comes from the ledger: a field the Session reports must not be dropped on the way."""
+    from legato.events import JOB_TAG_FIELDS, field_names
+
+    ledger = Ledger(tmp_path / "run")
+    ident = Identity("local", "123", 1, 0, 2, 0, 2, ("localhost",))
+    fields = {name: f"value of {name}" for name in field_names(Kind.RESUMED) - JOB_TAG_FIELDS} | {"step": 7}
+    JobEvents(ledger, ident, tmp_path / "progress.json")({"event": Kind.RESUMED, **fields})
+    [written] = [e for e in ledger.read() if e["event"] == Kind.RESUMED]
+    assert {name: written[name] for name in fields} == fields
