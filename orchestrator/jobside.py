@@ -226,7 +226,7 @@ def _take_signals(cfg: Config) -> None:
 def _decide(cfg: Config, ledger: Ledger, ident: Identity, code: int, events: JobEvents, attempts_before: int) -> str:
     """Rank 0: requeue after a stop within budget; otherwise record why the job ends here."""
     tag = {**ident.tag(), "last_step": events.last_step}
-    if _cancel_requested(ledger):
+    if _cancel_requested(ledger.read()):
         # The user's cancel ended this attempt; whoever cancelled records the end. Recording FAILED here raced the
         # supervisor's `cancelled` and, when it won, named a cancelled run failed.
         return Kind.CANCELLED
@@ -272,9 +272,10 @@ def _await_decision(ledger: Ledger, ident: Identity) -> str:
     """Other ranks: wait for rank 0's requeue decision, so the job never ends before its requeue lands."""
     deadline = time.monotonic() + DECISION_TIMEOUT_S
     while time.monotonic() < deadline:
-        if _cancel_requested(ledger):
+        events = ledger.read()
+        if _cancel_requested(events):
             return Kind.CANCELLED
-        for e in reversed(ledger.read()):
+        for e in reversed(events):
             if e["event"] in DECISIONS and e.get("job_id") == ident.job_id and e.get("restart") == ident.restart:
                 return e["event"]
         time.sleep(0.1)
@@ -282,9 +283,9 @@ def _await_decision(ledger: Ledger, ident: Identity) -> str:
     return Kind.REQUEUE_FAILED
 
 
-def _cancel_requested(ledger: Ledger) -> bool:
-    """True when `legato cancel` asked to end the run's current session."""
-    return any(e["event"] == Kind.CANCEL_REQUESTED for e in current_session(ledger.read()))
+def _cancel_requested(events: list[dict]) -> bool:
+    """True when `legato cancel` asked to end the run's current session (`events`: the whole ledger)."""
+    return any(e["event"] == Kind.CANCEL_REQUESTED for e in current_session(events))
 
 
 def _exit_code(ident: Identity, decision: str, code: int) -> int:
