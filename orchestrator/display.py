@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from legato.events import Kind
+from legato.events import Kind, resharded_label
 from legato.orchestrator.status import RunSummary
 from legato.slurm.pending import describe
 
@@ -94,6 +94,8 @@ class LiveView:
                 f"({_mb(e['bytes'])}), global hash {short(e['global_hash'])}"
             ),
             Kind.RESUMED: lambda: (
+                f"{tag}resumed at step {e['step']}: {resharded_label(e['resharded'])}" + _resume_time(e)
+            ) if e.get("resharded") else (
                 f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
                 + ("verified ✓" if e["match"] else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
                 + _resume_time(e)
@@ -190,6 +192,8 @@ def status_table(summary: RunSummary) -> str:
     rows = [header]
     for a in summary.attempts:
         verified = "-" if a.verified is None else ("✓" if a.verified else "✗")
+        if a.resharded:
+            verified = f"resharded {a.resharded['from']}->{a.resharded['to']}"
         ckpt = f"{max(a.checkpoint_seconds):.2f}" if a.checkpoint_seconds else "-"
         resumed = "-" if a.resumed_from_step is None else str(a.resumed_from_step)
         env = "-" if a.environment_changed is None else ("CHANGED: " + ",".join(a.environment_changed) if a.environment_changed else "same")
@@ -208,6 +212,7 @@ def status_table(summary: RunSummary) -> str:
     if summary.finished:
         tail.append(f"final global hash {summary.final_global_hash}; every resume verified: "
                     f"{'yes' if summary.all_resumes_verified else 'NO'}")
+    tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
     if summary.failure:
         tail.append(f"reason: {summary.failure}")
     return "\n".join([head, "", *lines, *([""] + tail if tail else [])])

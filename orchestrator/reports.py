@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from legato.events import resharded_label
 from legato.orchestrator.repro_diff import SectionDiff
 from legato.orchestrator.verify import Verdict, rng_words
 
@@ -34,6 +35,8 @@ def verdict_lines(verdict: Verdict, png: Path | None) -> list[str]:
         else:
             lines.append(f"legato: NOT identical: final hash {verdict.reference_final_hash} vs {verdict.run_final_hash}")
         lines.append(f"legato: likely cause: {verdict.cause}")
+    lines += [f"legato: the resume at step {r['step']} was {resharded_label(r['resharded'])}"
+              for r in verdict.resumes if r.get("resharded")]
     lines.append(f"legato: plot: {png}" if png else "legato: no plot: install matplotlib (pip install 'legato[plot]') for the PNG")
     return lines
 

@@ -133,7 +133,7 @@ class SupervisorLock:
 def _check_checkpoints(cfg: Config) -> None:
     manifest.check_tree(RunPaths(cfg.run_dir).checkpoints)
     run = manifest.RunShape(cfg.world_size, training_settings(cfg), manifest.installed_torch_version(), expected_threads(cfg),
-                            cfg.determinism.mode == "strict")
+                            cfg.determinism.mode == "strict", cfg.checkpoint.reshard)
     manifest.newest_usable(RunPaths(cfg.run_dir).checkpoints, run)
 
 

@@ -31,6 +31,7 @@ class Attempt:
     verified: bool | None = None
     expected_hash: str | None = None
     recomputed_hash: str | None = None
+    resharded: dict | None = None  # {"from": N, "to": M}: resumed on another world size (checkpoint.reshard), not bitwise
     replay: dict | None = None  # from_step, steps, identical, first_divergence (or stopped_at: a stop during the replay)
     last_step: int = 0
     ended: str = "running"
@@ -170,6 +171,7 @@ def _apply(attempt: Attempt, e: dict) -> None:
     if kind == Kind.RESUMED:
         attempt.resumed_from_step = e["step"]
         attempt.verified = bool(e["match"])
+        attempt.resharded = e.get("resharded")
         attempt.expected_hash, attempt.recomputed_hash = e["expected_hash"], e["recomputed_hash"]
         attempt.replay = e.get("replay")
         _apply_resume_time(attempt, e)

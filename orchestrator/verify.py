@@ -111,7 +111,7 @@ def compare_runs(reference: Path, run: Path, unseeded: list[str] | None = None) 
     ref_ranks, run_ranks = _ranks(reference), _ranks(run)
     ref_final, run_final = _final(reference), _final(run)
     resumes = [
-        {k: e.get(k) for k in ("step", "match", "mismatches", "replay", "job_id", "restart")}
+        {k: e.get(k) for k in ("step", "match", "mismatches", "replay", "job_id", "restart", "resharded")}
         for e in Ledger(run).read()
         if e["event"] == Kind.RESUMED
     ]

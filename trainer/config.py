@@ -156,6 +156,8 @@ class CheckpointSection:
     async_: bool | None = option(
         None, key="async", doc="periodic checkpoints copy the state and write it in the background; unset: on when the model is on a GPU"
     )
+    reshard: bool = option(False, doc="resume an FSDP2 checkpoint written by another world size, resharded: data position exact, "
+                                      "not bitwise (docs/fsdp2.md)")
 
 
 @dataclass

@@ -260,8 +260,19 @@ class CheckpointCommitted(_Attempt):
     reason: str
 
 
-class Resumed(_Attempt):
-    """The fields of a `RESUMED` record: the restored step, the expected and recomputed hashes, and the replay."""
+class _Resharded(TypedDict, total=False):
+    """Set on a resume of a checkpoint written by another world size (checkpoint.reshard): {"from": N, "to": M} ranks."""
+
+    resharded: dict[str, int]
+
+
+def resharded_label(resharded: dict[str, int]) -> str:
+    """How a resharded resume is shown everywhere (log, status, verify): not a bitwise continuation."""
+    return f"resharded {resharded['from']} -> {resharded['to']} ranks: data position exact, not bitwise"
+
+
+class Resumed(_Attempt, _Resharded):
+    """The fields of a `RESUMED` record: the restored step, the expected and recomputed hashes, the replay, and any resharding."""
 
     step: int
     expected_hash: str

@@ -30,6 +30,8 @@ class CheckpointPolicy:
     # GPU, where the device-to-pinned-host copy blocks about 0.01x a synchronous write (docs/gpu.md), off on the CPU,
     # where the two measured a tie end to end (docs/benchmarks.md) and the copy would only cost host memory.
     async_: bool | None = None
+    # Resume a checkpoint written by another world size, resharded (FSDP2 only; docs/fsdp2.md): data position exact, not bitwise.
+    reshard: bool = False
 
 
 @dataclass(frozen=True)

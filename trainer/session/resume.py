@@ -20,7 +20,7 @@ import torch
 
 from legato.dist.peers import Peers
 from legato.errors import ResumeMismatchError, UsageError
-from legato.events import Kind
+from legato.events import Kind, resharded_label
 from legato.session import replay
 from legato.session.chaos import Chaos
 from legato.session.feed import Feed
@@ -29,7 +29,7 @@ from legato.session.voice import refuse
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
-from legato.store import bases, layout
+from legato.store import bases, layout, reshard
 from legato.store.manifest import RunShape, newest_usable
 
 log = logging.getLogger(__name__)
@@ -55,22 +55,25 @@ class Resumer:
     """One rank's side of selecting, restoring and verifying a checkpoint."""
 
     def __init__(self, root: Path, peers: Peers, components: list[Component], feed: Feed, chaos: Chaos, telemetry: Telemetry,
-                 verify: str) -> None:
+                 verify: str, reshard: bool = False) -> None:
         self.root, self.peers, self.components, self.feed = root, peers, components, feed
-        self.chaos, self.telemetry, self.verify = chaos, telemetry, verify
+        self.chaos, self.telemetry, self.verify, self.reshard = chaos, telemetry, verify, reshard
         self.resumed: Resumed | None = None
         self._started = time.perf_counter()
 
     def select(self, training: dict | None) -> tuple[Path, dict] | None:
         """Rank 0 picks the newest verified checkpoint and hands its manifest to the others."""
         self._started = time.perf_counter()
-        picked = self.peers.from_leader(pick(self.root, self.peers.world_size, training) if self.peers.rank == 0 else None)
+        picked = self.peers.from_leader(pick(self.root, self.peers.world_size, training, self.reshard) if self.peers.rank == 0 else None)
         if isinstance(picked, str):
             raise UsageError(picked)
         return None if picked is None else (Path(picked[0]), picked[1])
 
     def restore(self, path: Path, manifest: dict) -> None:
         """Load checkpoint `path` itself, check its digests, and report the resume."""
+        if manifest["world_size"] != self.peers.world_size:
+            self.restore_resharded(path, manifest)
+            return
         self.load(path)
         mismatches, recomputed = self.check(manifest["ranks"])
         self.conclude(path, manifest, recomputed, mismatches)
@@ -83,6 +86,32 @@ class Resumer:
         self.feed.resumed()
         # RNG goes last, right before the first resumed step: nothing may draw after it.
         table.restore(self.components, states, self.chaos.skips, last=True)
+
+    def restore_resharded(self, path: Path, manifest: dict) -> None:
+        """Load checkpoint `path` of another world size resharded (opted into), and report it as not bitwise."""
+        old, new = manifest["world_size"], self.peers.world_size
+        states = reshard.load(self.components, path, self.peers.rank, old, new)
+        present = [c for c in self.components if c.name in states]
+        table.restore(present, states, self.chaos.skips, last=False)
+        self.feed.resumed()
+        saved_step = states["counters"]["step_in_epoch"] if "counters" in states else self.feed.position.step_in_epoch
+        if self.feed.position.step_in_epoch != saved_step:
+            raise UsageError(
+                f"Checkpoint {path} stopped at step {saved_step} of its epoch, but re-divided over {new} ranks its data position "
+                f"is step {self.feed.position.step_in_epoch}: the global batch (per-rank batch x ranks) changed. Keep the global "
+                "batch of the run that wrote it, so the data position stays exact."
+            )
+        table.restore(present, states, self.chaos.skips, last=True)
+        _, recomputed = self.check([{"components": {}}] * new)
+        self.resumed = Resumed(self.feed.position.step, path, manifest["global_hash"], recomputed)
+        self.telemetry.emit(
+            Kind.RESUMED, step=self.resumed.step, path=str(path), expected_hash=manifest["global_hash"], recomputed_hash=recomputed,
+            match=True, mismatches={}, replay=None, seconds=round(time.perf_counter() - self._started, 3),
+            resharded={"from": old, "to": new},
+        )
+        self.telemetry.say("rank %d: resumed at step %d from %s, %s", self.peers.rank, self.resumed.step, path,
+                           resharded_label({"from": old, "to": new}))
+        self.chaos.consume_rng(self.components)
 
     def check(self, saved_ranks: list[dict]) -> tuple[dict[int, list[str]], str]:
         """Collective: every rank's components whose live digests differ from `saved_ranks`, and the recomputed global hash."""
@@ -136,15 +165,17 @@ def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[
     return " ".join(problems)
 
 
-def pick(root: Path, world_size: int, training: dict | None) -> tuple[str, dict] | str | None:
+def pick(root: Path, world_size: int, training: dict | None, reshard: bool = False) -> tuple[str, dict] | str | None:
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank."""
-    run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), strict_determinism(training))
+    run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), strict_determinism(training), reshard)
     try:
         found = newest_usable(root, run, strict=True)
     except UsageError as exc:
         return str(exc)
     if found is None:
         return None
+    if found.manifest["world_size"] != world_size:
+        return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}  # resharded: nothing to replay bitwise
     unusable = bases.problem(found.path, found.manifest)
     if unusable is None:
         return str(found.path), found.manifest

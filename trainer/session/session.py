@@ -139,7 +139,7 @@ class Session:
         self._agreement = StopAgreement(self.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
-                                checkpoint.verify)
+                                checkpoint.verify, checkpoint.reshard)
         self._replayer = Replayer(self._resumer, self._agreement, self._flag, checkpoint.verify)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
         self._saving = Saver(

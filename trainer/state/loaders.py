@@ -126,6 +126,11 @@ class LegatoSource(Source):
         return {"seed": self.sampler.seed, "epoch": epoch, "position": step_in_epoch * self.loader.batch_size}
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
+        if state["position"] % self.loader.batch_size:
+            raise UsageError(
+                f"The checkpoint's data position is sample {state['position']} of this rank's share, not a whole number of batches "
+                f"of {self.loader.batch_size}: the global batch (per-rank batch x ranks) differs from the run that wrote it. Keep it."
+            )
         self.sampler.load_state_dict(state)
         return state["epoch"], state["position"] // self.loader.batch_size
 

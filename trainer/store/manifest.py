@@ -193,6 +193,7 @@ class RunShape:
     torch_version: str
     threads: int | None = None
     strict: bool = True
+    reshard: bool = False  # checkpoint.reshard: another world size continues resharded (FSDP2 only), not bitwise
 
 
 def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = False) -> Found | None:
@@ -210,7 +211,7 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
             log.warning("skipping checkpoint %s: %s", path, exc)
             continue
         if run is not None:
-            check_compatible(found.manifest, path, run.world_size, run.training, run.torch_version, run.threads, run.strict)
+            check_compatible(found.manifest, path, run.world_size, run.training, run.torch_version, run.threads, run.strict, run.reshard)
         return found
     if strict and candidates:
         raise UsageError(
@@ -227,18 +228,15 @@ def installed_torch_version() -> str:
 
 
 def check_compatible(
-    manifest: dict, path: Path, world_size: int, training: dict | None, torch_version: str, threads: int | None = None, strict: bool = True
+    manifest: dict, path: Path, world_size: int, training: dict | None, torch_version: str, threads: int | None = None, strict: bool = True,
+    reshard: bool = False,
 ) -> None:
-    """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit.
+    """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit (or, opted into by `reshard`, resharded).
 
     A different torch thread count is refused when `strict`, and only warned about otherwise.
     """
     if manifest["world_size"] != world_size:
-        raise UsageError(
-            f"Checkpoint {path} was written by {manifest['world_size']} ranks, but this run has {world_size}. "
-            "Bitwise continuation needs the same world size (it fixes the reduction order): run with "
-            f"{manifest['world_size']} ranks, or use a new run directory to start over."
-        )
+        _check_reshard(manifest, path, world_size, reshard)
     if manifest["torch_version"] != torch_version:
         raise UsageError(
             f"Checkpoint {path} was written with torch {manifest['torch_version']}, this is torch {torch_version}. "
@@ -252,6 +250,25 @@ def check_compatible(
             f"Run directory {path.parent.parent} belongs to another training config: {', '.join(keys)} differ from "
             "the checkpoint. Use the config that started this run, or a new run.dir."
         )
+
+
+def _check_reshard(manifest: dict, path: Path, world_size: int, reshard: bool) -> None:
+    """Refuse another world size unless opted into resharding, and then for a checkpoint that cannot be resharded."""
+    from legato.store.reshard import refusal
+
+    written = manifest["world_size"]
+    if not reshard:
+        raise UsageError(
+            f"Checkpoint {path} was written by {written} ranks, but this run has {world_size}. "
+            "Bitwise continuation needs the same world size (it fixes the reduction order): run with "
+            f"{written} ranks, or use a new run directory to start over. An FSDP2 run that must go on with {world_size} ranks can "
+            "opt into continuing resharded (data position exact, not bitwise): checkpoint.reshard: true in the config, or "
+            "CheckpointPolicy(reshard=True) in a Session."
+        )
+    problem = refusal(manifest)
+    if problem is not None:
+        raise UsageError(f"Checkpoint {path} was written by {written} ranks and this run has {world_size}: {problem}. Run with "
+                         f"{written} ranks, or use a new run directory to start over.")
 
 
 def _check_threads(manifest: dict, path: Path, threads: int | None, strict: bool, by_config: bool) -> None:

@@ -1,0 +1,147 @@
+"""Resuming an FSDP2 run on another world size (checkpoint.reshard), with real ranks (gloo, CPU) and real signals.
+
+tests/helpers/fsdp2_reshard.py runs at 2 ranks, is stopped by SIGUSR2 sent from here to a rank's pid, and
+resumes at 4 ranks with the opt-in (and a 4-rank run the other way, at 2). Checked:
+
+- every parameter and optimizer state, gathered into full tensors right after the resharded resume, equals the
+  full tensors assembled from the checkpoint's shard files (torch.equal: bit for bit);
+- over the whole run each sample is seen exactly once per epoch, and each step's samples are the global batch
+  an uninterrupted run at the first world size takes at that step (the same global order);
+- the ledger's RESUMED record carries {"from", "to"}, and `legato status` shows "resharded N -> M ranks: data
+  position exact, not bitwise";
+- without the opt-in the resume exits 2 with one paragraph naming checkpoint.reshard, and no traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, manifest
+from helpers.cli import legato, wait_for
+from test_fsdp2 import catches_usr2, start_ranks
+
+from legato.state.sharded import MARK
+
+pytestmark = pytest.mark.slow
+
+SCRIPT = ROOT / "tests" / "helpers" / "fsdp2_reshard.py"
+LABEL = "resharded {} -> {} ranks: data position exact, not bitwise"
+
+
+def run(out: Path, world: int, **env: str) -> list[int]:
+    procs = start_ranks(SCRIPT, out, world, **env)
+    try:
+        return [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def stop_from_outside(out: Path, world: int) -> list[int]:
+    """Start `world` ranks, send SIGUSR2 to the last rank's pid once a few steps ran, and wait for them."""
+    procs = start_ranks(SCRIPT, out, world, LEGATO_CHAOS_STEP_SLEEP_S="0.2")
+    samples = out / f"samples_rank0_ws{world}.jsonl"
+    try:
+        wait_for(lambda: all(catches_usr2(p.pid) for p in procs), 300, "the Session's stop handler")
+        wait_for(lambda: samples.is_file() and len(samples.read_text().splitlines()) >= 3, 300, "three steps")
+        os.kill(procs[-1].pid, signal.SIGUSR2)
+        return [p.wait(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def steps(out: Path, world: int) -> dict[int, list[int]]:
+    """Step -> the sorted samples all `world` ranks took at that step, from their logs."""
+    taken: dict[int, list[int]] = {}
+    for rank in range(world):
+        path = out / f"samples_rank{rank}_ws{world}.jsonl"
+        for line in path.read_text().splitlines() if path.is_file() else []:
+            record = json.loads(line)
+            taken.setdefault(record["step"], []).extend(record["samples"])
+    return {step: sorted(samples) for step, samples in taken.items()}
+
+
+def full_tensors(checkpoint: Path, name: str, world: int) -> dict:
+    """The full tensors of sharded component `name`, assembled from every rank's shard records of `checkpoint`."""
+    trees = [torch.load(checkpoint / f"{name}.shard{r}.pt", weights_only=True) for r in range(world)]
+
+    def assemble(nodes: list):
+        first = nodes[0]
+        if isinstance(first, dict) and set(first) == {MARK}:
+            whole = torch.empty(first[MARK]["shape"], dtype=first[MARK]["local"].dtype)
+            for node in nodes:
+                record = node[MARK]
+                index = tuple(slice(o, o + n) for o, n in zip(record["offsets"], record["local_shape"]))
+                whole[index] = record["local"]
+            return whole
+        if isinstance(first, dict):
+            return {k: assemble([n[k] for n in nodes]) for k in first}
+        if isinstance(first, list):
+            return [assemble([n[i] for n in nodes]) for i in range(len(first))]
+        return first
+
+    return assemble(trees)
+
+
+def assert_equal(ours, theirs, where: str = "") -> None:
+    if isinstance(theirs, torch.Tensor):
+        assert torch.equal(ours, theirs) and ours.dtype == theirs.dtype, where
+    elif isinstance(theirs, dict):
+        assert set(ours) == set(theirs), where
+        for k in theirs:
+            assert_equal(ours[k], theirs[k], f"{where}.{k}")
+    elif isinstance(theirs, list):
+        assert len(ours) == len(theirs), where
+        for i, (a, b) in enumerate(zip(ours, theirs)):
+            assert_equal(a, b, f"{where}[{i}]")
+    else:
+        assert ours == theirs, where
+
+
+@pytest.mark.parametrize("before, after", [(2, 4), (4, 2)])
+def test_a_stopped_fsdp2_run_resumes_resharded_with_the_data_position_exact(tmp_path: Path, before: int, after: int) -> None:
+    reference = tmp_path / "reference"
+    assert run(reference, before) == [0] * before
+    out = tmp_path / "run"
+    assert stop_from_outside(out, before) == [75] * before
+    stopped = manifest(out)
+    assert stopped["world_size"] == before
+
+    refused = run(out, after)
+    assert refused == [2] * after
+    stderr = (out / "rank0.stderr").read_text()
+    assert "checkpoint.reshard: true" in stderr and "CheckpointPolicy(reshard=True)" in stderr and "Traceback" not in stderr
+
+    assert run(out, after, RESHARD="1") == [0] * after, (out / "rank0.stderr").read_text()[-3000:]
+    assert LABEL.format(before, after) in (out / "rank0.stderr").read_text()
+
+    checkpoint = out / "checkpoints" / f"step_{stopped['step']}"
+    resumed = torch.load(out / f"resume_point_ws{after}.pt", weights_only=True)
+    assert_equal(resumed["model"], full_tensors(checkpoint, "model", before), "model")
+    assert_equal(resumed["optimizer"], full_tensors(checkpoint, "optimizer", before), "optimizer")
+
+    taken = {**steps(out, before), **steps(out, after)}
+    assert sorted(taken) == sorted(steps(reference, before))
+    assert taken == steps(reference, before)  # each step's global batch: the uninterrupted run's
+    per_epoch = Counter()
+    for step, samples in taken.items():
+        per_epoch.update((step // 6, s) for s in samples)
+    assert set(per_epoch.values()) == {1} and len(per_epoch) == 36 * 16
+
+    ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()] if (out / "ledger.jsonl").is_file() else []
+    records = [e for e in ledger if e["event"] == "resumed" and e.get("resharded")]
+    assert records and all(e["resharded"] == {"from": before, "to": after} for e in records)
+    status = legato("status", str(out))
+    assert status.returncode == 0, status.stderr
+    assert LABEL.format(before, after) in status.stdout
