@@ -210,8 +210,10 @@ def status_table(summary: RunSummary) -> str:
     if summary.excluded_nodes:
         tail.append(f"nodes excluded after they failed: {', '.join(summary.excluded_nodes)}")
     if summary.finished:
+        resharded = sum(1 for a in summary.attempts if a.resharded)
         tail.append(f"final global hash {summary.final_global_hash}; every resume verified: "
-                    f"{'yes' if summary.all_resumes_verified else 'NO'}")
+                    f"{'yes' if summary.all_resumes_verified else 'NO'}"
+                    + (f" ({resharded} resharded: chunks checked, not bitwise)" if resharded else ""))
     tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
     if summary.failure:
         tail.append(f"reason: {summary.failure}")
