@@ -260,18 +260,12 @@ class CheckpointCommitted(_Attempt):
     reason: str
 
 
-class _Resharded(TypedDict, total=False):
-    """Set on a resume of a checkpoint written by another world size (checkpoint.reshard): {"from": N, "to": M} ranks."""
-
-    resharded: dict[str, int]
-
-
 def resharded_label(resharded: dict[str, int]) -> str:
     """How a resharded resume is shown everywhere (log, status, verify): not a bitwise continuation."""
     return f"resharded {resharded['from']} -> {resharded['to']} ranks: data position exact, not bitwise"
 
 
-class Resumed(_Attempt, _Resharded):
+class Resumed(_Attempt):
     """The fields of a `RESUMED` record: the restored step, the expected and recomputed hashes, the replay, and any resharding."""
 
     step: int
@@ -281,6 +275,9 @@ class Resumed(_Attempt, _Resharded):
     mismatches: dict[str, list[str]]
     replay: dict[str, Any] | None
     seconds: float  # the resume's total time: choosing the checkpoint, verifying and loading it, and the replay
+    # {"from": N, "to": M} ranks on a resume of a checkpoint of another world size (checkpoint.reshard), else None;
+    # absent from records written before resharding existed
+    resharded: dict[str, int] | None
 
 
 class ReplayStopped(_Attempt):

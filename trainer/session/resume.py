@@ -136,6 +136,7 @@ class Resumer:
             mismatches={str(r): n for r, n in mismatches.items()},
             replay=None if verdict is None else verdict.to_event(),
             seconds=round(time.perf_counter() - self._started, 3),
+            resharded=None,
         )
         if self.resumed.match:
             how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step}"
