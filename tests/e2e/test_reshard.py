@@ -9,7 +9,9 @@ resumes at 4 ranks with the opt-in (and a 4-rank run the other way, at 2). Check
   an uninterrupted run at the first world size takes at that step (the same global order);
 - the ledger's RESUMED record carries {"from", "to"}, and `legato status` shows "resharded N -> M ranks: data
   position exact, not bitwise";
-- without the opt-in the resume exits 2 with one paragraph naming checkpoint.reshard, and no traceback.
+- without the opt-in the resume exits 2 with one paragraph naming checkpoint.reshard, and no traceback;
+- planted fault: the global batch changed along with the world size (the data position would not be exact) is
+  refused, exit 2, naming the global batch.
 """
 
 from __future__ import annotations
@@ -145,3 +147,15 @@ def test_a_stopped_fsdp2_run_resumes_resharded_with_the_data_position_exact(tmp_
     status = legato("status", str(out))
     assert status.returncode == 0, status.stderr
     assert LABEL.format(before, after) in status.stdout
+
+
+@pytest.mark.parametrize("global_batch", [32, 8])
+def test_a_changed_global_batch_is_refused(tmp_path: Path, global_batch: int) -> None:
+    out = tmp_path / "run"
+    # Slow steps: the ranks agree about once a second, so the stop lands a step or two after 2, inside the first epoch
+    # (6 steps): at an epoch's first step a changed global batch is not seen (docs/fsdp2.md).
+    assert run(out, 2, LEGATO_CHAOS_SIGNAL_AT="2", LEGATO_CHAOS_STEP_SLEEP_S="0.5") == [75, 75]
+    assert 0 < manifest(out)["step"] < 6
+    assert run(out, 4, RESHARD="1", GLOBAL_BATCH=str(global_batch)) == [2] * 4
+    stderr = (out / "rank0.stderr").read_text()
+    assert "global batch (per-rank batch x ranks)" in stderr and "Traceback" not in stderr, stderr[-3000:]

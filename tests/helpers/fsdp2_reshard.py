@@ -4,7 +4,8 @@
 
 A small MLP whose dimensions 2 and 4 ranks do not all divide (FSDP2 pads the last shards), `fully_shard`ed per
 layer and at the root, AdamW, legato's resumable loader over 96 indexed samples with a global batch of 16
-(per-rank batch 16 / world size, so the global batch stays the same whatever the world size), 36 steps.
+(per-rank batch 16 / world size, so the global batch stays the same whatever the world size; GLOBAL_BATCH changes
+it), 36 steps.
 RESHARD=1 opts into resuming a checkpoint of another world size (CheckpointPolicy(reshard=True)).
 
 Each rank appends the sample indices of every step to OUT_DIR/samples_rank<R>_ws<W>.jsonl; at the first step of
@@ -57,7 +58,8 @@ def main(out: Path) -> int:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     data = torch.randn(SAMPLES, 6, generator=torch.Generator().manual_seed(1))
     dataset = TensorDataset(torch.arange(SAMPLES), data, data[:, :3].sin())
-    loader = legato.resumable_loader(dataset, GLOBAL_BATCH // world, seed=7, rank=rank, world_size=world)
+    global_batch = int(os.environ.get("GLOBAL_BATCH", GLOBAL_BATCH))  # a test changes it to plant a fault
+    loader = legato.resumable_loader(dataset, global_batch // world, seed=7, rank=rank, world_size=world)
     policy = legato.CheckpointPolicy(every_minutes=0, reshard=os.environ.get("RESHARD") == "1")
     session = legato.Session(out, model=model, optimizer=optimizer, loader=loader, total_steps=STEPS, checkpoint=policy)
     first = True
