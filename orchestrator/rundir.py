@@ -40,6 +40,10 @@ def check_compatible(cfg: Config) -> None:
         return
     before = load_config(captured)
     differing = changed_leaves(training_identity(before), training_identity(cfg))
+    if cfg.checkpoint.reshard and manifest.global_batch_kept(training_settings(before), training_settings(cfg), before.world_size,
+                                                             cfg.world_size):
+        # Opted into resharding: another world size with the per-rank batch changed to keep the global batch is this training.
+        differing = [leaf for leaf in differing if leaf[0] not in ("world_size", manifest.BATCH_KEY)]
     if differing:
         shown = "; ".join(f"{key} was {old!r}, now {new!r}" for key, old, new in differing[:5])
         raise UsageError(

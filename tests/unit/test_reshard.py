@@ -68,3 +68,14 @@ def test_another_world_size_is_refused_without_the_opt_in_and_for_ddp_state() ->
     check_compatible(fsdp2, path, 4, None, "2.13.0", reshard=True)
     with pytest.raises(UsageError, match="FSDP2 .fully_shard. checkpoints only"):
         check_compatible(manifest("rank0.pt", "model.pt", "train_state.pt"), path, 4, None, "2.13.0", reshard=True)
+
+
+def test_the_per_rank_batch_may_change_with_the_opt_in_only_when_the_global_batch_is_kept() -> None:
+    path = Path("/r/checkpoints/step_5")
+    saved = {**manifest("rank0.pt", "model.shard0.pt"), "training": {"train": {"batch_size": 8, "lr": 1}}}
+    halved, kept_lr = {"train": {"batch_size": 4, "lr": 1}}, {"train": {"batch_size": 8, "lr": 1}}
+    check_compatible(saved, path, 4, halved, "2.13.0", reshard=True)
+    with pytest.raises(UsageError, match=r"global batch of 16 \(8 per rank x 2 ranks\); with 4 ranks it would be 32"):
+        check_compatible(saved, path, 4, kept_lr, "2.13.0", reshard=True)
+    with pytest.raises(UsageError, match="another training config: train.lr differ"):
+        check_compatible(saved, path, 4, {"train": {"batch_size": 4, "lr": 2}}, "2.13.0", reshard=True)

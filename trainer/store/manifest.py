@@ -237,6 +237,7 @@ def check_compatible(
     """
     if manifest["world_size"] != world_size:
         _check_reshard(manifest, path, world_size, reshard)
+        _check_global_batch(manifest, path, world_size, training)
     if manifest["torch_version"] != torch_version:
         raise UsageError(
             f"Checkpoint {path} was written with torch {manifest['torch_version']}, this is torch {torch_version}. "
@@ -246,10 +247,23 @@ def check_compatible(
     saved = manifest.get("training")
     if saved is not None and saved != training:
         keys = [key for key, _, _ in changed_leaves(saved, training)]
+        if reshard and manifest["world_size"] != world_size:
+            keys = [key for key in keys if key != BATCH_KEY]  # the global batch is kept: checked above
+        if not keys:
+            return
         raise UsageError(
             f"Run directory {path.parent.parent} belongs to another training config: {', '.join(keys)} differ from "
             "the checkpoint. Use the config that started this run, or a new run.dir."
         )
+
+
+BATCH_KEY = "train.batch_size"  # per rank: the one training setting a resharded resume may change, keeping the global batch
+
+
+def global_batch_kept(saved: dict, training: dict | None, old: int, new: int) -> bool:
+    """Whether training settings `training` at `new` ranks keep the global batch (per-rank batch x ranks) of `saved` at `old`."""
+    before, after = saved.get("train", {}).get("batch_size"), (training or {}).get("train", {}).get("batch_size")
+    return before is not None and after is not None and before * old == after * new
 
 
 def _check_reshard(manifest: dict, path: Path, world_size: int, reshard: bool) -> None:
@@ -269,6 +283,19 @@ def _check_reshard(manifest: dict, path: Path, world_size: int, reshard: bool) -
     if problem is not None:
         raise UsageError(f"Checkpoint {path} was written by {written} ranks and this run has {world_size}: {problem}. Run with "
                          f"{written} ranks, or use a new run directory to start over.")
+
+
+def _check_global_batch(manifest: dict, path: Path, world_size: int, training: dict | None) -> None:
+    """Refuse a resharded resume of a bundled-trainer run whose global batch would change (its data position would not be exact)."""
+    saved, old = manifest.get("training"), manifest["world_size"]
+    if saved is None or training is None or global_batch_kept(saved, training, old, world_size):
+        return
+    before = saved["train"]["batch_size"] * old
+    raise UsageError(
+        f"Checkpoint {path} was trained with a global batch of {before} ({saved['train']['batch_size']} per rank x {old} ranks); "
+        f"with {world_size} ranks it would be {training['train']['batch_size'] * world_size}, and the data position would not be "
+        f"exact. Keep the global batch (per-rank batch x ranks): train.batch_size: {before / world_size:g} for {world_size} ranks."
+    )
 
 
 def _check_threads(manifest: dict, path: Path, threads: int | None, strict: bool, by_config: bool) -> None:
