@@ -10,6 +10,9 @@ resumes at 4 ranks with the opt-in (and a 4-rank run the other way, at 2). Check
 - the ledger's RESUMED record carries {"from", "to"}, and `legato status` shows "resharded N -> M ranks: data
   position exact, not bitwise";
 - without the opt-in the resume exits 2 with one paragraph naming checkpoint.reshard, and no traceback;
+- the bundled trainer on configs/tiny_gpt_fsdp2.yaml, 2 ranks stopped by chaos, resumes at 4 with
+  checkpoint.reshard: true and train.batch_size halved; the per-rank batch left as it was is refused (the global
+  batch would double), naming the batch size to set;
 - planted fault: the global batch changed along with the world size (the data position would not be exact) is
   refused, exit 2, naming the global batch.
 """
@@ -24,9 +27,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import ROOT, manifest
+from conftest import ROOT, manifest, run_trainer
 from helpers.cli import legato, wait_for
-from test_fsdp2 import catches_usr2, start_ranks
+from test_fsdp2 import FSDP2_GPT, SHORT, catches_usr2, start_ranks
 
 from legato.state.sharded import MARK
 
@@ -159,3 +162,18 @@ def test_a_changed_global_batch_is_refused(tmp_path: Path, global_batch: int) ->
     assert run(out, 4, RESHARD="1", GLOBAL_BATCH=str(global_batch)) == [2] * 4
     stderr = (out / "rank0.stderr").read_text()
     assert "global batch (per-rank batch x ranks)" in stderr and "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_the_bundled_fsdp2_trainer_resumes_resharded_through_its_config(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    stopped = run_trainer(FSDP2_GPT, run_dir, *SHORT, "chaos.signal_at_steps=[5]")
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    four = (*SHORT, "local.tasks=4")
+    refused = run_trainer(FSDP2_GPT, run_dir, *four, nproc=4)
+    assert refused.returncode == 2 and "checkpoint.reshard: true" in refused.stderr and "Traceback" not in refused.stderr
+    doubled = run_trainer(FSDP2_GPT, run_dir, *four, "checkpoint.reshard=true", nproc=4)
+    assert doubled.returncode == 2 and "train.batch_size: 4 for 4 ranks" in doubled.stderr, doubled.stderr[-3000:]
+    done = run_trainer(FSDP2_GPT, run_dir, *four, "checkpoint.reshard=true", "train.batch_size=4", nproc=4, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert LABEL.format(2, 4) in done.stderr
+    assert manifest(run_dir, 16)["world_size"] == 4
