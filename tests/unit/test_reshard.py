@@ -79,3 +79,13 @@ def test_the_per_rank_batch_may_change_with_the_opt_in_only_when_the_global_batc
         check_compatible(saved, path, 4, kept_lr, "2.13.0", reshard=True)
     with pytest.raises(UsageError, match="another training config: train.lr differ"):
         check_compatible(saved, path, 4, {"train": {"batch_size": 4, "lr": 2}}, "2.13.0", reshard=True)
+
+
+def test_verify_names_a_resharded_resume_when_its_runs_differ() -> None:
+    from legato.orchestrator.reports import verdict_lines
+    from legato.orchestrator.verify import Verdict
+
+    resumes = [{"step": 5, "match": True, "mismatches": {}, "replay": None, "job_id": None, "restart": 1,
+                "resharded": {"from": 2, "to": 4}}]
+    verdict = Verdict(False, 36, 2, resumes, "a", "b", 0, cause="the resume at step 5")
+    assert "legato: the resume at step 5 was resharded 2 -> 4 ranks: data position exact, not bitwise" in verdict_lines(verdict, None)
