@@ -1,7 +1,8 @@
 """Resuming an FSDP2 run on another world size (checkpoint.reshard), with real ranks (gloo, CPU) and real signals.
 
 tests/helpers/fsdp2_reshard.py runs at 2 ranks, is stopped by SIGUSR2 sent from here to a rank's pid, and
-resumes at 4 ranks with the opt-in (and a 4-rank run the other way, at 2). Checked:
+resumes at 4 ranks with the opt-in (and a 4-rank run the other way, at 2), is stopped again and resumes at its
+new world size as usual (replay-verified). Checked:
 
 - every parameter and optimizer state, gathered into full tensors right after the resharded resume, equals the
   full tensors assembled from the checkpoint's shard files (torch.equal: bit for bit);
@@ -50,9 +51,9 @@ def run(out: Path, world: int, **env: str) -> list[int]:
                 p.wait()
 
 
-def stop_from_outside(out: Path, world: int) -> list[int]:
+def stop_from_outside(out: Path, world: int, **env: str) -> list[int]:
     """Start `world` ranks, send SIGUSR2 to the last rank's pid once a few steps ran, and wait for them."""
-    procs = start_ranks(SCRIPT, out, world, LEGATO_CHAOS_STEP_SLEEP_S="0.2")
+    procs = start_ranks(SCRIPT, out, world, LEGATO_CHAOS_STEP_SLEEP_S="0.2", **env)
     samples = out / f"samples_rank0_ws{world}.jsonl"
     try:
         wait_for(lambda: all(catches_usr2(p.pid) for p in procs), 300, "the Session's stop handler")
@@ -128,8 +129,11 @@ def test_a_stopped_fsdp2_run_resumes_resharded_with_the_data_position_exact(tmp_
     stderr = (out / "rank0.stderr").read_text()
     assert "checkpoint.reshard: true" in stderr and "CheckpointPolicy(reshard=True)" in stderr and "Traceback" not in stderr
 
-    assert run(out, after, RESHARD="1") == [0] * after, (out / "rank0.stderr").read_text()[-3000:]
+    assert stop_from_outside(out, after, RESHARD="1") == [75] * after, (out / "rank0.stderr").read_text()[-3000:]
     assert LABEL.format(before, after) in (out / "rank0.stderr").read_text()
+    # Then an ordinary resume at the new world size: replay-verified from a base written by the new ranks.
+    assert run(out, after, RESHARD="1") == [0] * after, (out / "rank0.stderr").read_text()[-3000:]
+    assert "verified by a replay" in (out / "rank0.stderr").read_text()
 
     checkpoint = out / "checkpoints" / f"step_{stopped['step']}"
     resumed = torch.load(out / f"resume_point_ws{after}.pt", weights_only=True)
@@ -146,7 +150,7 @@ def test_a_stopped_fsdp2_run_resumes_resharded_with_the_data_position_exact(tmp_
 
     ledger = [json.loads(line) for line in (out / "ledger.jsonl").read_text().splitlines()] if (out / "ledger.jsonl").is_file() else []
     records = [e for e in ledger if e["event"] == "resumed" and e.get("resharded")]
-    assert records and all(e["resharded"] == {"from": before, "to": after} for e in records)
+    assert [e["resharded"] for e in records] == [{"from": before, "to": after}]
     status = legato("status", str(out))
     assert status.returncode == 0, status.stderr
     assert LABEL.format(before, after) in status.stdout

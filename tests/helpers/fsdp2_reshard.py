@@ -9,7 +9,7 @@ it), 36 steps.
 RESHARD=1 opts into resuming a checkpoint of another world size (CheckpointPolicy(reshard=True)).
 
 Each rank appends the sample indices of every step to OUT_DIR/samples_rank<R>_ws<W>.jsonl; at the first step of
-a resumed process (before it trains), rank 0 writes the full (gathered) model and optimizer state to
+the first resumed process at a world size (before it trains), rank 0 writes the full (gathered) model and optimizer state to
 OUT_DIR/resume_point_ws<W>.pt. A refusal (UsageError) is one paragraph on stderr and exit 2.
 """
 
@@ -65,9 +65,10 @@ def main(out: Path) -> int:
     first = True
     with (out / f"samples_rank{rank}_ws{world}.jsonl").open("a") as log:
         for index, x, y in session:
+            step = session.step
             if first and session.resumed is not None:
                 state = {"model": full(model.state_dict()), "optimizer": full(optimizer.state_dict())}
-                if rank == 0:
+                if rank == 0 and not (out / f"resume_point_ws{world}.pt").exists():
                     torch.save(state, out / f"resume_point_ws{world}.pt")
             first = False
             loss = F.mse_loss(model(x), y)
@@ -75,8 +76,9 @@ def main(out: Path) -> int:
             optimizer.step()
             optimizer.zero_grad()
             session.report(loss)
-            log.write(json.dumps({"step": session.step, "epoch": session.epoch, "samples": index.tolist()}) + "\n")
-            log.flush()
+            if step >= session.resumed_step:  # a replay re-runs the steps before it: they were logged by the attempt that ran them
+                log.write(json.dumps({"step": step, "samples": index.tolist()}) + "\n")
+                log.flush()
     dist.destroy_process_group()
     return session.exit_code
 

@@ -45,6 +45,7 @@ class Resumed:
     recomputed_hash: str
     mismatches: dict[int, list[str]] = field(default_factory=dict)
     replay: replay.Verdict | None = None
+    resharded: dict[str, int] | None = None  # {"from": N, "to": M}: restored from another world size, not bitwise
 
     @property
     def match(self) -> bool:
@@ -103,14 +104,14 @@ class Resumer:
             )
         table.restore(present, states, self.chaos.skips, last=True)
         _, recomputed = self.check([{"components": {}}] * new)
-        self.resumed = Resumed(self.feed.position.step, path, manifest["global_hash"], recomputed)
+        resharded = {"from": old, "to": new}
+        self.resumed = Resumed(self.feed.position.step, path, manifest["global_hash"], recomputed, resharded=resharded)
         self.telemetry.emit(
             Kind.RESUMED, step=self.resumed.step, path=str(path), expected_hash=manifest["global_hash"], recomputed_hash=recomputed,
-            match=True, mismatches={}, replay=None, seconds=round(time.perf_counter() - self._started, 3),
-            resharded={"from": old, "to": new},
+            match=True, mismatches={}, replay=None, seconds=round(time.perf_counter() - self._started, 3), resharded=resharded,
         )
         self.telemetry.say("rank %d: resumed at step %d from %s, %s", self.peers.rank, self.resumed.step, path,
-                           resharded_label({"from": old, "to": new}))
+                           resharded_label(resharded))
         self.chaos.consume_rng(self.components)
 
     def check(self, saved_ranks: list[dict]) -> tuple[dict[int, list[str]], str]:

@@ -330,7 +330,9 @@ class Session:
             self._saving.resumed(*found, replayed=True, verified=self._replayer.base_restored)
         else:
             self._resumer.restore(*found)
-            self._saving.resumed(*found, replayed=False, verified=self.resumed is not None and self.resumed.match)
+            # A resharded restore is not the checkpoint's files of this world size: the next replay base is written anew.
+            self._saving.resumed(*found, replayed=False,
+                                 verified=self.resumed is not None and self.resumed.match and self.resumed.resharded is None)
         # The resume restored the bucket layout with the other components; chaos "buckets" leaves DDP's own (fault injection).
         layout = restoring(self.model, found is not None, self.chaos.skips("buckets"))
         self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=layout.restored, reason=layout.reason)
