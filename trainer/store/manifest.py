@@ -247,10 +247,10 @@ def check_compatible(
     saved = manifest.get("training")
     if saved is not None and saved != training:
         keys = [key for key, _, _ in changed_leaves(saved, training)]
+        if reshard and manifest["world_size"] != world_size and keys == [BATCH_KEY]:
+            return  # the per-rank batch changed with the world size, keeping the global batch (checked above)
         if reshard and manifest["world_size"] != world_size:
-            keys = [key for key in keys if key != BATCH_KEY]  # the global batch is kept: checked above
-        if not keys:
-            return
+            keys = [key for key in keys if key != BATCH_KEY]
         raise UsageError(
             f"Run directory {path.parent.parent} belongs to another training config: {', '.join(keys)} differ from "
             "the checkpoint. Use the config that started this run, or a new run.dir."
