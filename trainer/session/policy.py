@@ -30,6 +30,11 @@ class CheckpointPolicy:
     # GPU, where the device-to-pinned-host copy blocks about 0.01x a synchronous write (docs/gpu.md), off on the CPU,
     # where the two measured a tie end to end (docs/benchmarks.md) and the copy would only cost host memory.
     async_: bool | None = None
+    # A replay base also at most this many seconds back (whichever bound comes first), so that a resume replays a bounded
+    # time whatever the step time: 32 steps of 5 s were 160 s of replay, a quarter of the 10-minute interval. None: a tenth
+    # of the periodic interval (60 s at every_minutes=10), 60 s when every_minutes is 0; 0: the steps bound alone. Each new
+    # base costs a memory copy of the state (docs/exactness.md); legato.session.base_clock decides when.
+    replay_seconds: float | None = None
 
 
 @dataclass(frozen=True)
