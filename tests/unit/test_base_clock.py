@@ -136,3 +136,13 @@ def test_planted_fault_bases_decided_on_each_ranks_own_clock_split_and_the_check
     assert problem is not None and "replay bases are of different steps" in problem
     assert f"rank 0: step {local[0][-1]}, rank 1: step {local[1][-1]}" in problem
     assert bases.problem(tmp_path / "step_100", manifest(agreed)) is None
+
+
+def test_the_config_key_is_checked_and_unset_by_default() -> None:
+    from legato.config import config_from_dict
+    from legato.errors import UsageError
+
+    assert config_from_dict({}).checkpoint.replay_seconds is None
+    assert config_from_dict({"checkpoint": {"replay_seconds": 30}}).checkpoint.replay_seconds == 30.0
+    with pytest.raises(UsageError, match="checkpoint.replay_seconds is -1.0, but it must be at least 0"):
+        config_from_dict({"checkpoint": {"replay_seconds": -1}})
