@@ -162,7 +162,8 @@ def _replay_words(replay: dict | None) -> str:
     if not replay:
         return ""
     if replay["identical"]:
-        return f"replay ✓ {replay['steps']} steps from step {replay['from_step']}, "
+        took = f" in {replay['seconds']:.2f}s" if isinstance(replay.get("seconds"), (int, float)) else ""
+        return f"replay ✓ {replay['steps']} steps from step {replay['from_step']}{took}, "
     return f"replay ✗ diverged at step {replay['first_divergence']['step']}, "
 
 

@@ -32,7 +32,7 @@ class Attempt:
     expected_hash: str | None = None
     recomputed_hash: str | None = None
     resharded: dict | None = None  # {"from": N, "to": M}: resumed on another world size (checkpoint.reshard), not bitwise
-    replay: dict | None = None  # from_step, steps, identical, first_divergence (or stopped_at: a stop during the replay)
+    replay: dict | None = None  # from_step, steps, identical, first_divergence, seconds (or stopped_at: a stop during the replay)
     last_step: int = 0
     ended: str = "running"
     stop_signal_step: int | None = None
@@ -51,14 +51,16 @@ class Attempt:
 
     @property
     def replay_text(self) -> str:
-        """How this attempt's replay went, for people: "replay ✓ 4 steps", "replay ✗ at step 9", or "-"."""
+        """How this attempt's replay went, for people: "replay ✓ 4 steps in 0.52s", "replay ✗ at step 9", or "-"."""
         r = self.replay
         if not r:
             return "-"
         if "stopped_at" in r:
             return f"replay stopped at step {r['stopped_at']}"
         if r.get("identical"):
-            return f"replay ✓ {r['steps']} steps"
+            # The replay's own time; ledgers before it was recorded lack it.
+            took = f" in {r['seconds']:.2f}s" if isinstance(r.get("seconds"), (int, float)) else ""
+            return f"replay ✓ {r['steps']} steps{took}"
         return f"replay ✗ at step {(r.get('first_divergence') or {}).get('step')}"
 
 

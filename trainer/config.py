@@ -153,6 +153,10 @@ class CheckpointSection:
                                                                          "second apart")
     replay_steps: int = option(32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and "
                                                                      "compares; 0 for off")
+    replay_seconds: float | None = option(
+        None, minimum=0, maximum=SECONDS_MAX, doc="...and at most this many seconds back (each new base is a memory copy of the state); "
+        "unset: a tenth of every_minutes, or 60 s without it; 0 for the steps bound alone"
+    )
     async_: bool | None = option(
         None, key="async", doc="periodic checkpoints copy the state and write it in the background; unset: on when the model is on a GPU"
     )

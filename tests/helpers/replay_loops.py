@@ -18,6 +18,7 @@ from `legato.sample_generator`. `plain` keeps nothing outside.
 Launch one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
 
     python tests/helpers/replay_loops.py RUN_DIR --loop prefetch [--register] [--signal-at S] [--steps N]
+        [--replay-steps K] [--replay-seconds T] [--every-steps E] [--keep-last L] [--step-sleep S]
 
 or call `train()` in one process (world size 1, no process group).
 """
@@ -112,6 +113,7 @@ def train(
     signal_at: tuple[int, ...] = (),
     steps: int = 12,
     replay_steps: int = 4,
+    replay_seconds: float | None = None,
     every_steps: int = 0,
     keep_last: int = 3,
     verify: str = "error",
@@ -133,7 +135,7 @@ def train(
         run_dir, model=net, optimizer=optimizer, loader=loader, total_steps=steps,
         extras=extras.get(loop, {}) if register else {},
         checkpoint=legato.CheckpointPolicy(hash_every_steps=1, agree_every_steps=1, replay_steps=replay_steps, verify=verify,
-                                           every_steps=every_steps, keep_last=keep_last),
+                                           every_steps=every_steps, keep_last=keep_last, replay_seconds=replay_seconds),
         chaos=chaos or legato.Chaos(signal_rank=world - 1, signal_at_steps=signal_at),
     )
     for batch in session:
@@ -175,12 +177,20 @@ def main() -> int:
     parser.add_argument("--signal-at", type=int, action="append", default=[])
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--signal-in-replay", type=int, default=0, help="the last rank signals itself during this replayed step")
+    parser.add_argument("--replay-steps", type=int, default=4)
+    parser.add_argument("--replay-seconds", type=float, default=None)
+    parser.add_argument("--every-steps", type=int, default=0)
+    parser.add_argument("--keep-last", type=int, default=3)
+    parser.add_argument("--step-sleep", type=float, default=0.0, help="every rank sleeps this long after each step (chaos)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format=f"rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s")
     dist.init_process_group("gloo")
     try:
         session = train(
             Path(args.run_dir), args.loop, register=args.register, signal_at=tuple(args.signal_at), steps=args.steps,
+            replay_steps=args.replay_steps, replay_seconds=args.replay_seconds, every_steps=args.every_steps, keep_last=args.keep_last,
+            chaos=legato.Chaos(signal_rank=int(os.environ["WORLD_SIZE"]) - 1, signal_at_steps=tuple(args.signal_at),
+                               step_sleep_s=args.step_sleep),
             on_step=signal_in_replay(args.signal_in_replay) if args.signal_in_replay else None,
         )
     except legato.ResumeMismatchError as exc:

@@ -103,3 +103,23 @@ def test_summary_status_table_and_json_show_each_attempts_replay(tmp_path: Path)
     table = status_table(summary)
     assert "replay ✓ 4 steps" in table and "replay ✗ at step 13" in table and "replay stopped at step 6" in table
     assert "resume s" in table and "1.25" in table and [a.resume_seconds for a in summary.attempts] == [None, 1.25, None, 1.25]
+
+
+def test_status_shows_the_replays_own_seconds_beside_its_steps(tmp_path: Path) -> None:
+    """The replay's own time (the Session's verdict carries it) is shown with its steps; older ledgers lack it."""
+    from legato.orchestrator.display import status_table
+
+    tag = {"job_id": "5", "time": 2, "hosts": ["a"], "world_size": 2}
+    replay = {"from_step": 20, "steps": 6, "identical": True, "first_divergence": None, "differing_at_end": {}, "seconds": 0.515}
+    events = [
+        {"event": "run_started", "time": 1, "total_steps": 40},
+        {"event": "attempt_started", "restart": 0, **tag},
+        {"event": "attempt_started", "restart": 1, **tag},
+        {"event": "resumed", "time": 3, "job_id": "5", "restart": 1, "step": 26, "expected_hash": "h", "recomputed_hash": "h",
+         "mismatches": {}, "match": True, "replay": replay, "seconds": 1.75},
+    ]
+    summary = summarize(tmp_path, events)
+    assert summary.attempts[1].replay_text == "replay ✓ 6 steps in 0.52s"
+    table = status_table(summary)
+    assert "replay ✓ 6 steps in 0.52s" in table and "1.75" in table
+    assert summary.to_json()["attempts"][1]["replay"]["seconds"] == 0.515

@@ -6,9 +6,10 @@ collective's latency hides behind the steps in between and every rank reaches
 the same decision after the same step, whichever rank got the signal and
 when. Checks are spaced so that their cost stays a small fraction of a step
 (on a busy CPU even an idle all-reduce costs about a millisecond).
-The same all-reduce carries a "periodic checkpoint is due by the clock" flag,
-because wall clocks differ between ranks, and whether any rank is still
-writing (or failed to write) an asynchronous checkpoint. The signal handler must never do
+The same all-reduce carries the "periodic checkpoint is due by the clock" and
+"new replay base is due by the clock" flags, because wall clocks differ between
+ranks, and whether any rank is still writing (or failed to write) an
+asynchronous checkpoint. The signal handler must never do
 anything but set the flag: no I/O, no collectives, no checkpointing.
 """
 
@@ -37,6 +38,7 @@ class Decision:
     writing: bool = False  # some rank's asynchronous checkpoint files are not durable yet
     failed: bool = False  # some rank's asynchronous checkpoint write failed
     checked_at: int | None = None  # the step whose flags these are (None: no agreement was read)
+    base_due: bool = False  # some rank's replay base is older than its time bound (legato.session.base_clock)
 
 
 class StopFlag:
@@ -97,17 +99,21 @@ class StopAgreement:
         self._last_check = (0, time.monotonic())
         self._pending: tuple[dist.Work, torch.Tensor, int] | None = None
 
-    def boundary(self, step: int, stop_local: bool, checkpoint_due_local: bool, writing_local: bool = False, failed_local: bool = False) -> Decision:
+    def boundary(self, step: int, stop_local: bool, checkpoint_due_local: bool, writing_local: bool = False, failed_local: bool = False,
+                 base_due_local: bool = False) -> Decision:
         """Called after every step; returns what the ranks agreed at the previous check."""
         if self.group is None:
-            return Decision(stop_local, checkpoint_due_local, writing_local, failed_local, step)
+            return Decision(stop_local, checkpoint_due_local, writing_local, failed_local, step, base_due_local)
         if self._next_check is None:
             self._next_check = step
             self._last_check = (step, time.monotonic())
         if step < self._next_check:
             return Decision(stop=False, checkpoint_due=False)
         decision, agreed_interval = self._collect()
-        flags = torch.tensor([int(stop_local), int(checkpoint_due_local), -self._propose(step), int(writing_local), int(failed_local)], dtype=torch.int64)
+        flags = torch.tensor(
+            [int(stop_local), int(checkpoint_due_local), -self._propose(step), int(writing_local), int(failed_local), int(base_due_local)],
+            dtype=torch.int64,
+        )
         work = dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
         self._pending = (work, flags, step)
         if agreed_interval:
@@ -138,7 +144,7 @@ class StopAgreement:
         work, flags, step = self._pending
         self._pending = None
         work.wait()
-        return Decision(bool(flags[0]), bool(flags[1]), bool(flags[3]), bool(flags[4]), step), int(-flags[2])
+        return Decision(bool(flags[0]), bool(flags[1]), bool(flags[3]), bool(flags[4]), step, bool(flags[5])), int(-flags[2])
 
 
 def agree_at_start(flag: StopFlag, group: dist.ProcessGroup | None) -> bool:

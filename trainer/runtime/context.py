@@ -64,7 +64,7 @@ class RunContext:
         return Session(
             self.run_dir,
             checkpoint=CheckpointPolicy(c.every_steps, c.every_minutes, c.keep_last, c.verify, c.hash_every_steps, c.agree_every_steps,
-                                        c.replay_steps, c.async_, c.reshard),
+                                        c.replay_steps, c.async_, c.reshard, c.replay_seconds),
             stop=StopPolicy(stop_signals(self.cfg.slurm.signal, self.cfg.slurm.handle_sigterm)),
             chaos=Chaos(
                 signal_rank=chaos.signal_rank,

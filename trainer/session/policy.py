@@ -32,6 +32,11 @@ class CheckpointPolicy:
     async_: bool | None = None
     # Resume a checkpoint written by another world size, resharded (FSDP2 only; docs/fsdp2.md): data position exact, not bitwise.
     reshard: bool = False
+    # A replay base also at most this many seconds back (whichever bound comes first), so that a resume replays a bounded
+    # time whatever the step time: 32 steps of 5 s were 160 s of replay, a quarter of the 10-minute interval. None: a tenth
+    # of the periodic interval (60 s at every_minutes=10), 60 s when every_minutes is 0; 0: the steps bound alone. Each new
+    # base costs a memory copy of the state (docs/exactness.md); legato.session.base_clock decides when.
+    replay_seconds: float | None = None
 
 
 @dataclass(frozen=True)

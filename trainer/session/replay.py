@@ -1,7 +1,8 @@
 """Replay-verified resume: the snapshot a run keeps for it, what each step records, and the verdict.
 
-Every `checkpoint.replay_steps` (K) steps, and at the step a process starts
-from, the Session copies every component's state into CPU memory that is
+Every `checkpoint.replay_steps` (K) steps, when the ranks agree that the base
+is older than `checkpoint.replay_seconds` (legato.session.base_clock), and at
+the step a process starts from, the Session copies every component's state into CPU memory that is
 allocated once and reused (`Snapshot`): the replay base, step B. From then on
 each step appends a small record (`step_record`: the loss bits, a fingerprint
 of the batch the session yielded, and after the first step past B a
@@ -132,6 +133,7 @@ class Verdict:
     identical: bool
     first_divergence: dict | None = None  # step, rank, components (differing at N), loss bits, cause
     differing_at_end: dict[str, list[str]] = field(default_factory=dict)
+    seconds: float = 0.0  # the replay's own time: from the restored base to the verdict, on this rank
 
     def to_event(self) -> dict:
         return asdict(self)

@@ -11,6 +11,7 @@ never call back into the Session, and never write a checkpoint or trajectory.
 from __future__ import annotations
 
 import logging
+import time
 from enum import Enum
 from pathlib import Path
 
@@ -42,6 +43,7 @@ class Replayer:
         self.check: replay.ReplayCheck | None = None
         self.base_restored = False  # agreed: every rank's base restored to its recorded digests
         self._target: tuple[Path, dict] | None = None
+        self._started = 0.0  # when the replayed steps began
 
     @property
     def active(self) -> bool:
@@ -58,6 +60,7 @@ class Replayer:
         mine = base["ranks"][rank]
         self.check = replay.ReplayCheck(rank, base["from_step"], manifest["step"], mine["steps"], unrestored.get(rank, []))
         self._target = (path, manifest)
+        self._started = time.perf_counter()
         step = self.resumer.feed.position.step
         log.info("rank %d: replaying steps %d..%d from the replay base in %s", rank, step + 1, manifest["step"], path)
 
@@ -89,6 +92,7 @@ class Replayer:
         check.report.held_at = held_at
         reports = r.peers.gather((own_hash, check.report))
         verdict = replay.judge(check.from_step, check.to_step, [rep for _, rep in reports], loader=r.feed.source is not None)
+        verdict.seconds = round(time.perf_counter() - self._started, 3)
         recomputed = global_hash([h for h, _ in reports])
         unrestored = {rep.rank: rep.unrestored for _, rep in reports if rep.unrestored}
         if verdict.identical or self.verify != "warn":

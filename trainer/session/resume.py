@@ -140,7 +140,7 @@ class Resumer:
             resharded=None,
         )
         if self.resumed.match:
-            how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step}"
+            how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step} ({verdict.seconds:.2f}s)"
             self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (%.2fs)", self.peers.rank, step, path,
                                recomputed, how, time.perf_counter() - self._started)
             return

@@ -3,9 +3,10 @@
 At each step boundary the ranks agree (legato.dist.stop) whether to stop or
 checkpoint; a stop or the final step is written synchronously, a periodic one
 in the background when `checkpoint.async_` says so (legato.store.async_checkpoint,
-else legato.store.checkpoint). Every `replay_steps` steps the state is copied
-into the replay base (a Snapshot) and each step appends its record, so that
-every checkpoint carries its own proof. A base is written once: a checkpoint
+else legato.store.checkpoint). Every `replay_steps` steps, and when the ranks
+agree that the base is older than its time bound (legato.session.base_clock),
+the state is copied into the replay base (a Snapshot) and each step appends its
+record, so that every checkpoint carries its own proof. A base is written once: a checkpoint
 whose base is already on disk (the newest checkpoint's own state, or the base
 it wrote or refers to) refers to those files instead (legato.store.bases), and
 a final checkpoint, never replayed, has none. This module must never call back
@@ -25,6 +26,7 @@ from legato.dist.peers import Peers
 from legato.dist.stop import StopAgreement
 from legato.paths import STEP_PREFIX
 from legato.session import replay
+from legato.session.base_clock import BaseClock, bound_seconds
 from legato.session.position import Position
 from legato.session.telemetry import Telemetry
 from legato.state import components as table
@@ -55,6 +57,8 @@ class Saver:
         # Replay: the base snapshot, the records of the steps since it, and the batches that outlive their step.
         self.snapshot = Snapshot() if policy.replay_steps else None
         self.window: list[dict] = []
+        self.base_clock = BaseClock(bound_seconds(policy.replay_seconds, policy.every_minutes) if self.snapshot is not None else 0.0)
+        self._base_agreed = False  # the ranks agreed at this step's boundary that the base is too old
         self.held = replay.HeldBatches()
         self._batch_fingerprint: str | None = None
         # Base states on disk, step -> [directory, prefix]: the newest checkpoint's own state and its base, both kept
@@ -90,6 +94,8 @@ class Saver:
         if self.snapshot is None:
             return
         self.window = []
+        self._base_agreed = False
+        self.base_clock.taken()
         staging = self.background.staging if self.background is not None else None
         if staging is not None and staging.step == self.position.step and self.background.busy:
             # This step's state is already staged for the checkpoint in flight: the staged copy becomes the
@@ -101,9 +107,12 @@ class Saver:
         self.snapshot.take(self.position.step, table.capture(self.components))
 
     def snapshot_due(self, total_steps: int) -> bool:
-        """Whether this step starts a new replay base (every replay_steps steps, short of the end)."""
+        """Whether this step starts a new replay base (every replay_steps steps, or when the ranks agreed the base is too
+        old; short of the end)."""
         step = self.position.step
-        return self.snapshot is not None and step % self.policy.replay_steps == 0 and step < total_steps
+        if self.snapshot is None or step >= total_steps:
+            return False
+        return step % self.policy.replay_steps == 0 or self._base_agreed
 
     def replayable(self, manifest: dict, total_steps: int) -> bool:
         """Whether a resume from `manifest` proves itself by a replay."""
@@ -140,7 +149,8 @@ class Saver:
         step = self.position.step
         clock_due = self.policy.every_minutes > 0 and time.monotonic() - self.last_save_time >= 60 * self.policy.every_minutes
         flags = self.background.flags() if self.background is not None else {}
-        decision = agreement.boundary(step, stop_local, clock_due, **flags)
+        decision = agreement.boundary(step, stop_local, clock_due, base_due_local=self.base_clock.overdue(), **flags)
+        self._base_agreed = self.snapshot is not None and BaseClock.agreed(decision, self.snapshot.step)
         if self.background is not None:
             self._committed(self.background.settle(decision), "periodic")
         if step == total_steps:

@@ -70,7 +70,11 @@ def referenced(paths: Iterable[Path]) -> set[str]:
 
 
 def problem(path: Path, manifest: dict) -> str | None:
-    """Why the replay base that checkpoint `path` refers to is unusable (gone, altered, outside), or None when it verifies."""
+    """Why the replay base of checkpoint `path` is unusable (the ranks' bases of different steps; gone, altered or outside),
+    or None when it verifies."""
+    split = _split_steps(manifest.get("replay", {}))
+    if split:
+        return split
     base = manifest.get("replay", {}).get("base")
     if base is None:
         return None
@@ -84,3 +88,13 @@ def problem(path: Path, manifest: dict) -> str | None:
     except (UsageError, ValueError, KeyError, TypeError, OSError) as exc:
         return f"its replay base in {directory} is unusable: {exc}"
     return None
+
+
+def _split_steps(replay: dict) -> str | None:
+    """The ranks' bases were taken at different steps: no one state to replay from (their snapshots were not agreed)."""
+    steps = {r.get("rank"): r.get("from_step") for r in replay.get("ranks", []) if isinstance(r, dict)}
+    if len(set(steps.values())) <= 1:
+        return None
+    shown = ", ".join(f"rank {rank}: step {step}" for rank, step in steps.items())
+    return (f"its ranks' replay bases are of different steps ({shown}), so no replay starts from one state; the ranks took "
+            "their replay bases without agreeing on the step")

@@ -1,0 +1,53 @@
+"""When the replay base is due by the clock: the time bound on a resume's replay, decided by every rank alike.
+
+A new replay base (a Snapshot, legato.session.saving) is taken every
+`replay_steps` steps and, here, also once the current one is older than
+`replay_seconds`. Wall clocks and step times differ between ranks, so a rank
+never acts on its own clock: its "overdue" flag travels in the stop
+agreement's all-reduce (legato.dist.stop), and every rank takes the new base at
+the same step, the one where the agreed flag comes back. Ranks whose bases were
+taken at different steps would write a checkpoint whose replay starts from two
+different states. This module must never take a snapshot or start a collective.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from legato.dist.stop import Decision
+
+# The default bound: a tenth of the periodic checkpoint interval, so a resume replays at most about 10% of the work a
+# hard kill would lose; 60 s (a tenth of the default 10 minutes) when checkpoints are not periodic by the clock.
+INTERVAL_FRACTION = 0.1
+WITHOUT_INTERVAL_S = 60.0
+
+
+def bound_seconds(replay_seconds: float | None, every_minutes: float) -> float:
+    """The replay's time bound in seconds (0: none), from the policy's `replay_seconds` and `every_minutes`."""
+    if replay_seconds is not None:
+        return replay_seconds
+    return INTERVAL_FRACTION * 60 * every_minutes if every_minutes > 0 else WITHOUT_INTERVAL_S
+
+
+class BaseClock:
+    """The age of this rank's replay base, and whether the ranks agreed that a new one is due."""
+
+    def __init__(self, bound_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.bound_s, self.clock = bound_s, clock
+        self.taken_at = clock()
+
+    def taken(self) -> None:
+        """A new base was taken now."""
+        self.taken_at = self.clock()
+
+    def overdue(self) -> bool:
+        """This rank's own view, for the agreement only: its base is older than the bound."""
+        return self.bound_s > 0 and self.clock() - self.taken_at >= self.bound_s
+
+    @staticmethod
+    def agreed(decision: Decision, base_step: int | None) -> bool:
+        """Whether the ranks agreed on a new base now: some rank was overdue at the check whose flags `decision` holds,
+        and no base was taken since (a base taken at or after that check made the flag stale). The same on every rank:
+        the decision and the base's step are."""
+        return decision.base_due and decision.checked_at is not None and (base_step is None or base_step < decision.checked_at)
