@@ -25,6 +25,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 TWO_NODE = ROOT / "configs" / "tiny_gpt_2node.yaml"
 TWO_BY_TWO = ROOT / "configs" / "tiny_gpt_2x2.yaml"
+FSDP2_GPT = ROOT / "configs" / "tiny_gpt_fsdp2.yaml"
 NODES = 3  # 2-node jobs, and a spare node for the resubmission that excludes a failed one
 # Few steps, a periodic checkpoint to fall back on, no time limit in sight: only the tests interrupt.
 SHORT = ("train.steps=160", "checkpoint.every_steps=40", "checkpoint.hash_every_steps=20", "slurm.time_min=10")
@@ -236,4 +237,37 @@ def test_two_by_two_resumes_bitwise_with_four_local_ranks(cluster, tmp_path: Pat
     assert hosts == {0: "legato-n1", 1: "legato-n1", 2: "legato-n2", 3: "legato-n2"}
     assert len(data["attempts"]) == 2 and data["all_resumes_verified"]
     assert data["attempts"][0]["stop_signal_step"] is not None and data["attempts"][1]["resumed_from_step"] >= 25
+    assert data["final_global_hash"] == local_hash
+
+
+def test_fsdp2_on_two_nodes_stops_requeues_and_resumes_bitwise(cluster, tmp_path: Path) -> None:
+    """configs/tiny_gpt_fsdp2.yaml sharded over two nodes, one rank each (the device mesh spans the namespaces, gloo
+    crosses the virtual links): the stop signal from outside at step 8 or later, requeue, a replay-verified resume, and
+    the bits of an uninterrupted local run at the same world size. Steps are slowed (bits unchanged) so the signal
+    lands mid-run."""
+    fsdp2 = ("train.steps=30", "checkpoint.every_steps=10", "checkpoint.hash_every_steps=5", "chaos.signal_at_steps=[]",
+             "determinism.threads=1")
+    run_dir = tmp_path / "run"
+    proc = start(FSDP2_GPT, run_dir, *fsdp2, "executor=slurm", "slurm.nodes=2", "slurm.tasks_per_node=1", "chaos.step_sleep_s=0.5")
+    reference = None
+    try:
+        wait_for(lambda: step_reached(run_dir, 8), timeout=240, what="step 8")
+        job_id = events(run_dir, "submitted")[0]["job_id"]
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True, env=slurm_env())
+        reference = LocalReference(FSDP2_GPT, tmp_path / "reference", 2, *fsdp2)
+        out = finish(proc)
+        local_hash = reference.final_hash()
+    finally:
+        proc.kill()
+        if reference:
+            reference.proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    data = status(run_dir)
+    first, second = data["attempts"]
+    assert first["job_id"] == second["job_id"] == job_id and first["ended"] == "requeued"
+    assert second["verified"] is True and second["resumed_from_step"] >= 8 and data["all_resumes_verified"]
+    ranks = {e["rank"]: e["host"] for e in events(run_dir, "rank_started") if e["restart"] == 0}
+    assert ranks == {0: "legato-n1", 1: "legato-n2"}
+    # Each node wrote its own rank's shards into the one shared checkpoint.
+    assert {"model.shard0.pt", "model.shard1.pt", "optimizer.shard0.pt", "optimizer.shard1.pt"} <= set(manifest(run_dir)["files"])
     assert data["final_global_hash"] == local_hash

@@ -1,5 +1,6 @@
 """The whole cycle on a real SLURM (slurm-wlm started by `legato devcluster up`): time-limit signal,
-`scontrol requeue`, restart counts, sacct states, preemption, hard kill, requeue budget.
+`scontrol requeue`, restart counts, sacct states, preemption, hard kill, requeue budget, and the FSDP2 config
+(sharded state) through a preemption.
 
 Skipped with the reason where the cluster cannot start (not root, no apt-get), except under CI=true.
 """
@@ -27,6 +28,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 SLURM_GPT = ROOT / "configs" / "tiny_gpt_slurm.yaml"
 SHORT = ("train.steps=1500", "slurm.time_min=10")  # no time limit in sight: only the test interrupts
+FSDP2_GPT = ROOT / "configs" / "tiny_gpt_fsdp2.yaml"
+# The FSDP2 config's training as it stands (bfloat16 parameters, 2 micro-batches, activation checkpointing), in few
+# steps with a periodic checkpoint, one torch thread per rank on both sides of the comparison, no planted stops.
+FSDP2_SHORT = ("train.steps=30", "checkpoint.every_steps=10", "chaos.signal_at_steps=[]", "determinism.threads=1")
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +68,8 @@ def short_reference(tmp_path_factory: pytest.TempPathFactory) -> str:
     return reference(tmp_path_factory, *SHORT)
 
 
-def start(run_dir: Path, *sets: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "run", str(SLURM_GPT), "--set", f"run.dir={run_dir}"]
+def start(run_dir: Path, *sets: str, config: Path = SLURM_GPT) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "run", str(config), "--set", f"run.dir={run_dir}"]
     for item in sets:
         cmd += ["--set", item]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -77,6 +82,13 @@ def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
     finally:
         proc.kill()
     return out
+
+
+def step_reached(run_dir: Path, step: int) -> bool:
+    try:
+        return json.loads((run_dir / "progress.json").read_text())["step"] >= step
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def sacct_history(job_id: str) -> list[str]:
@@ -121,6 +133,33 @@ def test_preemption_signal_at_an_arbitrary_moment(cluster, tmp_path: Path, short
     assert first["job_id"] == second["job_id"] == job_id and [first["restart"], second["restart"]] == [0, 1]
     assert first["ended"] == "requeued" and second["verified"] is True and second["resumed_from_step"] >= at
     assert data["final_global_hash"] == short_reference
+
+
+def test_fsdp2_config_is_preempted_requeued_and_resumes_bitwise(cluster, tmp_path: Path, tmp_path_factory) -> None:
+    """configs/tiny_gpt_fsdp2.yaml on the SLURM backend (2 tasks on the node, each writing its own shards): the
+    preemption signal from outside at step 8 or later, `scontrol requeue`, and the requeued job resumes replay-verified
+    and ends on the bits of an uninterrupted local run. Steps are slowed (bits unchanged) so the signal lands mid-run."""
+    run_dir, ref = tmp_path / "run", tmp_path_factory.mktemp("reference")
+    on_slurm = ("executor=slurm", "slurm.tasks_per_node=2", "slurm.time_min=10", "chaos.step_sleep_s=0.5")
+    proc = start(run_dir, *FSDP2_SHORT, *on_slurm, config=FSDP2_GPT)
+    try:
+        wait_for(lambda: step_reached(run_dir, 8), timeout=240, what="step 8")
+        job_id = [e for e in ledger(run_dir) if e["event"] == "submitted"][0]["job_id"]
+        subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
+        reference = run_trainer(FSDP2_GPT, ref, *FSDP2_SHORT, timeout=600)
+        out = finish(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    data = status(run_dir)
+    first, second = data["attempts"]
+    assert first["job_id"] == second["job_id"] == job_id and [first["restart"], second["restart"]] == [0, 1]
+    assert first["ended"] == "requeued" and second["verified"] is True and second["resumed_from_step"] >= 8
+    assert data["all_resumes_verified"]
+    final = manifest(run_dir)
+    assert {"model.shard0.pt", "model.shard1.pt", "optimizer.shard0.pt", "optimizer.shard1.pt"} <= set(final["files"])
+    assert data["final_global_hash"] == final["global_hash"] == manifest(ref)["global_hash"]
 
 
 def test_hard_kill_is_resubmitted_from_the_last_periodic_checkpoint(cluster, tmp_path: Path, short_reference: str) -> None:
