@@ -1,0 +1,160 @@
+"""Per-step cost of a Session at its default settings, over a DataLoader with workers, measured side by side in one run.
+
+What a user runs: a 2-rank gloo DDP loop over their own DataLoader (a DistributedSampler, `num_workers` worker
+processes, a CIFAR-style augmentation drawing from python's and torch's RNGs in the workers), first plain and then
+wrapped in `legato.Session` with nothing but the defaults (`CheckpointPolicy()`: the state hash every 10 steps, a
+replay base every 32 steps, per-sample worker seeding). Variants that turn one default off show where the cost goes.
+
+Each block is one epoch of `--steps` steps in fresh iterators (workers start as they do at each epoch of a run
+without persistent workers). A block's time runs from the second batch to the last, so it counts loading, training
+and every step boundary but not the Session's start-up or its final checkpoint (measured elsewhere:
+bench_defaults.py). Blocks of every variant alternate with a plain block, each is divided by the plain block run
+just before it, and the medians are printed; the second plain row is the control that shows the noise floor.
+
+    python benchmarks/bench_steps.py [--steps 96] [--rounds 8] [--workers 2] [--batch 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+
+from legato.runtime.launch import free_port
+from legato.session.session import CheckpointPolicy, Session
+
+WORLD = 2
+
+
+class Augmented(Dataset):
+    """Fixed uint8 images, cropped and flipped at random per sample, as a CIFAR training transform does."""
+
+    def __init__(self, n: int) -> None:
+        g = torch.Generator().manual_seed(0)
+        self.images = torch.randint(0, 256, (n, 3, 40, 40), dtype=torch.uint8, generator=g)
+        self.labels = torch.randint(0, 10, (n,), generator=g)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        top, left = torch.randint(0, 9, (2,)).tolist()
+        image = self.images[i, :, top : top + 32, left : left + 32].float().div_(255)
+        if random.random() < 0.5:
+            image = image.flip(-1)
+        return (image - 0.5) / 0.25, self.labels[i]
+
+
+def _model() -> torch.nn.Module:
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(), torch.nn.Linear(64 * 8 * 8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10),
+    )
+
+
+def _timed_epoch(batches: Iterable, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], report: Callable | None) -> float:
+    """Seconds per step between the second batch and the last (start-up and the end of the epoch excluded)."""
+    yielded: list[float] = []
+    for x, y in batches:
+        yielded.append(time.perf_counter())
+        loss = step(x, y)
+        if report is not None:
+            report(loss)
+    return (yielded[-1] - yielded[1]) / (len(yielded) - 2)
+
+
+def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    torch.manual_seed(0)
+    random.seed(0)
+    dataset = Augmented(args.steps * args.batch * WORLD)
+    model = DDP(_model())
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    def loader(epoch: int) -> DataLoader:
+        sampler = DistributedSampler(dataset, WORLD, rank, shuffle=True, seed=0, drop_last=True)
+        sampler.set_epoch(epoch)
+        return DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers, drop_last=True)
+
+    def plain(r: int) -> float:
+        dist.barrier()
+        return _timed_epoch(loader(r), step, None)
+
+    def session(label: str, policy: CheckpointPolicy, worker_rng: bool = True) -> Callable[[int], float]:
+        def run(r: int) -> float:
+            dist.barrier()
+            s = Session(Path(tmp) / f"{label}-{r}", model=model, optimizer=opt, loader=loader(r),
+                        total_steps=args.steps, checkpoint=policy, worker_rng=worker_rng)
+            return _timed_epoch(s, step, s.report)
+        return run
+
+    variants: dict[str, Callable[[int], float]] = {
+        "plain (control)": plain,
+        "legato Session, defaults": session("defaults", CheckpointPolicy()),
+        "  worker_rng=False": session("no-worker-rng", CheckpointPolicy(), worker_rng=False),
+        "  hash_every_steps=0": session("no-hash", CheckpointPolicy(hash_every_steps=0)),
+        "  replay_steps=0": session("no-replay", CheckpointPolicy(replay_steps=0)),
+    }
+    ratios: dict[str, list[float]] = {name: [] for name in variants}
+    plain_times: list[float] = []
+    for r in range(args.rounds + 1):  # round 0 warms up and is not counted
+        before = plain(r)
+        names = list(variants)
+        names = names[r % len(names) :] + names[: r % len(names)]  # rotate so no variant always runs first
+        measured = {name: variants[name](r) for name in names}
+        if r:
+            plain_times.append(before)
+            for name, seconds in measured.items():
+                ratios[name].append(seconds / before)
+    if rank == 0:
+        base = statistics.median(plain_times)
+        out["plain"] = (base, 1.0)
+        out.update({name: (base * statistics.median(v), statistics.median(v)) for name, v in ratios.items()})
+    dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=96, help="steps a block (one epoch); >= 64 covers a replay base")
+    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
+    parser.add_argument("--batch", type=int, default=32, help="per-rank batch")
+    args = parser.parse_args()
+    params = sum(p.numel() for p in _model().parameters())
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {WORLD} ranks gloo, 1 thread each, {args.workers} workers a rank, "
+          f"batch {args.batch}, model {params / 1e6:.2f}M parameters + AdamW")
+    print(f"per-step time; overhead = median over {args.rounds} rounds of (variant block / adjacent plain block), "
+          f"{args.steps} steps a block")
+    with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
+        out = manager.dict()
+        mp.spawn(_worker, args=(free_port(), args, tmp, out), nprocs=WORLD, join=True)
+        for name, (seconds, ratio) in dict(out).items():
+            print(f"   {name:<26} {seconds * 1e3:8.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
