@@ -26,6 +26,7 @@ import torch
 
 from legato.dist.peers import Peers
 from legato.dist.stop import StopAgreement
+from legato.events import Kind
 from legato.paths import STEP_PREFIX
 from legato.session import replay
 from legato.session.position import Position
@@ -64,6 +65,9 @@ class Saver:
         # from pruning while it is the newest. A snapshot found here is referred to, never written again.
         self.on_disk: dict[int, list[str]] = {}
         self._on_disk_after: dict[int, dict[int, list[str]]] = {}  # checkpoint step -> `on_disk` once it is committed
+        # Resharded from a stop checkpoint's replay base: the steps up to that checkpoint run again, and a checkpoint
+        # among them would be older than the one that stands (never picked); none is written before it.
+        self.standing = 0
 
     # -- the replay base ------------------------------------------------------
 
@@ -178,19 +182,32 @@ class Saver:
         # One pass over the state serves both the trajectory hash and the checkpoint.
         parts = table.capture(self.components) if reason or hash_due else {}
         seen = Digests()
-        staged = self._stage(parts) if background else None
+        staged = self._stage(parts) if background and step >= self.standing else None
         components = (staged.digests() if hash_due else {}) if staged is not None else table.digests(parts, seen)
         self.telemetry.record(step, epoch, loss, lr, components if hash_due else None)
         self.telemetry.progress(step, epoch, loss)
         if reason == "signal":
             self.telemetry.stop_agreed(step, received_at)
             self.telemetry.say("rank %d: ranks agreed to stop after step %d; run the same command again to resume", self.peers.rank, step)
-        if staged is not None:
+        if reason is not None and step < self.standing:
+            self._hold(reason)
+        elif staged is not None:
             self._save_async(staged)
         elif reason is not None:
             if self.background is not None:
                 self._committed(self.background.finish(), "periodic")
             self._save(reason, parts, components, seen)
+
+    def _hold(self, reason: str) -> None:
+        """No checkpoint before the standing one (see `standing`); a stop leaves it to the next attempt."""
+        step = self.position.step
+        if reason != "signal":
+            log.info("rank %d: no %s checkpoint at step %d: the checkpoint at step %d stands until this run passes it", self.peers.rank,
+                     reason, step, self.standing)
+            return
+        self.telemetry.emit(Kind.REPLAY_STOPPED, step=step, checkpoint_step=self.standing)
+        self.telemetry.say("rank %d: stopped at step %d without a checkpoint: the checkpoint at step %d still stands, and the next "
+                           "attempt resumes it again", self.peers.rank, step, self.standing)
 
     def close(self) -> None:
         """Leave: the background writer stops (a checkpoint in flight stays unpublished)."""

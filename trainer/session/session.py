@@ -339,6 +339,7 @@ class Session:
                                  verified=self.resumed is not None and self.resumed.match and self.resumed.resharded is None)
             # Resharded from a stop checkpoint's replay base: the run goes on from the base's step.
             resume_step = self._resumed_step = self.step
+            self._saving.standing = found[1]["step"] if held_by_replay(found[1]) else 0
         # The resume restored the bucket layout with the other components; chaos "buckets" leaves DDP's own (fault injection).
         layout = restoring(self.model, found is not None, self.chaos.skips("buckets"))
         self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=layout.restored, reason=layout.reason)
