@@ -240,7 +240,7 @@ class Saver:
         replays to step N and proves it by the digests (under "warn" a divergent replay falls back to N's own files)."""
         snap = self.snapshot
         has_base = snap is not None and snap.step is not None and snap.step < self.position.step
-        return reason == "signal" and self.policy.verify == "error" and has_base
+        return reason == "signal" and self.policy.verify != "warn" and has_base
 
     def _stage(self, parts: dict[str, Any]) -> Snapshot:
         """The blocking part of an asynchronous checkpoint: copy the state into the reused staging buffer."""
