@@ -19,7 +19,7 @@ import torch
 from helpers.replay_loops import train
 
 import legato
-from legato.errors import EXIT_OK, EXIT_STOPPED
+from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
 
 STEPS = 12
 STOP = 7
@@ -172,3 +172,16 @@ def test_a_stop_during_the_replay_leaves_the_checkpoint_and_the_next_resume_repl
     assert finished.resumed is not None and finished.resumed.match and finished.resumed.replay.identical
     assert manifest(run_dir, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]
     assert trajectory(run_dir) == trajectory(reference)
+
+
+@pytest.mark.parametrize("steps, replay_steps, cause", [(STOP, 4, f"this run ends at step {STOP}"), (STEPS, 0, "replay is off")])
+def test_a_resume_that_cannot_replay_a_checkpoint_held_by_its_replay_is_refused(
+    tmp_path: Path, steps: int, replay_steps: int, cause: str
+) -> None:
+    """Nothing left to train, or replay off: the stop checkpoint's state at STOP exists only as its replay, so no resume."""
+    train(tmp_path, signal_at=(STOP,), steps=STEPS)
+    assert manifest(tmp_path, STOP)["state_by_replay"] is True
+    with pytest.raises(UsageError, match=f"is a stop checkpoint: it holds its state at step {STOP} only as its replay base") as caught:
+        train(tmp_path, steps=steps, replay_steps=replay_steps)
+    assert cause in str(caught.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [f"step_{STOP}"]
