@@ -9,8 +9,10 @@ of a collective variant being the slowest rank's:
   plain B): the spread between the two is the noise floor of the run;
 - legato: a live Session at its defaults, stopped by a real SIGUSR2 after its
   third step; the time is what the loop sees of the stopping step (the digest
-  pass and the barrier checkpoint) less a normal step. Again with
-  `replay_steps=0` (no replay base), and the step of a periodic checkpoint at step 3
+  pass and the barrier checkpoint) less a normal step; at the defaults the stop
+  checkpoint writes its replay base only (its state is held by its replay).
+  Again with `verify="warn"` (the stop writes its own state and its base, as
+  every stop did before), with `replay_steps=0` (no replay base), and the step of a periodic checkpoint at step 3
   with `async_=True` (its blocking part: the staging copy);
 - DCP `save` and `async_save` (blocking part, and total until durable);
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank
@@ -48,6 +50,7 @@ STOP_AFTER = 3
 # runs are a few steps long); the agreement's cadence changes when a stop lands, not what a checkpoint costs.
 DEFAULTS = legato.CheckpointPolicy(agree_every_steps=1)
 NO_REPLAY = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=0)
+WARN = legato.CheckpointPolicy(agree_every_steps=1, verify="warn")  # a stop that writes its own state and its base: 2x
 
 
 def make(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -154,6 +157,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
             record(f"control: torch.save + fsync, rank 0 ({label})",
                    timed(torch_save_fsync, state, scratch / f"{label[-1]}.pt") if rank == 0 else timed(lambda: None))
         record("legato Session, defaults (stop checkpoint)", session_checkpoint(scratch / "legato", megabytes, DEFAULTS, True))
+        record("legato Session, verify=warn (state + base)", session_checkpoint(scratch / "warn", megabytes, WARN, True))
         record("legato Session, replay_steps=0", session_checkpoint(scratch / "noreplay", megabytes, NO_REPLAY, True))
         record("legato Session async_=True, blocking (periodic)",
                session_checkpoint(scratch / "async", megabytes, legato.CheckpointPolicy(async_=True, every_steps=STOP_AFTER), False))

@@ -52,14 +52,17 @@ def test_restore_check_names_an_unrestored_rng_component(tmp_path: Path, compone
 
 @pytest.mark.slow
 def test_verify_warn_mode_continues_past_a_mismatch(tmp_path: Path) -> None:
-    stop_once(tmp_path, 9)
+    # Stopped under "warn" too, so that the checkpoint holds its own state to continue from (a stop under "error" holds
+    # it only by its replay, and a mismatch then refuses under "warn" as well: tests/e2e/test_stop_checkpoint.py).
+    stop_once(tmp_path, 9, "checkpoint.verify=warn")
     resumed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, "chaos.skip_restore=[rng.torch]", "checkpoint.verify=warn")
     assert resumed.returncode == 0
     assert "Continuing because checkpoint.verify is 'warn'" in resumed.stderr
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("victim", ["rank1.pt", "model.pt", "manifest.json"])
+# The stop checkpoint at 13 holds its state by its replay: its files are its replay base's (step 12), under replay_.
+@pytest.mark.parametrize("victim", ["replay_rank1.pt", "replay_model.pt", "manifest.json"])
 def test_flipped_byte_falls_back_to_the_previous_checkpoint(reference: Path, tmp_path: Path, victim: str) -> None:
     stop_once(tmp_path, 13, "checkpoint.every_steps=5")
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_10", "step_13", "step_5"]
@@ -170,9 +173,9 @@ def test_run_dir_of_another_training_config_is_refused(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_no_verifiable_checkpoint_refuses_to_start_over(tmp_path: Path) -> None:
     stop_once(tmp_path, 4)
-    shard = tmp_path / "checkpoints" / "step_4" / "rank0.pt"
+    shard = tmp_path / "checkpoints" / "step_4" / "replay_rank0.pt"  # a stop checkpoint holds its replay base (step 0) only
     shard.write_bytes(shard.read_bytes()[:-10])
     proc = run_trainer(TINY_GPT, tmp_path, *FAST_GPT)
     assert_usage_error(proc, "None of the 1 checkpoints", "move the run directory away")
-    assert "skipping checkpoint" in proc.stderr and "rank0.pt does not match" in proc.stderr
+    assert "skipping checkpoint" in proc.stderr and "replay_rank0.pt does not match" in proc.stderr
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_4"]

@@ -90,7 +90,8 @@ def test_a_changed_shard_is_skipped_and_an_unrestored_sharded_optimizer_is_named
     reference, faulted, unrestored = tmp_path / "reference", tmp_path / "faulted", tmp_path / "unrestored"
     assert run_trainer(FSDP2_GPT, reference, *sets).returncode == 0
     # The periodic checkpoints of the interrupted run are written in the background (checkpoint.async): same files, same bits.
-    stopped = run_trainer(FSDP2_GPT, faulted, *sets, "chaos.signal_at_steps=[8]", "checkpoint.async=true")
+    # verify "warn": the stop checkpoint holds its own shards (under "error" it refers to step 8's state as its replay base).
+    stopped = run_trainer(FSDP2_GPT, faulted, *sets, "chaos.signal_at_steps=[8]", "checkpoint.async=true", "checkpoint.verify=warn")
     assert stopped.returncode == 75, stopped.stderr[-3000:]
     assert sorted(p.name for p in (faulted / "checkpoints").iterdir()) == ["step_4", "step_8", "step_9"]
     shutil.copytree(faulted, unrestored)

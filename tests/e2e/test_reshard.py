@@ -5,7 +5,9 @@ resumes at 4 ranks with the opt-in (and a 4-rank run the other way, at 2), is st
 new world size as usual (replay-verified). Checked:
 
 - every parameter and optimizer state, gathered into full tensors right after the resharded resume, equals the
-  full tensors assembled from the checkpoint's shard files (torch.equal: bit for bit);
+  full tensors assembled from the checkpoint's shard files (torch.equal: bit for bit); the stop checkpoint holds its
+  replay base only (state_by_replay), so those are the base's files, and the new ranks go on from the base's step
+  and write no checkpoint before the stop checkpoint's step;
 - over the whole run each sample is seen exactly once per epoch, and each step's samples are the global batch
   an uninterrupted run at the first world size takes at that step (the same global order);
 - the ledger's RESUMED record carries {"from", "to"}, and `legato status` shows "resharded N -> M ranks: data
@@ -51,13 +53,13 @@ def run(out: Path, world: int, **env: str) -> list[int]:
                 p.wait()
 
 
-def stop_from_outside(out: Path, world: int, **env: str) -> list[int]:
-    """Start `world` ranks, send SIGUSR2 to the last rank's pid once a few steps ran, and wait for them."""
+def stop_from_outside(out: Path, world: int, logged: int = 3, **env: str) -> list[int]:
+    """Start `world` ranks, send SIGUSR2 to the last rank's pid once `logged` steps ran, and wait for them."""
     procs = start_ranks(SCRIPT, out, world, LEGATO_CHAOS_STEP_SLEEP_S="0.2", **env)
     samples = out / f"samples_rank0_ws{world}.jsonl"
     try:
         wait_for(lambda: all(catches_usr2(p.pid) for p in procs), 300, "the Session's stop handler")
-        wait_for(lambda: samples.is_file() and len(samples.read_text().splitlines()) >= 3, 300, "three steps")
+        wait_for(lambda: samples.is_file() and len(samples.read_text().splitlines()) >= logged, 300, f"{logged} steps")
         os.kill(procs[-1].pid, signal.SIGUSR2)
         return [p.wait(timeout=300) for p in procs]
     finally:
@@ -129,16 +131,23 @@ def test_a_stopped_fsdp2_run_resumes_resharded_with_the_data_position_exact(tmp_
     stderr = (out / "rank0.stderr").read_text()
     assert "checkpoint.reshard: true" in stderr and "CheckpointPolicy(reshard=True)" in stderr and "Traceback" not in stderr
 
-    assert stop_from_outside(out, after, RESHARD="1") == [75] * after, (out / "rank0.stderr").read_text()[-3000:]
+    # The stop checkpoint holds its replay base only: resharded from it, the new ranks run again from the base's step
+    # (they log those steps too) and stop past the stop checkpoint's step, so that theirs is the newest.
+    base = stopped["replay"]["from_step"] if stopped.get("state_by_replay") else stopped["step"]
+    logged = stopped["step"] - base + 3
+    assert stop_from_outside(out, after, logged, RESHARD="1") == [75] * after, (out / "rank0.stderr").read_text()[-3000:]
     assert LABEL.format(before, after) in (out / "rank0.stderr").read_text()
     # Then an ordinary resume at the new world size: replay-verified from a base written by the new ranks.
     assert run(out, after, RESHARD="1") == [0] * after, (out / "rank0.stderr").read_text()[-3000:]
     assert "verified by a replay" in (out / "rank0.stderr").read_text()
 
+    # The state resharded is the stop checkpoint's replay base (in its own directory: no earlier checkpoint held it).
     checkpoint = out / "checkpoints" / f"step_{stopped['step']}"
+    prefix = "replay_" if stopped.get("state_by_replay") else ""
+    assert "base" not in stopped.get("replay", {})
     resumed = torch.load(out / f"resume_point_ws{after}.pt", weights_only=True)
-    assert_equal(resumed["model"], full_tensors(checkpoint, "model", before), "model")
-    assert_equal(resumed["optimizer"], full_tensors(checkpoint, "optimizer", before), "optimizer")
+    assert_equal(resumed["model"], full_tensors(checkpoint, f"{prefix}model", before), "model")
+    assert_equal(resumed["optimizer"], full_tensors(checkpoint, f"{prefix}optimizer", before), "optimizer")
 
     taken = {**steps(out, before), **steps(out, after)}
     assert sorted(taken) == sorted(steps(reference, before))
@@ -161,8 +170,9 @@ def test_a_changed_global_batch_is_refused(tmp_path: Path, global_batch: int) ->
     out = tmp_path / "run"
     # Slow steps: the ranks agree about once a second, so the stop lands a step or two after 2, inside the first epoch
     # (6 steps): at an epoch's first step a changed global batch is not seen (docs/fsdp2.md).
-    assert run(out, 2, LEGATO_CHAOS_SIGNAL_AT="2", LEGATO_CHAOS_STEP_SLEEP_S="0.5") == [75, 75]
-    assert 0 < manifest(out)["step"] < 6
+    # A replay base every step: the stop checkpoint, which holds its base only, is resharded from step N - 1, inside the epoch too.
+    assert run(out, 2, LEGATO_CHAOS_SIGNAL_AT="2", LEGATO_CHAOS_STEP_SLEEP_S="0.5", REPLAY_STEPS="1") == [75, 75]
+    assert 0 < manifest(out)["step"] < 6 and manifest(out)["replay"]["from_step"] > 0
     assert run(out, 4, RESHARD="1", GLOBAL_BATCH=str(global_batch)) == [2] * 4
     stderr = (out / "rank0.stderr").read_text()
     assert "global batch (per-rank batch x ranks)" in stderr and "Traceback" not in stderr, stderr[-3000:]

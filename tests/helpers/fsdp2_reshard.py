@@ -6,7 +6,8 @@ A small MLP whose dimensions 2 and 4 ranks do not all divide (FSDP2 pads the las
 layer and at the root, AdamW, legato's resumable loader over 96 indexed samples with a global batch of 16
 (per-rank batch 16 / world size, so the global batch stays the same whatever the world size; GLOBAL_BATCH changes
 it), 36 steps.
-RESHARD=1 opts into resuming a checkpoint of another world size (CheckpointPolicy(reshard=True)).
+RESHARD=1 opts into resuming a checkpoint of another world size (CheckpointPolicy(reshard=True)); REPLAY_STEPS sets
+replay_steps (default 32: the base of a stop in the first epoch is step 0).
 
 Each rank appends the sample indices of every step to OUT_DIR/samples_rank<R>_ws<W>.jsonl; at the first step of
 the first resumed process at a world size (before it trains), rank 0 writes the full (gathered) model and optimizer state to
@@ -60,7 +61,8 @@ def main(out: Path) -> int:
     dataset = TensorDataset(torch.arange(SAMPLES), data, data[:, :3].sin())
     global_batch = int(os.environ.get("GLOBAL_BATCH", GLOBAL_BATCH))  # a test changes it to plant a fault
     loader = legato.resumable_loader(dataset, global_batch // world, seed=7, rank=rank, world_size=world)
-    policy = legato.CheckpointPolicy(every_minutes=0, reshard=os.environ.get("RESHARD") == "1")
+    policy = legato.CheckpointPolicy(every_minutes=0, reshard=os.environ.get("RESHARD") == "1",
+                                     replay_steps=int(os.environ.get("REPLAY_STEPS", "32")))
     session = legato.Session(out, model=model, optimizer=optimizer, loader=loader, total_steps=STEPS, checkpoint=policy)
     first = True
     with (out / f"samples_rank{rank}_ws{world}.jsonl").open("a") as log:

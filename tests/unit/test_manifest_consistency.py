@@ -118,3 +118,19 @@ def test_the_manifest_reader_stays_torch_free() -> None:
     code = "import sys, legato.store.manifest; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@pytest.mark.parametrize(
+    ("plant", "needle"),
+    [
+        (lambda m: m.update(state_by_replay=True), "state at step 4 is held by its replay (state_by_replay), but it has no replay base"),
+        (lambda m: m.update(state_by_replay="yes"), "state_by_replay is a str ('yes'), not a bool"),
+    ],
+)
+def test_a_checkpoint_held_by_its_replay_without_a_base_is_refused(tmp_path: Path, plant, needle: str) -> None:
+    """A stop checkpoint holds its state only as its replay: the flag without a replay base before its step is no checkpoint."""
+    newest = write(tmp_path / "checkpoints", 4)
+    rewrite(newest, plant)
+    with pytest.raises(ValueError) as caught:
+        manifests.read_manifest(newest)
+    assert needle in str(caught.value)

@@ -19,7 +19,7 @@ import torch
 from helpers.replay_loops import train
 
 import legato
-from legato.errors import EXIT_OK, EXIT_STOPPED
+from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
 
 STEPS = 12
 STOP = 7
@@ -57,7 +57,10 @@ def test_an_unfinished_accumulation_resumes_exactly_without_registering_its_grad
     """Stopped between no_sync micro-steps (step 7 of 3-step accumulations): the partial .grad sums are saved and restored."""
     reference, resumed = tmp_path / "reference", tmp_path / "resumed"
     assert train(reference, "accumulate", steps=STEPS).exit_code == EXIT_OK
-    assert train(resumed, "accumulate", signal_at=(STOP,), steps=STEPS).exit_code == EXIT_STOPPED
+    # Under verify "warn" the stop checkpoint holds its own state at STOP (under "error" only its replay base: the grads'
+    # digest at STOP, proven by the replay).
+    assert train(resumed, "accumulate", signal_at=(STOP,), steps=STEPS, verify="warn").exit_code == EXIT_STOPPED
+    assert "grads" in manifest(resumed, STOP)["ranks"][0]["components"]
     saved = torch.load(resumed / "checkpoints" / f"step_{STOP}" / "rank0.pt", weights_only=True)["grads"]["grads"]
     assert all(g is not None for g in saved)
     session = train(resumed, "accumulate", steps=STEPS)
@@ -67,8 +70,10 @@ def test_an_unfinished_accumulation_resumes_exactly_without_registering_its_grad
 
 
 def test_gradients_left_unrestored_are_caught_and_named(tmp_path: Path) -> None:
-    """The planted fault for the gradients component: a resume that skips it fails, naming it."""
-    train(tmp_path, "accumulate", signal_at=(STOP,), steps=STEPS)
+    """The planted fault for the gradients component: a resume that skips it fails, naming it.
+
+    The stop is written under verify "warn", so that it holds its own state and a resume with replay off can restore it."""
+    train(tmp_path, "accumulate", signal_at=(STOP,), steps=STEPS, verify="warn")
     with pytest.raises(legato.ResumeMismatchError) as caught:
         train(tmp_path, "accumulate", steps=STEPS, replay_steps=0, chaos=legato.Chaos(skip_restore=frozenset({"grads"})))
     assert "Differing components: rank 0: grads" in str(caught.value)
@@ -88,13 +93,16 @@ def test_the_same_loop_with_its_state_registered_replays_identical_and_ends_bitw
     assert trajectory(resumed) == trajectory(reference)
 
 
-def test_checkpoint_carries_the_replay_base_and_the_records(tmp_path: Path) -> None:
-    train(tmp_path, signal_at=(STOP,), steps=STEPS)
+@pytest.mark.parametrize("verify", ["error", "warn"])
+def test_checkpoint_carries_the_replay_base_and_the_records(tmp_path: Path, verify: str) -> None:
+    """Under verify "error" the stop checkpoint holds its base only (its state by its replay); under "warn" its own state too."""
+    train(tmp_path, signal_at=(STOP,), steps=STEPS, verify=verify)
     step_dir = tmp_path / "checkpoints" / f"step_{STOP}"
     names = {p.name for p in step_dir.iterdir()}
-    assert {"model.pt", "train_state.pt", "rank0.pt", "replay_model.pt", "replay_train_state.pt", "replay_rank0.pt",
-            "manifest.json"} == names
+    own = {"model.pt", "train_state.pt", "rank0.pt"} if verify == "warn" else set()
+    assert {*own, "replay_model.pt", "replay_train_state.pt", "replay_rank0.pt", "manifest.json"} == names
     m = manifest(tmp_path, STOP)
+    assert m.get("state_by_replay", False) is (verify == "error")
     assert m["replay"]["from_step"] == 4
     base = m["replay"]["ranks"][0]
     assert set(base["components"]) == set(m["ranks"][0]["components"])
@@ -129,12 +137,21 @@ def test_rng_drawn_after_the_restore_is_caught_by_the_replay(tmp_path: Path) -> 
 
 
 def test_verify_warn_loads_the_checkpoint_after_a_diverged_replay(tmp_path: Path) -> None:
-    train(tmp_path, "generator", signal_at=(STOP,), steps=STEPS)
+    train(tmp_path, "generator", signal_at=(STOP,), steps=STEPS, verify="warn")
     session = train(tmp_path, "generator", steps=STEPS, verify="warn")
     assert session.exit_code == EXIT_OK and session.resumed is not None
     assert not session.resumed.match and session.resumed.step == STOP
     assert session.resumed.replay is not None and session.resumed.replay.first_divergence["step"] == 5
     assert [r["step"] for r in trajectory(tmp_path)] == list(range(1, STEPS + 1))
+
+
+def test_verify_warn_refuses_a_diverged_replay_of_a_checkpoint_held_by_its_replay(tmp_path: Path) -> None:
+    """Stopped under verify "error", the checkpoint has no state at STOP to fall back to: a divergence refuses under "warn" too."""
+    train(tmp_path, "generator", signal_at=(STOP,), steps=STEPS)
+    before = {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / f"step_{STOP}").iterdir()}
+    with pytest.raises(legato.ResumeMismatchError, match="no saved state to fall back to"):
+        train(tmp_path, "generator", steps=STEPS, verify="warn")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "checkpoints" / f"step_{STOP}").iterdir()} == before
 
 
 def test_a_stop_during_the_replay_leaves_the_checkpoint_and_the_next_resume_replays_again(tmp_path: Path) -> None:
@@ -155,3 +172,16 @@ def test_a_stop_during_the_replay_leaves_the_checkpoint_and_the_next_resume_repl
     assert finished.resumed is not None and finished.resumed.match and finished.resumed.replay.identical
     assert manifest(run_dir, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]
     assert trajectory(run_dir) == trajectory(reference)
+
+
+@pytest.mark.parametrize("steps, replay_steps, cause", [(STOP, 4, f"this run ends at step {STOP}"), (STEPS, 0, "replay is off")])
+def test_a_resume_that_cannot_replay_a_checkpoint_held_by_its_replay_is_refused(
+    tmp_path: Path, steps: int, replay_steps: int, cause: str
+) -> None:
+    """Nothing left to train, or replay off: the stop checkpoint's state at STOP exists only as its replay, so no resume."""
+    train(tmp_path, signal_at=(STOP,), steps=STEPS)
+    assert manifest(tmp_path, STOP)["state_by_replay"] is True
+    with pytest.raises(UsageError, match=f"is a stop checkpoint: it holds its state at step {STOP} only as its replay base") as caught:
+        train(tmp_path, steps=steps, replay_steps=replay_steps)
+    assert cause in str(caught.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [f"step_{STOP}"]

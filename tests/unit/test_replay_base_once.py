@@ -4,7 +4,9 @@ One rank, no process group (the 2-rank runs are in test_replay_ddp.py). Real
 stops: the process sends itself SIGUSR2 after the step named. Each scenario
 resumes through the referred base and ends bitwise equal to an uninterrupted
 run; the planted faults (a referred base altered or removed) are caught
-before the replay and the resume falls back to the checkpoint itself, loudly.
+before the replay: a checkpoint holding its own state (verify "warn") resumes
+from it, loudly; a stop checkpoint holding its state by its replay (verify
+"error") is skipped, and with nothing else to resume the run is refused.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 import pytest
 from helpers.replay_loops import train
 
-from legato.errors import EXIT_OK, EXIT_STOPPED
+from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
 
 STEPS = 12
 
@@ -50,12 +52,17 @@ def assert_resumes_bitwise(run_dir: Path, reference: Path, from_step: int, steps
     assert trajectory(run_dir) == trajectory(reference)
 
 
-def test_a_base_that_is_an_earlier_checkpoint_is_referred_to_and_kept_from_pruning(tmp_path: Path, reference: Path) -> None:
-    """Checkpoints every 4 steps, keep_last 1: step 8's base is checkpoint 4, the stop at 10's base is checkpoint 8."""
-    stopped = train(tmp_path, signal_at=(10,), steps=STEPS, every_steps=4, keep_last=1)
+@pytest.mark.parametrize("verify", ["error", "warn"])
+def test_a_base_that_is_an_earlier_checkpoint_is_referred_to_and_kept_from_pruning(tmp_path: Path, reference: Path, verify: str) -> None:
+    """Checkpoints every 4 steps, keep_last 1: step 8's base is checkpoint 4, the stop at 10's base is checkpoint 8.
+
+    Under verify "error" the stop holds its state by its replay and writes no file at all; under "warn" its own state."""
+    stopped = train(tmp_path, signal_at=(10,), steps=STEPS, every_steps=4, keep_last=1, verify=verify)
     assert stopped.exit_code == EXIT_STOPPED
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_10", "step_8"]
-    assert names(tmp_path, 10) == {"model.pt", "train_state.pt", "rank0.pt", "manifest.json"}
+    own = set() if verify == "error" else {"model.pt", "train_state.pt", "rank0.pt"}
+    assert names(tmp_path, 10) == {*own, "manifest.json"}
+    assert manifest(tmp_path, 10).get("state_by_replay", False) is (verify == "error")
     base = manifest(tmp_path, 10)["replay"]["base"]
     assert (base["dir"], base["prefix"]) == ("step_8", "")
     assert set(base["files"]) == {"model.pt", "train_state.pt", "rank0.pt"}
@@ -82,21 +89,41 @@ def test_a_final_checkpoint_carries_no_base(tmp_path: Path) -> None:
     assert not any(name.startswith("replay_") for name in names(tmp_path, STEPS))
 
 
+def plant(tmp_path: Path, fault: str) -> None:
+    """Alter or remove checkpoint 6, which holds the replay base that checkpoint 7 refers to."""
+    holder = tmp_path / "checkpoints" / "step_6"
+    if fault == "removed":
+        shutil.rmtree(holder)
+        return
+    data = bytearray((holder / "replay_model.pt").read_bytes())
+    data[-100] ^= 1
+    (holder / "replay_model.pt").write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fault", ["altered", "removed"])
+def test_a_stop_checkpoint_whose_referred_base_is_altered_or_gone_is_refused_never_resumed_unproven(
+    tmp_path: Path, fault: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Stops at 6 and 7 under verify "error": both hold their state by their replay, so without the base neither can resume."""
+    train(tmp_path, signal_at=(6,), steps=STEPS)
+    train(tmp_path, signal_at=(7,), steps=STEPS)
+    assert manifest(tmp_path, 7)["state_by_replay"] is True and names(tmp_path, 7) == {"manifest.json"}
+    plant(tmp_path, fault)
+    with caplog.at_level(logging.WARNING), pytest.raises(UsageError, match="cannot resume"):
+        train(tmp_path, steps=STEPS)
+    assert "skipping checkpoint" in caplog.text and "its state is held by its replay, and its replay base in" in caplog.text
+
+
 @pytest.mark.parametrize("fault", ["altered", "removed"])
 def test_a_referred_base_that_is_altered_or_gone_is_caught_and_the_checkpoint_itself_resumes(
     tmp_path: Path, reference: Path, fault: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    train(tmp_path, signal_at=(6,), steps=STEPS)
-    train(tmp_path, signal_at=(7,), steps=STEPS)
-    holder = tmp_path / "checkpoints" / "step_6"
-    if fault == "removed":
-        shutil.rmtree(holder)
-    else:
-        data = bytearray((holder / "replay_model.pt").read_bytes())
-        data[-100] ^= 1
-        (holder / "replay_model.pt").write_bytes(bytes(data))
+    """Under verify "warn" a stop checkpoint holds its own state too: that state resumes, verified by its digests."""
+    train(tmp_path, signal_at=(6,), steps=STEPS, verify="warn")
+    train(tmp_path, signal_at=(7,), steps=STEPS, verify="warn")
+    plant(tmp_path, fault)
     with caplog.at_level(logging.WARNING):
-        session = train(tmp_path, steps=STEPS)
+        session = train(tmp_path, steps=STEPS, verify="warn")
     assert "its replay base in" in caplog.text and "without a replay" in caplog.text
     assert session.resumed is not None and session.resumed.match and session.resumed.replay is None
     assert session.resumed.step == 7

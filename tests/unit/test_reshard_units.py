@@ -89,3 +89,18 @@ def test_verify_names_a_resharded_resume_when_its_runs_differ() -> None:
                 "resharded": {"from": 2, "to": 4}}]
     verdict = Verdict(False, 36, 2, resumes, "a", "b", 0, cause="the resume at step 5")
     assert "legato: the resume at step 5 was resharded 2 -> 4 ranks: data position exact, not bitwise" in verdict_lines(verdict, None)
+
+
+def test_a_stop_checkpoint_held_by_its_replay_is_judged_by_its_base_files() -> None:
+    """Its own files are none when its base is another checkpoint's: the base's files say FSDP2 or DDP."""
+    path = Path("/r/checkpoints/step_5")
+
+    def held(*base_files: str) -> dict:
+        base = {"dir": "step_4", "prefix": "", "files": {name: {} for name in base_files}}
+        return {**manifest(), "state_by_replay": True, "replay": {"from_step": 4, "ranks": [], "base": base}}
+
+    check_compatible(held("rank0.pt", "model.shard0.pt", "model.shard1.pt"), path, 4, None, "2.13.0", reshard=True)
+    with pytest.raises(UsageError, match="FSDP2 .fully_shard. checkpoints only"):
+        check_compatible(held("rank0.pt", "model.pt", "train_state.pt"), path, 4, None, "2.13.0", reshard=True)
+    with pytest.raises(UsageError, match="FSDP2 .fully_shard. checkpoints only"):
+        check_compatible(manifest("replay_rank0.pt", "replay_model.pt"), path, 4, None, "2.13.0", reshard=True)

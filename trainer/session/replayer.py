@@ -4,7 +4,8 @@ A checkpoint at step N carries a base B; the resume restores B, the user's own
 loop runs steps B+1..N again, each step's record is checked against the one
 saved (legato.session.replay), and at N the ranks' reports become one verdict,
 concluded like any resume (legato.session.resume). Under checkpoint.verify:
-warn a divergent replay falls back to loading N itself. This module must
+warn a divergent replay falls back to loading N itself, unless N holds no state
+of its own (a stop checkpoint held by its replay): then it refuses. This module must
 never call back into the Session, and never write a checkpoint or trajectory.
 """
 
@@ -21,7 +22,7 @@ from legato.session import replay
 from legato.session.resume import Resumer
 from legato.state import components as table
 from legato.state.hashing import global_hash
-from legato.store.bases import location
+from legato.store.bases import held_by_replay, location
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class Replayer:
         verdict.seconds = round(time.perf_counter() - self._started, 3)
         recomputed = global_hash([h for h, _ in reports])
         unrestored = {rep.rank: rep.unrestored for _, rep in reports if rep.unrestored}
-        if verdict.identical or self.verify != "warn":
+        if verdict.identical or self.verify != "warn" or held_by_replay(manifest):
             r.conclude(path, manifest, recomputed, unrestored, verdict)
             return Outcome.VERIFIED
         log.warning("rank %d: %s. Loading checkpoint %s instead, because checkpoint.verify is 'warn' (CheckpointPolicy(verify=\"warn\")).",

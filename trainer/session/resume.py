@@ -89,9 +89,13 @@ class Resumer:
         table.restore(self.components, states, self.chaos.skips, last=True)
 
     def restore_resharded(self, path: Path, manifest: dict) -> None:
-        """Load checkpoint `path` of another world size resharded (opted into), and report it as not bitwise."""
+        """Load checkpoint `path` of another world size resharded (opted into), and report it as not bitwise.
+
+        A checkpoint whose state is held by its replay is resharded from its base (a full state at the base's step),
+        and the run continues from there."""
         old, new = manifest["world_size"], self.peers.world_size
-        states = reshard.load(self.components, path, self.peers.rank, old, new)
+        directory, prefix = bases.location(path, manifest) if bases.held_by_replay(manifest) else (path, "")
+        states = reshard.load(self.components, directory, self.peers.rank, old, new, prefix)
         present = [c for c in self.components if c.name in states]
         table.restore(present, states, self.chaos.skips, last=False)
         self.feed.resumed()
@@ -124,7 +128,9 @@ class Resumer:
 
     def conclude(self, path: Path, manifest: dict, recomputed: str, mismatches: dict[int, list[str]],
                  verdict: replay.Verdict | None = None) -> None:
-        """Report the resume; raise (or warn, under checkpoint.verify: warn) when it did not verify."""
+        """Report the resume; raise (or warn, under checkpoint.verify: warn) when it did not verify.
+
+        A checkpoint whose state is held by its replay is refused under "warn" too: nothing else proves the state."""
         step = self.feed.position.step
         self.resumed = Resumed(step, path, manifest["global_hash"], recomputed, mismatches, verdict)
         self.telemetry.emit(
@@ -145,7 +151,12 @@ class Resumer:
                                recomputed, how, time.perf_counter() - self._started)
             return
         message = _problems(step, path, manifest, mismatches, verdict)
-        if self.verify == "warn":
+        if bases.held_by_replay(manifest):
+            message += (f" The checkpoint holds its state at step {manifest['step']} only as its replay, so there is no saved state to "
+                        "fall back to, and the run does not continue unproven (under checkpoint.verify: warn too). Undo what changed "
+                        "since the run that wrote it (code, data, settings, a non-deterministic step) and run the same command again: "
+                        "the checkpoint is unharmed.")
+        elif self.verify == "warn":
             log.warning("%s Continuing because checkpoint.verify is 'warn' (CheckpointPolicy(verify=\"warn\")).", message)
             return
         refuse(log, self.peers.rank, "%s Every rank exits %d.", message, ResumeMismatchError.exit_code)
@@ -177,13 +188,23 @@ def pick(root: Path, world_size: int, training: dict | None, reshard: bool = Fal
     if found is None:
         return None
     if found.manifest["world_size"] != world_size:
-        return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}  # resharded: nothing to replay bitwise
+        # Resharded: nothing to replay bitwise (a checkpoint held by its replay keeps the section naming its base's files).
+        if bases.held_by_replay(found.manifest):
+            return str(found.path), found.manifest
+        return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
     unusable = bases.problem(found.path, found.manifest)
     if unusable is None:
         return str(found.path), found.manifest
     log.warning("checkpoint %s: %s; resuming from the checkpoint itself, verified by its digests but without a replay", found.path,
                 unusable)
     return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
+
+
+def replay_needed(path: Path, manifest: dict, cause: str, fix: str) -> str:
+    """The refusal of a resume that cannot replay a checkpoint whose state is held by its replay."""
+    return (f"Checkpoint {path} is a stop checkpoint: it holds its state at step {manifest['step']} only as its replay base "
+            f"(step {manifest['replay']['from_step']}) and the records of the steps since, so resuming it means replaying those "
+            f"steps and proving step {manifest['step']} bit for bit. This run cannot replay: {cause}. {fix}")
 
 
 def strict_determinism(training: dict | None) -> bool:

@@ -9,8 +9,11 @@ the state is copied into the replay base (a Snapshot) and each step appends its
 record, so that every checkpoint carries its own proof. A base is written once: a checkpoint
 whose base is already on disk (the newest checkpoint's own state, or the base
 it wrote or refers to) refers to those files instead (legato.store.bases), and
-a final checkpoint, never replayed, has none. This module must never call back
-into the Session and never restore anything.
+a final checkpoint, never replayed, has none. A stop checkpoint under
+verify "error" that has a base writes the base only: its state at step N is
+held by its replay (the resume must replay B+1..N and the digests at N prove
+it), so the one checkpoint users wait on at the time limit writes the state
+once. This module must never call back into the Session and never restore anything.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import torch
 
 from legato.dist.peers import Peers
 from legato.dist.stop import StopAgreement
+from legato.events import Kind
 from legato.paths import STEP_PREFIX
 from legato.session import replay
 from legato.session.base_clock import BaseClock, bound_seconds
@@ -65,6 +69,9 @@ class Saver:
         # from pruning while it is the newest. A snapshot found here is referred to, never written again.
         self.on_disk: dict[int, list[str]] = {}
         self._on_disk_after: dict[int, dict[int, list[str]]] = {}  # checkpoint step -> `on_disk` once it is committed
+        # Resharded from a stop checkpoint's replay base: the steps up to that checkpoint run again, and a checkpoint
+        # among them would be older than the one that stands (never picked); none is written before it.
+        self.standing = 0
 
     # -- the replay base ------------------------------------------------------
 
@@ -116,7 +123,19 @@ class Saver:
 
     def replayable(self, manifest: dict, total_steps: int) -> bool:
         """Whether a resume from `manifest` proves itself by a replay."""
-        return self.snapshot is not None and "replay" in manifest and manifest["step"] < total_steps
+        same_world = manifest["world_size"] == self.peers.world_size
+        return self.snapshot is not None and "replay" in manifest and manifest["step"] < total_steps and same_world
+
+    def unreplayable(self, manifest: dict, total_steps: int) -> tuple[str, str] | None:
+        """Why this run cannot replay `manifest`, whose state is held by its replay, and the fix; None when it can."""
+        step = manifest["step"]
+        if self.snapshot is None:
+            return ("replay is off (replay_steps=0)", "Resume it with replay on (CheckpointPolicy(replay_steps=32), the default; config "
+                    "checkpoint.replay_steps), as in the run that wrote it; later checkpoints may turn it off again.")
+        if step >= total_steps:
+            return (f"this run ends at step {total_steps}, so the replay could not reach step {step}",
+                    f"Resume it with more than {step} total steps (total_steps=, or the config's steps), as the run that wrote it had.")
+        return None
 
     def resumed(self, path: Path, manifest: dict, replayed: bool, verified: bool) -> None:
         """After a resume: the state restored (checkpoint `path`, or its replay base) is on disk, if it verified on every rank."""
@@ -128,16 +147,18 @@ class Saver:
         else:
             self.on_disk = {manifest["step"]: [path.name, ""]}
 
-    def _base(self, reason: str) -> tuple[dict[str, Any], list[str] | None, bool]:
+    def _base(self, reason: str, by_replay: bool = False) -> tuple[dict[str, Any], list[str] | None, bool]:
         """The replay base of the checkpoint due now: this rank's files to write for it, where it is on disk already, and
-        whether it has one. A final checkpoint has none (nothing resumes from it into a replay)."""
+        whether it has one. A final checkpoint has none (nothing resumes from it into a replay). `by_replay`: the
+        checkpoint holds no state of its own, so only its base is on disk after it."""
         step, snap = self.position.step, self.snapshot
         own = f"{STEP_PREFIX}{step}"
         if reason == "final" or snap is None or snap.step is None or snap.step >= step:
             self._on_disk_after[step] = {step: [own, ""]}
             return {}, None, False
         at = self.on_disk.get(snap.step)
-        self._on_disk_after[step] = {step: [own, ""], snap.step: at or [own, bases.REPLAY_PREFIX]}
+        mine = {} if by_replay else {step: [own, ""]}
+        self._on_disk_after[step] = {**mine, snap.step: at or [own, bases.REPLAY_PREFIX]}
         if at is not None:
             return {}, at, True
         return layout.files(self.components, snap.parts, self.peers.rank, bases.REPLAY_PREFIX, self.peers.world_size), None, True
@@ -171,19 +192,32 @@ class Saver:
         # One pass over the state serves both the trajectory hash and the checkpoint.
         parts = table.capture(self.components) if reason or hash_due else {}
         seen = Digests()
-        staged = self._stage(parts) if background else None
+        staged = self._stage(parts) if background and step >= self.standing else None
         components = (staged.digests() if hash_due else {}) if staged is not None else table.digests(parts, seen)
         self.telemetry.record(step, epoch, loss, lr, components if hash_due else None)
         self.telemetry.progress(step, epoch, loss)
         if reason == "signal":
             self.telemetry.stop_agreed(step, received_at)
             self.telemetry.say("rank %d: ranks agreed to stop after step %d; run the same command again to resume", self.peers.rank, step)
-        if staged is not None:
+        if reason is not None and step < self.standing:
+            self._hold(reason)
+        elif staged is not None:
             self._save_async(staged)
         elif reason is not None:
             if self.background is not None:
                 self._committed(self.background.finish(), "periodic")
             self._save(reason, parts, components, seen)
+
+    def _hold(self, reason: str) -> None:
+        """No checkpoint before the standing one (see `standing`); a stop leaves it to the next attempt."""
+        step = self.position.step
+        if reason != "signal":
+            log.info("rank %d: no %s checkpoint at step %d: the checkpoint at step %d stands until this run passes it", self.peers.rank,
+                     reason, step, self.standing)
+            return
+        self.telemetry.emit(Kind.REPLAY_STOPPED, step=step, checkpoint_step=self.standing)
+        self.telemetry.say("rank %d: stopped at step %d without a checkpoint: the checkpoint at step %d still stands, and the next "
+                           "attempt resumes it again", self.peers.rank, step, self.standing)
 
     def close(self) -> None:
         """Leave: the background writer stops (a checkpoint in flight stays unpublished)."""
@@ -196,18 +230,27 @@ class Saver:
     def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests) -> None:
         self.telemetry.sync()
         rank, step = self.peers.rank, self.position.step
-        files = layout.files(self.components, parts, rank, world_size=self.peers.world_size)
-        base_files, at, has_base = self._base(reason)
+        by_replay = self._held_by_replay(reason)
+        base_files, at, has_base = self._base(reason, by_replay)
+        files = {} if by_replay else layout.files(self.components, parts, rank, world_size=self.peers.world_size)
         files.update(base_files)
         base = _share(rank, self.snapshot, self.window, at) if has_base else None
         seen_all = (seen,) if not base_files else (seen, self.snapshot.seen)
         share = ckpt.RankShare(rank, files, components, rank_hash(components), replay=base, seen=seen_all)
-        committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, self._meta(reason),
+        meta = {**self._meta(reason), bases.BY_REPLAY: True} if by_replay else self._meta(reason)
+        committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, meta,
                                           self.policy.keep_last, self.kill)
         self.last_save_time = time.monotonic()
         log.info("rank %d: %s checkpoint step %d committed in %.3fs, global hash %s", rank, reason, step, committed.seconds,
                  committed.global_hash)
         self._committed(committed, reason)
+
+    def _held_by_replay(self, reason: str) -> bool:
+        """Whether the checkpoint due now writes its base only: a stop under verify "error" that has a base, whose resume
+        replays to step N and proves it by the digests (under "warn" a divergent replay falls back to N's own files)."""
+        snap = self.snapshot
+        has_base = snap is not None and snap.step is not None and snap.step < self.position.step
+        return reason == "signal" and self.policy.verify != "warn" and has_base
 
     def _stage(self, parts: dict[str, Any]) -> Snapshot:
         """The blocking part of an asynchronous checkpoint: copy the state into the reused staging buffer."""

@@ -52,7 +52,7 @@ from legato.session.identity import Identity
 from legato.session.policy import CheckpointPolicy, StopPolicy
 from legato.session.position import Counters, DataPosition, Metrics, Position
 from legato.session.replayer import Outcome, Replayer
-from legato.session.resume import Resumed, Resumer
+from legato.session.resume import Resumed, Resumer, replay_needed
 from legato.session.saving import Saver
 from legato.session.telemetry import Telemetry
 from legato.session.unsaved import Census
@@ -62,6 +62,7 @@ from legato.state.components import Component
 from legato.state.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
 from legato.state.sampler import resumable_loader
 from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
+from legato.store.bases import held_by_replay
 from legato.store.commit import Committed
 
 if TYPE_CHECKING:
@@ -323,6 +324,9 @@ class Session:
             self.components.insert(next(i for i, c in enumerate(self.components) if c.name == "data"), Component(CARRIED, self.carried))
         found = self._resumer.select(self.training)
         resume_step = self._resumed_step = 0 if found is None else found[1]["step"]
+        cannot = None if found is None or not held_by_replay(found[1]) else self._saving.unreplayable(found[1], self.total_steps)
+        if cannot is not None and found[1]["world_size"] == self.world_size:
+            raise UsageError(replay_needed(*found, *cannot))
         if found is None:
             log.info("rank %d: no checkpoint under %s, starting at step 0", self.rank, self.checkpoint_root)
         elif self._saving.replayable(found[1], self.total_steps):
@@ -333,6 +337,9 @@ class Session:
             # A resharded restore is not the checkpoint's files of this world size: the next replay base is written anew.
             self._saving.resumed(*found, replayed=False,
                                  verified=self.resumed is not None and self.resumed.match and self.resumed.resharded is None)
+            # Resharded from a stop checkpoint's replay base: the run goes on from the base's step.
+            resume_step = self._resumed_step = self.step
+            self._saving.standing = found[1]["step"] if held_by_replay(found[1]) else 0
         # The resume restored the bucket layout with the other components; chaos "buckets" leaves DDP's own (fault injection).
         layout = restoring(self.model, found is not None, self.chaos.skips("buckets"))
         self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=layout.restored, reason=layout.reason)

@@ -7,7 +7,9 @@ the checkpoint writes nothing for it: its manifest's `replay.base` names that
 directory, the prefix and the files with their hashes (copied from that
 checkpoint's manifest), so a reader verifies them as it verifies its own.
 Pruning keeps a checkpoint while a kept one refers to it. A manifest without
-`replay.base` holds its base itself (the format before this module).
+`replay.base` holds its base itself (the format before this module). A
+manifest with `state_by_replay: true` (a stop checkpoint) holds its base only,
+not the state at its own step: a resume must restore the base and replay.
 
 Reads only JSON and file bytes, never imports torch. This module must never
 decide which base a checkpoint has (legato.session.saving does) and never write files.
@@ -22,11 +24,17 @@ from pathlib import Path
 from legato.errors import UsageError
 from legato.paths import STEP_PREFIX
 from legato.store.manifest import check_contained, read_manifest_file, verify_listed
+from legato.store.manifest_schema import BY_REPLAY
 
 log = logging.getLogger(__name__)
 
 REPLAY_PREFIX = "replay_"
 AT_KEY = "base_at"  # in a rank's replay share: [directory, prefix] of a base already on disk
+
+
+def held_by_replay(manifest: dict) -> bool:
+    """Whether checkpoint `manifest` holds its state at its step only as its replay base and the steps since (no files of its own)."""
+    return manifest.get(BY_REPLAY) is True
 
 
 def location(path: Path, manifest: dict) -> tuple[Path, str]:

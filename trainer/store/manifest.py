@@ -210,6 +210,10 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("skipping checkpoint %s: %s", path, exc)
             continue
+        unusable = _base_problem(found)
+        if unusable is not None:
+            log.warning("skipping checkpoint %s: its state is held by its replay, and %s", path, unusable)
+            continue
         if run is not None:
             check_compatible(found.manifest, path, run.world_size, run.training, run.torch_version, run.threads, run.strict, run.reshard)
         return found
@@ -220,6 +224,13 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
             "away (or pick a new run.dir) to start from step 0."
         )
     return None
+
+
+def _base_problem(found: Found) -> str | None:
+    """Why a checkpoint whose state is held by its replay cannot be resumed (its base is unusable), or None."""
+    from legato.store import bases
+
+    return bases.problem(found.path, found.manifest) if bases.held_by_replay(found.manifest) else None
 
 
 def installed_torch_version() -> str:

@@ -17,6 +17,8 @@ from legato.paths import CHECKPOINT_MANIFEST
 from legato.state.digest_rule import global_hash, rank_hash
 
 FILE_HASH_KEY = "xxh3_128"  # each file's XXH3-128, region by region
+# true: the checkpoint holds no state of its own at its step, only its replay base; a resume must replay to prove it
+BY_REPLAY = "state_by_replay"
 SHOWN_CHARS = 40
 
 
@@ -42,6 +44,11 @@ def check_manifest(manifest: dict) -> None:
     if replay is not None:
         _expect(replay, "from_step", int, minimum=0, where="replay")
         _ranks("replay.ranks", replay.get("ranks"), world_size)
+    if _optional(manifest, BY_REPLAY, bool) and (replay is None or replay["from_step"] >= manifest["step"]):
+        raise ValueError(
+            f"{CHECKPOINT_MANIFEST} says its state at step {manifest['step']} is held by its replay ({BY_REPLAY}), but it has no "
+            "replay base before that step (edited or corrupt)"
+        )
     computed = global_hash([r["hash"] for r in ranks])
     if manifest["global_hash"] != computed:
         raise ValueError(

@@ -13,7 +13,8 @@ not bitwise" (another world size sums in another order):
 - other per-rank state (metrics, extras, gradients' non-DTensor parts): old rank r % N's;
 - per-rank RNGs: old rank r's where it existed; a new rank keeps the streams its script seeded.
 
-Checkpoints holding replicated DDP state or ZeroRedundancyOptimizer shards are refused (see `refusal`).
+Checkpoints holding replicated DDP state or ZeroRedundancyOptimizer shards are refused (see `refusal`). A stop
+checkpoint whose state is held by its replay is resharded from its base's files (the caller names them).
 This module must never write to the disk, run a collective, or unpickle (files load with weights_only=True).
 """
 
@@ -30,6 +31,7 @@ from legato.errors import UsageError
 from legato.state.components import MODEL_FILE, Component
 from legato.state.sharded import MARK
 from legato.store import layout
+from legato.store.manifest_schema import BY_REPLAY
 
 DATA = "data"
 SAMPLER_KEYS = {"seed", "epoch", "position"}  # legato.state.loaders.LegatoSource's state
@@ -39,16 +41,19 @@ def refusal(manifest: dict) -> str | None:
     """Why checkpoint `manifest` cannot be resharded (it holds no FSDP2 shards, or DDP's replicated model), or None."""
     files = manifest.get("files", {})
     names = list(files) if isinstance(files, dict) else [str(f) for f in files]
+    base = manifest.get("replay", {}).get("base") if manifest.get(BY_REPLAY) is True else None
+    if isinstance(base, dict) and isinstance(base.get("files"), dict):
+        names += list(base["files"])  # held by its replay: the state is its base's, in another checkpoint's directory
     if not any(".shard" in name for name in names) or any(name.endswith(MODEL_FILE) for name in names):
         return ("checkpoint.reshard applies to FSDP2 (fully_shard) checkpoints only; this one holds a replicated (DDP) model, "
                 "whose buckets and ZeroRedundancyOptimizer shards are laid out for its world size")
     return None
 
 
-def load(table: Iterable[Component], path: Path, rank: int, old: int, new: int) -> dict[str, Any]:
-    """Every component's state for new rank `rank` of `new` from checkpoint `path` written by `old` ranks."""
+def load(table: Iterable[Component], path: Path, rank: int, old: int, new: int, prefix: str = "") -> dict[str, Any]:
+    """Every component's state for new rank `rank` of `new` from checkpoint `path` (its files under `prefix`) written by `old` ranks."""
     table = list(table)
-    per_rank = [layout.load(table, path, r) for r in range(old)]
+    per_rank = [layout.load(table, path, r, prefix) for r in range(old)]
     base = per_rank[rank % old]
     states: dict[str, Any] = {}
     for c in table:

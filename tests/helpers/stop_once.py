@@ -1,0 +1,72 @@
+"""One rank of a DDP loop for the stop checkpoint that writes its state once (launch one process per rank, gloo).
+
+    python tests/helpers/stop_once.py OUT_DIR
+
+A model of about 4 MiB of state (two linear layers, SGD with momentum), legato's resumable loader, 24 steps,
+a replay base every 4 steps, the trajectory hashed every step. Settings by environment:
+
+- VERIFY: checkpoint.verify ("error", the default, or "warn");
+- REPLAY_STEPS: replay_steps (default 4); EVERY_STEPS: periodic checkpoints (default 0: none); KEEP_LAST (default 3);
+- FAULT=1: planted fault, the step made non-deterministic (noise from an unseeded generator) on every step of
+  this process, so a replay of the steps before a stop checkpoint diverges.
+
+A refusal (UsageError) is one paragraph on stderr and exit 2; a failed resume verification exits 3.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import legato
+from legato.errors import UsageError
+
+STEPS, SAMPLES, WIDTH = 24, 192, 512
+
+
+def main(out: Path) -> int:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    legato.seed_everything(3, rank=rank, mode="fast")
+    torch.set_num_threads(1)
+    model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH))
+    net = DDP(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    data = torch.randn(SAMPLES, WIDTH, generator=torch.Generator().manual_seed(1))
+    loader = legato.resumable_loader(torch.utils.data.TensorDataset(data, data.tanh()), 4, seed=7, rank=rank, world_size=world)
+    env = os.environ
+    policy = legato.CheckpointPolicy(
+        every_minutes=0, every_steps=int(env.get("EVERY_STEPS", "0")), keep_last=int(env.get("KEEP_LAST", "3")),
+        verify=env.get("VERIFY", "error"), replay_steps=int(env.get("REPLAY_STEPS", "4")), hash_every_steps=1, agree_every_steps=1,
+    )
+    noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little")) if env.get("FAULT") == "1" else None
+    session = legato.Session(out, model=net, optimizer=optimizer, loader=loader, total_steps=STEPS, checkpoint=policy)
+    for x, y in session:
+        if noise is not None:
+            x = x + 1e-3 * torch.randn(x.shape, generator=noise)
+        loss = F.mse_loss(net(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        session.report(loss)
+    dist.destroy_process_group()
+    return session.exit_code
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format=f"rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s")
+    try:
+        sys.exit(main(Path(sys.argv[1])))
+    except UsageError as exc:  # as the bundled trainer does: bad input is one paragraph and exit 2
+        print(f"legato: {exc}", file=sys.stderr)
+        sys.exit(UsageError.exit_code)
+    except legato.ResumeMismatchError as exc:
+        logging.error("%s", exc)
+        sys.exit(exc.exit_code)
