@@ -18,8 +18,6 @@ import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -28,6 +26,7 @@ import pytest
 import torch
 from conftest import FAST_GPT, ROOT, codes, manifest, run_ranks, run_trainer, trajectory
 from helpers.cli import legato, wait_for
+from helpers.launches import catches_usr2, reaped, start_ranks
 from helpers.port import PORT, UNSEEDED, launch, result
 from test_port import changed_lines
 
@@ -112,44 +111,17 @@ def test_a_changed_shard_is_skipped_and_an_unrestored_sharded_optimizer_is_named
     assert "rank 0: optimizer; rank 1: optimizer" in failed.stderr and "Traceback" not in failed.stderr
 
 
-def start_ranks(script: Path, out: Path, world: int = 2, **env: str) -> list[subprocess.Popen]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    out.mkdir(parents=True, exist_ok=True)
-    return [
-        # stderr to a file, never a pipe nobody reads while the ranks run: a full pipe blocks a rank holding its logging lock.
-        subprocess.Popen([sys.executable, str(script), str(out)], stderr=(out / f"rank{rank}.stderr").open("w"), text=True, env=dict(
-            os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT), **env))
-        for rank in range(world)
-    ]
-
-
-def catches_usr2(pid: int) -> bool:
-    """Whether process `pid` has a handler for SIGUSR2 installed (the Session installs it before the loop)."""
-    status = Path(f"/proc/{pid}/status").read_text()
-    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
-    return bool(caught & (1 << (signal.SIGUSR2 - 1)))
-
-
 def stop_from_outside(script: Path, out: Path) -> list[int]:
     """Start the ranks, send SIGUSR2 to rank 1's pid a few steps into the loop, and wait for them.
 
     Steps sleep 0.3 s (chaos, bits unchanged), so the 24 steps outlast the wait; the step the signal lands
     after depends on the machine's load, and the run must end on the same bits wherever that is.
     """
-    procs = start_ranks(script, out, LEGATO_CHAOS_STEP_SLEEP_S="0.3")
-    try:
+    with reaped(start_ranks(script, out, LEGATO_CHAOS_STEP_SLEEP_S="0.3")) as procs:
         wait_for(lambda: all(catches_usr2(p.pid) for p in procs), 300, "the Session's stop handler")
         time.sleep(2.0)
         os.kill(procs[1].pid, signal.SIGUSR2)
         return [p.wait(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def test_torchtitan_style_loop_ported_in_ten_lines_resumes_bitwise(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, codes, run_ranks
 from helpers.cli import legato, status, wait_for
-from helpers.launches import steps_done
+from helpers.launches import reaped, steps_done
 
 from legato.runtime.launch import free_port
 
@@ -53,8 +53,7 @@ def stop_from_outside(run_dir: Path, after: int) -> list[str]:
     port = free_port()
     with contextlib.ExitStack() as files:
         logs = [files.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in range(2)]
-        procs = []
-        try:
+        with reaped([]) as procs:
             for rank in range(2):
                 env = dict(os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                            PYTHONWARNINGS="ignore")
@@ -63,11 +62,6 @@ def stop_from_outside(run_dir: Path, after: int) -> list[str]:
             assert all(p.poll() is None for p in procs), "a rank ended before the stop"
             procs[1].send_signal(signal.SIGUSR2)
             assert [p.wait(timeout=180) for p in procs] == [75, 75]
-        finally:
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-                    p.wait()
         texts = []
         for log in logs:
             log.seek(0)

@@ -32,7 +32,8 @@ import pytest
 import torch
 from conftest import ROOT, manifest, run_trainer
 from helpers.cli import legato, wait_for
-from test_fsdp2 import FSDP2_GPT, SHORT, catches_usr2, start_ranks
+from helpers.launches import catches_usr2, reaped, start_ranks
+from test_fsdp2 import FSDP2_GPT, SHORT
 
 from legato.state.sharded import MARK
 
@@ -43,30 +44,18 @@ LABEL = "resharded {} -> {} ranks: data position exact, not bitwise"
 
 
 def run(out: Path, world: int, **env: str) -> list[int]:
-    procs = start_ranks(SCRIPT, out, world, **env)
-    try:
+    with reaped(start_ranks(SCRIPT, out, world, **env)) as procs:
         return [p.wait(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def stop_from_outside(out: Path, world: int, logged: int = 3, **env: str) -> list[int]:
     """Start `world` ranks, send SIGUSR2 to the last rank's pid once `logged` steps ran, and wait for them."""
-    procs = start_ranks(SCRIPT, out, world, LEGATO_CHAOS_STEP_SLEEP_S="0.2", **env)
     samples = out / f"samples_rank0_ws{world}.jsonl"
-    try:
+    with reaped(start_ranks(SCRIPT, out, world, LEGATO_CHAOS_STEP_SLEEP_S="0.2", **env)) as procs:
         wait_for(lambda: all(catches_usr2(p.pid) for p in procs), 300, "the Session's stop handler")
         wait_for(lambda: samples.is_file() and len(samples.read_text().splitlines()) >= logged, 300, f"{logged} steps")
         os.kill(procs[-1].pid, signal.SIGUSR2)
         return [p.wait(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def steps(out: Path, world: int) -> dict[int, list[int]]:

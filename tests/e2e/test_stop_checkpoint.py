@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, manifest
 from helpers.cli import wait_for
-from test_fsdp2 import catches_usr2, start_ranks
+from helpers.launches import catches_usr2, reaped, start_ranks, steps_done
 
 pytestmark = pytest.mark.slow
 
@@ -37,34 +37,17 @@ STEPS = 24
 
 
 def run(out: Path, **env: str) -> list[int]:
-    procs = start_ranks(SCRIPT, out, 2, **env)
-    try:
+    with reaped(start_ranks(SCRIPT, out, 2, **env)) as procs:
         return [p.wait(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-
-
-def steps_done(out: Path) -> int:
-    path = out / "trajectory" / "rank0.jsonl"
-    return len(path.read_text().splitlines()) if path.is_file() else 0
 
 
 def stop_from_outside(out: Path, **env: str) -> list[int]:
     """Start 2 ranks, send SIGUSR2 to rank 1's pid once 6 steps ran, and wait for them."""
-    procs = start_ranks(SCRIPT, out, 2, LEGATO_CHAOS_STEP_SLEEP_S="0.2", **env)
-    try:
+    with reaped(start_ranks(SCRIPT, out, 2, LEGATO_CHAOS_STEP_SLEEP_S="0.2", **env)) as procs:
         wait_for(lambda: all(catches_usr2(p.pid) for p in procs), 300, "the Session's stop handler")
         wait_for(lambda: steps_done(out) >= 6, 300, "six steps")
         os.kill(procs[1].pid, signal.SIGUSR2)
         return [p.wait(timeout=300) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
 
 
 def stderr(out: Path, rank: int = 0) -> str:
@@ -138,17 +121,11 @@ def test_a_hard_kill_during_the_replay_leaves_the_checkpoint_to_replay_again(tmp
     out = tmp_path / "run"
     stop = stopped(out)
     before = saved(out)
-    procs = start_ranks(SCRIPT, out, 2, LEGATO_CHAOS_STEP_SLEEP_S="1.0")
-    try:
+    with reaped(start_ranks(SCRIPT, out, 2, LEGATO_CHAOS_STEP_SLEEP_S="1.0")) as procs:
         wait_for(lambda: "replaying steps" in stderr(out), 300, "the replay to start")
         for p in procs:
             os.kill(p.pid, signal.SIGKILL)
         assert [p.wait(timeout=60) for p in procs] == [-signal.SIGKILL] * 2
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
     assert saved(out) == before
     assert run(out) == [0, 0], stderr(out)[-3000:]
     assert f"resumed at step {stop['step']}" in stderr(out) and "verified by a replay" in stderr(out)

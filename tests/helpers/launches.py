@@ -1,10 +1,54 @@
-"""Watching a launch from outside, as a scheduler would: how far its rank 0 trained, and every process under it."""
+"""Launching ranks and watching them from outside, as a scheduler would: how far rank 0 trained, whether a rank
+has its stop handler in place, and every process under it; no process a test started outlives it."""
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from legato.runtime.processes import children
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_ranks(script: Path, out: Path, world: int = 2, **env: str) -> list[subprocess.Popen]:
+    """`world` ranks of `script` (argument: `out`) on a free local port, each rank's stderr in `out`/rank<r>.stderr."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out.mkdir(parents=True, exist_ok=True)
+    return [
+        # stderr to a file, never a pipe nobody reads while the ranks run: a full pipe blocks a rank holding its logging lock.
+        subprocess.Popen([sys.executable, str(script), str(out)], stderr=(out / f"rank{rank}.stderr").open("w"), text=True, env=dict(
+            os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+            PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT), **env))
+        for rank in range(world)
+    ]
+
+
+@contextmanager
+def reaped(procs: list[subprocess.Popen]) -> Iterator[list[subprocess.Popen]]:
+    """`procs`, killed and waited for on the way out if still running (a failed wait or assertion leaves none behind)."""
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def catches_usr2(pid: int) -> bool:
+    """Whether process `pid` has a handler for SIGUSR2 installed (the Session installs it before the loop)."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    caught = int(next(line for line in status.splitlines() if line.startswith("SigCgt:")).split()[1], 16)
+    return bool(caught & (1 << (signal.SIGUSR2 - 1)))
 
 
 def steps_done(run: Path) -> int:
