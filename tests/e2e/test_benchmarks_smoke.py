@@ -20,7 +20,7 @@ SMOKE = {
     "bench_checkpoint_async.py": (["--mb", "1", "--rounds", "1", "--dir", "{tmp}"], "async blocking / memory copy"),
     "bench_reduction.py": (["--world", "2", "--steps", "2", "--rounds", "1", "--hidden", "16"], "restored (legato)"),
     "bench_fsdp2_checkpoint.py": (["--mb", "1", "--rounds", "1", "--dir", "{tmp}"], "legato sharded checkpoint"),
-    "bench_steps.py": (["--steps", "6", "--rounds", "1", "--workers", "1", "--batch", "4"], "legato Session, defaults"),
+    "bench_steps.py": (["--steps", "4", "--rounds", "1", "--workers", "0", "--batch", "4"], "legato Session, defaults"),
     "bench_replay.py": (["--steps", "12", "--rounds", "1", "--batch", "4", "--repeats", "1"], "resume to the first new step"),
 }
 

@@ -91,6 +91,7 @@ def main() -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--loop", choices=("owned", "iterable", "zero"), default="owned")
     parser.add_argument("--signal-before-loop", action="store_true")
+    parser.add_argument("--verify", choices=("error", "warn"), default="error", help="CheckpointPolicy(verify=...)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -115,7 +116,7 @@ def main() -> int:
         loader = DataLoader(Stream(80, rank, world), batch_size=4)
         extras = {}
     session = legato.Session(args.run_dir, model=net, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=30,
-                             extras=extras)
+                             extras=extras, checkpoint=legato.CheckpointPolicy(verify=args.verify))
     if args.signal_before_loop and rank == world - 1:
         os.kill(os.getpid(), signal.SIGUSR2)
     for x, y in session:
