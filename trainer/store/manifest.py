@@ -256,12 +256,13 @@ def check_compatible(
         )
     _check_threads(manifest, path, threads, strict, by_config=training is not None)
     saved = manifest.get("training")
-    if saved is not None and saved != training:
-        keys = [key for key, _, _ in changed_leaves(saved, training)]
-        if reshard and manifest["world_size"] != world_size and keys == [BATCH_KEY]:
-            return  # the per-rank batch changed with the world size, keeping the global batch (checked above)
-        if reshard and manifest["world_size"] != world_size:
-            keys = [key for key in keys if key != BATCH_KEY]
+    if saved is None or saved == training:
+        return
+    keys = [key for key, _, _ in changed_leaves(saved, training)]
+    if manifest["world_size"] != world_size:
+        # Resharding (refused above unless opted into): the per-rank batch follows the world size, the global batch checked above.
+        keys = [key for key in keys if key != BATCH_KEY]
+    if keys:
         raise UsageError(
             f"Run directory {path.parent.parent} belongs to another training config: {', '.join(keys)} differ from "
             "the checkpoint. Use the config that started this run, or a new run.dir."
