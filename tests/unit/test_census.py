@@ -129,6 +129,28 @@ def test_a_module_no_variable_names_is_found_by_the_collector_and_garbage_is_not
         del sys.modules["users_state"]
 
 
+class Unhashable(type):
+    """A metaclass with __eq__ and no __hash__: its classes cannot go into a set, which the sweep's fast path uses."""
+
+    def __eq__(cls, other: object) -> bool:
+        return cls is other
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def test_the_collector_sweep_still_finds_a_module_beside_a_class_that_cannot_be_hashed() -> None:
+    model = net()
+    odd = Unhashable("Odd", (), {})()
+    hidden = types.ModuleType("users_state")
+    hidden.ema = copy.deepcopy(model)
+    sys.modules["users_state"] = hidden
+    try:
+        [finding] = find_unsaved([model], frame=sys._getframe())
+        assert finding.kind == "module" and finding.where == "ema (global of module users_state)" and odd is not None
+    finally:
+        del sys.modules["users_state"]
+
+
 def test_kinds_that_hold_no_state_are_not_state() -> None:
     assert kind_of(torch.nn.ReLU()) is None and kind_of(torch.amp.GradScaler("cpu", enabled=False)) is None
     assert kind_of(torch.nn.Module) is None and kind_of(torch) is None and kind_of(torch.zeros(2)) is None

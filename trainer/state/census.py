@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import argparse
 import gc
+import itertools
 import random
 import sys
 import sysconfig
 import types
+import weakref
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -147,7 +149,7 @@ def kind_of(obj: Any) -> str | None:
     """The kind of stateful object `obj` is, or None (a GradScaler counts only when enabled; a module only with tensors)."""
     if isinstance(obj, (type, types.ModuleType, torch.Tensor)):
         return None
-    kind = _kind_of_type(type(obj))
+    kind = _hashable_kind(type(obj))
     if kind == SCALER and not obj.is_enabled():
         return None
     if kind == MODULE and next(iter((*obj.parameters(), *obj.buffers())), None) is None:
@@ -257,28 +259,48 @@ def _type_module(obj: Any) -> str:
 # -- the garbage-collector sweep --------------------------------------------------
 
 
-def _sweep(covered: Covered, named: set[int]) -> list[tuple[int, type, str]]:
-    """(id, class, kind) of each uncovered heavy stateful object the walk did not name."""
-    out = []
-    for obj in gc.get_objects():
-        try:
-            kind = _kind_of_type(type(obj))
-        except TypeError:  # a class whose metaclass makes it unhashable: none of the kinds
-            continue
-        if kind not in SWEPT or id(obj) in named or obj in covered or _type_module(obj).startswith("legato"):
+def _sweep(covered: Covered, named: set[int]) -> list[tuple[weakref.ref, str]]:
+    """(weak reference, kind) of each uncovered heavy stateful object the walk did not name.
+
+    Weak, so that garbage stays collectable (every swept kind derives from a torch class that allows weak references).
+    """
+    out: list[tuple[weakref.ref, str]] = []
+    for obj in _swept_objects():
+        kind = _kind_of_type(type(obj))
+        if id(obj) in named or obj in covered or _type_module(obj).startswith("legato"):
             continue
         if kind_of(obj) is not None and (kind != MODULE or covered.uncovered_tensors(obj)):
-            out.append((id(obj), type(obj), kind))
+            out.append((weakref.ref(obj), kind))
     return out
 
 
-def _confirmed(candidates: list[tuple[int, type, str]]) -> list[tuple[Any, str]]:
+def _swept_objects() -> list[Any]:
+    """The collector's objects of a SWEPT kind, selected by class in C (map, compress): no Python step per object, as the
+    sweep runs at every census over every object of the process. Only `type()` is asked of each (isinstance would read
+    `__class__`, which some proxies answer with side effects)."""
+    objects = gc.get_objects()
+    classes = list(map(type, objects))
+    try:
+        swept = {cls for cls in set(classes) if _kind_of_type(cls) in SWEPT}
+        return list(itertools.compress(objects, map(swept.__contains__, classes)))
+    except TypeError:  # a class whose metaclass makes it unhashable (none of the kinds) defeats the set: one at a time
+        return [obj for obj in objects if _hashable_kind(type(obj)) in SWEPT]
+
+
+def _hashable_kind(cls: type) -> str | None:
+    """`_kind_of_type`, None for a class whose metaclass makes it unhashable (none of the kinds)."""
+    try:
+        return _kind_of_type(cls)
+    except TypeError:
+        return None
+
+
+def _confirmed(candidates: list[tuple[weakref.ref, str]]) -> list[tuple[Any, str]]:
     """The candidates still alive after a collection: garbage waiting in a reference cycle is no state."""
     if not candidates:
         return []
     gc.collect()
-    wanted = {key: (cls, kind) for key, cls, kind in candidates}
-    return [(obj, wanted[id(obj)][1]) for obj in gc.get_objects() if id(obj) in wanted and type(obj) is wanted[id(obj)][0]]
+    return [(obj, kind) for ref, kind in candidates if (obj := ref()) is not None]
 
 
 def _holder(obj: Any) -> str:
