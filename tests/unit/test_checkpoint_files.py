@@ -90,6 +90,16 @@ def test_truncated_file_and_forged_segments_are_refused(tmp_path: Path) -> None:
         manifests._verify_file(path, info)
 
 
+def test_an_empty_file_verifies_and_a_file_emptied_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty").write_bytes(b"")
+    nothing = manifests.xxhash.xxh3_128(manifests.region_record("G", 0, manifests.xxhash.xxh3_128_digest(b""))).hexdigest()
+    manifests._verify_file(tmp_path / "empty", {"bytes": 0, "segments": [], manifests.HASH_KEY: nothing})
+    info = commit.write_files(tmp_path, {"m.pt": state()})["m.pt"]
+    (tmp_path / "m.pt").write_bytes(b"")
+    with pytest.raises(ValueError, match="m.pt does not match the manifest: it has 0 bytes"):
+        manifests._verify_file(tmp_path / "m.pt", info)
+
+
 def test_digest_cache_follows_the_memory_not_the_name() -> None:
     seen = Digests()
     t = torch.arange(1000, dtype=torch.float32)

@@ -12,7 +12,10 @@ import hashlib
 import importlib.metadata
 import json
 import logging
+import mmap
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, NamedTuple
@@ -29,7 +32,6 @@ log = logging.getLogger(__name__)
 FORMAT = 2  # 2: XXH3-128 digests and region-wise file hashes (1 was SHA-256 of whole files)
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 HASH_KEY = FILE_HASH_KEY
-READ_CHUNK = 1 << 22
 
 
 def region_record(kind: str, size: int, digest: bytes) -> bytes:
@@ -128,7 +130,7 @@ def verify_listed(directory: Path, files: dict) -> None:
 
 
 def _verify_file(path: Path, info: dict) -> None:
-    """Recompute a file's hash region by region from its bytes (one read, one hash pass) and compare."""
+    """Recompute a file's hash region by region from its bytes (one hash pass over the mapped page cache: no copy) and compare."""
     if path.is_symlink():
         raise ValueError(f"{path.name} is a symlink (legato reads nothing outside the run directory)")
     if not path.is_file():
@@ -140,14 +142,33 @@ def _verify_file(path: Path, info: dict) -> None:
         if os.fstat(f.fileno()).st_size != size:
             raise ValueError(f"{path.name} does not match the manifest: it has {os.fstat(f.fileno()).st_size} bytes, the manifest says "
                              f"{size} (truncated)")
-        pos = 0
-        for offset, length in segments:
-            combined.update(region_record("G", offset - pos, _hash_next(f, offset - pos)))
-            combined.update(region_record("S", length, _hash_next(f, length)))
-            pos = offset + length
-        combined.update(region_record("G", size - pos, _hash_next(f, size - pos)))
+        with _mapped(f, size) as data:
+            pos = 0
+            for offset, length in segments:
+                combined.update(region_record("G", offset - pos, xxhash.xxh3_128_digest(data[pos:offset])))
+                combined.update(region_record("S", length, xxhash.xxh3_128_digest(data[offset:offset + length])))
+                pos = offset + length
+            combined.update(region_record("G", size - pos, xxhash.xxh3_128_digest(data[pos:size])))
     if combined.hexdigest() != info[HASH_KEY]:
         raise ValueError(f"{path.name} does not match its XXH3-128 in the manifest (corrupt)")
+
+
+@contextmanager
+def _mapped(f: BinaryIO, size: int) -> Iterator[memoryview]:
+    """The file's `size` bytes (checked against the manifest just before) as a read-only view of its mapping.
+
+    Hashing the mapping reads the page cache in place, where reading into a buffer first copied every byte (2x the time at
+    256 MiB). Published checkpoint files are never rewritten, only removed, which leaves a mapping intact.
+    """
+    if size == 0:
+        yield memoryview(b"")
+        return
+    with mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) as mapped:
+        view = memoryview(mapped)
+        try:
+            yield view
+        finally:
+            view.release()
 
 
 def _segments(name: str, segments: object, size: int) -> list[tuple[int, int]]:
@@ -160,17 +181,6 @@ def _segments(name: str, segments: object, size: int) -> list[tuple[int, int]]:
         checked.append((item[0], item[1]))
         pos = item[0] + item[1]
     return checked
-
-
-def _hash_next(f: BinaryIO, length: int) -> bytes:
-    h = xxhash.xxh3_128()
-    while length > 0:
-        chunk = f.read(min(READ_CHUNK, length))
-        if not chunk:
-            raise ValueError(f"{os.path.basename(f.name)} ended early (truncated)")
-        h.update(chunk)
-        length -= len(chunk)
-    return h.digest()
 
 
 class Found(NamedTuple):
