@@ -12,14 +12,20 @@ of a collective variant being the slowest rank's:
   pass and the barrier checkpoint) less a normal step; at the defaults the stop
   checkpoint writes its replay base only (its state is held by its replay).
   Again with `verify="warn"` (the stop writes its own state and its base, as
-  every stop did before), with `replay_steps=0` (no replay base), and the step of a periodic checkpoint at step 3
-  with `async_=True` (its blocking part: the staging copy);
+  every stop did before), with `replay_steps=0` (no replay base), and with `async_=True` the steps of two periodic
+  checkpoints: the attempt's first (step 2: it also runs the census of unsaved state and allocates the staging
+  buffer) and the next (step 4, once the first is written: the blocking part of every later one, the staging copy);
 - DCP `save` and `async_save` (blocking part, and total until durable);
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank
   at once (the disk's floor for a spread write), and of the whole state by one rank;
-- a memory copy of the state (the floor of any blocking part);
-- restore: a Session's resume with replay off (select, verify, load, digest check)
-  against `torch.load` + `load_state_dict`.
+- a memory copy of the state, and of one rank's share of it (the floors of a blocking part);
+- restore: a Session's resume with replay off (select and verify the newest checkpoint, load it, check its digests:
+  `session.resumed.seconds`) against `torch.load` + `load_state_dict`; and the same Session's start to its first
+  batch, which adds what every start does, resumed or not (the census of unsaved state).
+
+Between variants the bench collects its own garbage (outside the timings): the Sessions of earlier variants, left in
+reference cycles, would otherwise be found by the next census's collector sweep and cost it a full collection, which a
+training process does not have.
 
     python benchmarks/bench_defaults.py [--ranks 2 4] [--mb 64 256 1024] [--rounds 3] [--dir /tmp]
 """
@@ -27,6 +33,7 @@ of a collective variant being the slowest rank's:
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import signal
@@ -51,6 +58,7 @@ STOP_AFTER = 3
 DEFAULTS = legato.CheckpointPolicy(agree_every_steps=1)
 NO_REPLAY = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=0)
 WARN = legato.CheckpointPolicy(agree_every_steps=1, verify="warn")  # a stop that writes its own state and its base: 2x
+ASYNC = legato.CheckpointPolicy(agree_every_steps=1, async_=True, every_steps=2)  # periodic at steps 2 and 4 (6 is the final)
 
 
 def make(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -78,6 +86,14 @@ def slowest(seconds: float) -> float:
 
 def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool) -> float:
     """What the loop sees of the checkpoint step of a live Session, less its median other step."""
+    return checkpoint_steps(run_dir, megabytes, policy, stop)[0]
+
+
+def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool) -> list[float]:
+    """What the loop sees of each checkpoint step of a live Session (the stop's, or every periodic one), less its median
+    other step. An asynchronous checkpoint's write is waited for outside the timed steps (a private attribute: the
+    Session tells no one), so that the next one's step is its own blocking part, not a wait for the previous write, which
+    checkpoints minutes apart never have."""
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     chaos = legato.Chaos(signal_rank=dist.get_world_size() - 1, signal_at_steps=(STOP_AFTER - 1,)) if stop else legato.Chaos()
@@ -92,14 +108,19 @@ def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointP
             break
         gaps.append(time.perf_counter() - start)
         session.report(train_step(ddp, optimizer))
-    step = session.last_checkpoint.step if stop and session.last_checkpoint is not None else STOP_AFTER
-    # gaps[i] ends step i (gaps[0] is the start-up); the checkpoint is at `step`.
-    others = [g for i, g in enumerate(gaps[1:], start=1) if i != step and i < len(gaps) - 1] or [0.0]
-    return gaps[step] - statistics.median(others)
+        background = session._saving.background
+        while background is not None and background.flags()["writing_local"]:
+            time.sleep(0.01)
+    steps = [session.last_checkpoint.step] if stop and session.last_checkpoint is not None else list(
+        range(policy.every_steps, STEPS, policy.every_steps))
+    # gaps[i] ends step i (gaps[0] is the start-up); the checkpoints are at `steps`.
+    others = [g for i, g in enumerate(gaps[1:], start=1) if i not in steps and i < len(gaps) - 1] or [0.0]
+    return [gaps[step] - statistics.median(others) for step in steps]
 
 
-def session_restore(run_dir: Path, megabytes: int) -> float:
-    """A resume with replay off: select and verify the newest checkpoint, load it, check its digests."""
+def session_restore(run_dir: Path, megabytes: int) -> tuple[float, float]:
+    """A resume with replay off: (select and verify the newest checkpoint, load it, check its digests; the Session's start to
+    its first batch)."""
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=STEPS, checkpoint=NO_REPLAY)
@@ -108,7 +129,8 @@ def session_restore(run_dir: Path, megabytes: int) -> float:
     next(it)
     seconds = time.perf_counter() - start
     it.close()
-    return seconds
+    assert session.resumed is not None and session.resumed.match
+    return session.resumed.seconds, seconds
 
 
 def torch_save_fsync(state: dict, path: Path) -> None:
@@ -135,6 +157,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
 
     def record(name: str, seconds: float) -> None:
         times.setdefault(name, []).append(slowest(seconds))
+        gc.collect()
 
     def timed(fn, *args: object, **kwargs: object) -> float:
         dist.barrier()
@@ -148,6 +171,8 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
     total = sum(t.nbytes for t in [*model.state_dict().values(), *[v for s in optimizer.state.values() for v in s.values()]])
     tensors = [*model.state_dict().values(), *[v for s in optimizer.state.values() for v in s.values() if v.dim()]]
     copies = [t.clone() for t in tensors]
+    share_source = torch.ones(total // world, dtype=torch.uint8)
+    share_copy = share_source.clone()
     for r in range(rounds):
         scratch = base / f"r{r}"
         if rank == 0:
@@ -159,8 +184,9 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
         record("legato Session, defaults (stop checkpoint)", session_checkpoint(scratch / "legato", megabytes, DEFAULTS, True))
         record("legato Session, verify=warn (state + base)", session_checkpoint(scratch / "warn", megabytes, WARN, True))
         record("legato Session, replay_steps=0", session_checkpoint(scratch / "noreplay", megabytes, NO_REPLAY, True))
-        record("legato Session async_=True, blocking (periodic)",
-               session_checkpoint(scratch / "async", megabytes, legato.CheckpointPolicy(async_=True, every_steps=STOP_AFTER), False))
+        first, later = checkpoint_steps(scratch / "async", megabytes, ASYNC, False)
+        record("legato Session async_=True, first periodic", first)
+        record("legato Session async_=True, blocking (periodic)", later)
         record("DCP save", timed(dcp.save, state, checkpoint_id=str(scratch / "dcp")))
         dist.barrier()
         start = time.perf_counter()
@@ -172,7 +198,10 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
         record("raw write + fsync, each rank its share", timed(raw_write, scratch / f"raw{rank}", total // world))
         record("raw write + fsync, the whole state, rank 0", timed(raw_write, scratch / "raw", total) if rank == 0 else timed(lambda: None))
         record("memory copy of the state", timed(lambda: [c.copy_(t) for c, t in zip(copies, tensors)]))
-        record("legato resume, replay off (restore + verify)", session_restore(scratch / "noreplay", megabytes))
+        record("memory copy of one rank's share (state / ranks)", timed(lambda: share_copy.copy_(share_source)))
+        resumed, started = session_restore(scratch / "noreplay", megabytes)
+        record("legato resume, replay off (select, restore, verify)", resumed)
+        record("legato Session start to first batch, resuming", started)
         dist.barrier()
         start = time.perf_counter()
         loaded = torch.load(scratch / "A.pt", weights_only=True) if (scratch / "A.pt").exists() else state

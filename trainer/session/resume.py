@@ -46,6 +46,7 @@ class Resumed:
     mismatches: dict[int, list[str]] = field(default_factory=dict)
     replay: replay.Verdict | None = None
     resharded: dict[str, int] | None = None  # {"from": N, "to": M}: restored from another world size, not bitwise
+    seconds: float = 0.0  # from selecting the checkpoint to the verdict (the replay included)
 
     @property
     def match(self) -> bool:
@@ -109,10 +110,11 @@ class Resumer:
         table.restore(present, states, self.chaos.skips, last=True)
         _, recomputed = self.check([{"components": {}}] * new)
         resharded = {"from": old, "to": new}
-        self.resumed = Resumed(self.feed.position.step, path, manifest["global_hash"], recomputed, resharded=resharded)
+        seconds = time.perf_counter() - self._started
+        self.resumed = Resumed(self.feed.position.step, path, manifest["global_hash"], recomputed, resharded=resharded, seconds=seconds)
         self.telemetry.emit(
             Kind.RESUMED, step=self.resumed.step, path=str(path), expected_hash=manifest["global_hash"], recomputed_hash=recomputed,
-            match=True, mismatches={}, replay=None, seconds=round(time.perf_counter() - self._started, 3), resharded=resharded,
+            match=True, mismatches={}, replay=None, seconds=round(seconds, 3), resharded=resharded,
         )
         self.telemetry.say("rank %d: resumed at step %d from %s, %s", self.peers.rank, self.resumed.step, path,
                            resharded_label(resharded))
@@ -131,8 +133,8 @@ class Resumer:
         """Report the resume; raise (or warn, under checkpoint.verify: warn) when it did not verify.
 
         A checkpoint whose state is held by its replay is refused under "warn" too: nothing else proves the state."""
-        step = self.feed.position.step
-        self.resumed = Resumed(step, path, manifest["global_hash"], recomputed, mismatches, verdict)
+        step, seconds = self.feed.position.step, time.perf_counter() - self._started
+        self.resumed = Resumed(step, path, manifest["global_hash"], recomputed, mismatches, verdict, seconds=seconds)
         self.telemetry.emit(
             Kind.RESUMED,
             step=step,
@@ -142,13 +144,13 @@ class Resumer:
             match=self.resumed.match,
             mismatches={str(r): n for r, n in mismatches.items()},
             replay=None if verdict is None else verdict.to_event(),
-            seconds=round(time.perf_counter() - self._started, 3),
+            seconds=round(seconds, 3),
             resharded=None,
         )
         if self.resumed.match:
             how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step} ({verdict.seconds:.2f}s)"
             self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (%.2fs)", self.peers.rank, step, path,
-                               recomputed, how, time.perf_counter() - self._started)
+                               recomputed, how, seconds)
             return
         message = _problems(step, path, manifest, mismatches, verdict)
         if bases.held_by_replay(manifest):
