@@ -116,6 +116,7 @@ def test_replay_off_resumes_from_the_checkpoint_alone(tmp_path: Path) -> None:
     assert "replay" not in manifest(tmp_path, STOP)
     session = train(tmp_path, "generator", steps=STEPS, replay_steps=0)
     assert session.resumed is not None and session.resumed.match and session.resumed.replay is None
+    assert session.resumed.seconds > 0  # selecting, restoring and checking took some time, and the Session says how much
 
 
 @pytest.mark.parametrize("component", ["rng.torch", "optimizer"])
