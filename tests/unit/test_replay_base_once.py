@@ -20,6 +20,8 @@ import pytest
 from helpers.replay_loops import train
 
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
+from legato.session.resume import pick
+from legato.store import manifest as manifests
 
 STEPS = 12
 
@@ -68,6 +70,21 @@ def test_a_base_that_is_an_earlier_checkpoint_is_referred_to_and_kept_from_pruni
     assert set(base["files"]) == {"model.pt", "train_state.pt", "rank0.pt"}
     assert manifest(tmp_path, 8)["replay"]["base"]["dir"] == "step_4"
     assert_resumes_bitwise(tmp_path, reference, 8, 2)
+
+
+def test_selecting_a_stop_checkpoint_verifies_its_referred_base_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert train(tmp_path, signal_at=(10,), steps=STEPS, every_steps=4, keep_last=1).exit_code == EXIT_STOPPED
+    verified: list[str] = []
+    real = manifests._verify_file
+
+    def counting(path: Path, info: dict) -> None:
+        verified.append(f"{path.parent.name}/{path.name}")
+        real(path, info)
+
+    monkeypatch.setattr(manifests, "_verify_file", counting)
+    path, picked = pick(tmp_path / "checkpoints", 1, None)
+    assert Path(path).name == "step_10" and picked["replay"]["base"]["dir"] == "step_8"
+    assert sorted(verified) == ["step_8/model.pt", "step_8/rank0.pt", "step_8/train_state.pt"]
 
 
 def test_a_base_written_by_one_checkpoint_is_referred_to_by_the_next(tmp_path: Path, reference: Path) -> None:

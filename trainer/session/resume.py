@@ -194,7 +194,8 @@ def pick(root: Path, world_size: int, training: dict | None, reshard: bool = Fal
         if bases.held_by_replay(found.manifest):
             return str(found.path), found.manifest
         return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
-    unusable = bases.problem(found.path, found.manifest)
+    # newest_usable verified the base of a checkpoint held by its replay already (it skips one whose base fails): not twice.
+    unusable = None if bases.held_by_replay(found.manifest) else bases.problem(found.path, found.manifest)
     if unusable is None:
         return str(found.path), found.manifest
     log.warning("checkpoint %s: %s; resuming from the checkpoint itself, verified by its digests but without a replay", found.path,
