@@ -13,8 +13,9 @@ of a collective variant being the slowest rank's:
   checkpoint writes its replay base only (its state is held by its replay).
   Again with `verify="warn"` (the stop writes its own state and its base, as
   every stop did before), with `replay_steps=0` (no replay base), and with `async_=True` the steps of two periodic
-  checkpoints: the attempt's first (step 2: it also runs the census of unsaved state and allocates the staging
-  buffer) and the next (step 4, once the first is written: the blocking part of every later one, the staging copy);
+  checkpoints: the attempt's first (step 3: it also runs the census of unsaved state and allocates the staging
+  buffer) and the next (step 6, once the first is written and committed: the blocking part of every later one, the
+  staging copy; the commit, rank 0 publishing the manifest at an agreed step after the write, is in neither);
 - DCP `save` and `async_save` (blocking part, and total until durable);
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank
   at once (the disk's floor for a spread write), and of the whole state by one rank;
@@ -58,7 +59,8 @@ STOP_AFTER = 3
 DEFAULTS = legato.CheckpointPolicy(agree_every_steps=1)
 NO_REPLAY = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=0)
 WARN = legato.CheckpointPolicy(agree_every_steps=1, verify="warn")  # a stop that writes its own state and its base: 2x
-ASYNC = legato.CheckpointPolicy(agree_every_steps=1, async_=True, every_steps=2)  # periodic at steps 2 and 4 (6 is the final)
+ASYNC = legato.CheckpointPolicy(agree_every_steps=1, async_=True, every_steps=3)
+ASYNC_STEPS = 9  # periodic at steps 3 and 6 (9 is the final); the first one commits at step 4 or 5, between them
 
 
 def make(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -89,7 +91,7 @@ def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointP
     return checkpoint_steps(run_dir, megabytes, policy, stop)[0]
 
 
-def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool) -> list[float]:
+def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, total: int = STEPS) -> list[float]:
     """What the loop sees of each checkpoint step of a live Session (the stop's, or every periodic one), less its median
     other step. An asynchronous checkpoint's write is waited for outside the timed steps (a private attribute: the
     Session tells no one), so that the next one's step is its own blocking part, not a wait for the previous write, which
@@ -97,7 +99,7 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     chaos = legato.Chaos(signal_rank=dist.get_world_size() - 1, signal_at_steps=(STOP_AFTER - 1,)) if stop else legato.Chaos()
-    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=STEPS, checkpoint=policy, chaos=chaos)
+    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=total, checkpoint=policy, chaos=chaos)
     gaps, it = [], iter(session)
     while True:
         start = time.perf_counter()
@@ -112,7 +114,7 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
         while background is not None and background.flags()["writing_local"]:
             time.sleep(0.01)
     steps = [session.last_checkpoint.step] if stop and session.last_checkpoint is not None else list(
-        range(policy.every_steps, STEPS, policy.every_steps))
+        range(policy.every_steps, total, policy.every_steps))
     # gaps[i] ends step i (gaps[0] is the start-up); the checkpoints are at `steps`.
     others = [g for i, g in enumerate(gaps[1:], start=1) if i not in steps and i < len(gaps) - 1] or [0.0]
     return [gaps[step] - statistics.median(others) for step in steps]
@@ -184,7 +186,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
         record("legato Session, defaults (stop checkpoint)", session_checkpoint(scratch / "legato", megabytes, DEFAULTS, True))
         record("legato Session, verify=warn (state + base)", session_checkpoint(scratch / "warn", megabytes, WARN, True))
         record("legato Session, replay_steps=0", session_checkpoint(scratch / "noreplay", megabytes, NO_REPLAY, True))
-        first, later = checkpoint_steps(scratch / "async", megabytes, ASYNC, False)
+        first, later = checkpoint_steps(scratch / "async", megabytes, ASYNC, False, ASYNC_STEPS)
         record("legato Session async_=True, first periodic", first)
         record("legato Session async_=True, blocking (periodic)", later)
         record("DCP save", timed(dcp.save, state, checkpoint_id=str(scratch / "dcp")))
