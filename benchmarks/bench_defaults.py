@@ -12,8 +12,11 @@ of a collective variant being the slowest rank's:
   pass and the barrier checkpoint) less a normal step; at the defaults the stop
   checkpoint writes its replay base only (its state is held by its replay).
   Again with `verify="warn"` (the stop writes its own state and its base, as
-  every stop did before), with `replay_steps=0` (no replay base), and the step of a periodic checkpoint at step 3
-  with `async_=True` (its blocking part: the staging copy);
+  every stop did before), with `replay_steps=0` (no replay base), with `replay_steps=2` (a base of step 2 that holds
+  every component, AdamW's moments included: what a stop in a long run writes when its base is a snapshot taken
+  between checkpoints; the base of step 0 of the defaults row holds the model alone, as AdamW has no moments
+  before its first step), and the step of a periodic checkpoint at step 3 with `async_=True` (its blocking part: the
+  staging copy); a snapshot's step is not counted as a normal step. Their MiB column is what the checkpoint wrote;
 - DCP `save` and `async_save` (blocking part, and total until durable);
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank
   at once (the disk's floor for a spread write), and of the whole state by one rank;
@@ -27,6 +30,7 @@ of a collective variant being the slowest rank's:
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -51,6 +55,7 @@ STOP_AFTER = 3
 DEFAULTS = legato.CheckpointPolicy(agree_every_steps=1)
 NO_REPLAY = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=0)
 WARN = legato.CheckpointPolicy(agree_every_steps=1, verify="warn")  # a stop that writes its own state and its base: 2x
+FULL_BASE = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=2)  # the base of step 2 holds AdamW's moments too
 
 
 def make(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -76,8 +81,8 @@ def slowest(seconds: float) -> float:
     return float(value[0])
 
 
-def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool) -> float:
-    """What the loop sees of the checkpoint step of a live Session, less its median other step."""
+def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool) -> tuple[float, int]:
+    """What the loop sees of the checkpoint step of a live Session, less its median other step; and the bytes it wrote."""
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     chaos = legato.Chaos(signal_rank=dist.get_world_size() - 1, signal_at_steps=(STOP_AFTER - 1,)) if stop else legato.Chaos()
@@ -93,9 +98,13 @@ def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointP
         gaps.append(time.perf_counter() - start)
         session.report(train_step(ddp, optimizer))
     step = session.last_checkpoint.step if stop and session.last_checkpoint is not None else STOP_AFTER
-    # gaps[i] ends step i (gaps[0] is the start-up); the checkpoint is at `step`.
-    others = [g for i, g in enumerate(gaps[1:], start=1) if i != step and i < len(gaps) - 1] or [0.0]
-    return gaps[step] - statistics.median(others)
+    manifest = json.loads((run_dir / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
+    written = sum(f["bytes"] for f in manifest["files"].values())  # its own files, not a base on disk it refers to
+    # gaps[i] ends step i (gaps[0] is the start-up); the checkpoint is at `step`; a step that took a snapshot is no normal step.
+    snapshots = {i for i in range(len(gaps)) if policy.replay_steps and i % policy.replay_steps == 0}
+    others = [g for i, g in enumerate(gaps[1:], start=1) if i != step and i < len(gaps) - 1 and i not in snapshots] or [0.0]
+    return gaps[step] - statistics.median(others), written
+
 
 
 def session_restore(run_dir: Path, megabytes: int) -> float:
@@ -132,9 +141,14 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
     dist.init_process_group("gloo", rank=rank, world_size=world)
     base = Path(directory)
     times: dict[str, list[float]] = {}
+    written: dict[str, int] = {}
 
     def record(name: str, seconds: float) -> None:
         times.setdefault(name, []).append(slowest(seconds))
+
+    def record_session(name: str, measured: tuple[float, int]) -> None:
+        record(name, measured[0])
+        written[name] = measured[1]
 
     def timed(fn, *args: object, **kwargs: object) -> float:
         dist.barrier()
@@ -156,11 +170,14 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
         for label in ("plain A", "plain B"):
             record(f"control: torch.save + fsync, rank 0 ({label})",
                    timed(torch_save_fsync, state, scratch / f"{label[-1]}.pt") if rank == 0 else timed(lambda: None))
-        record("legato Session, defaults (stop checkpoint)", session_checkpoint(scratch / "legato", megabytes, DEFAULTS, True))
-        record("legato Session, verify=warn (state + base)", session_checkpoint(scratch / "warn", megabytes, WARN, True))
-        record("legato Session, replay_steps=0", session_checkpoint(scratch / "noreplay", megabytes, NO_REPLAY, True))
-        record("legato Session async_=True, blocking (periodic)",
-               session_checkpoint(scratch / "async", megabytes, legato.CheckpointPolicy(async_=True, every_steps=STOP_AFTER), False))
+        record_session("legato Session, defaults (stop checkpoint)", session_checkpoint(scratch / "legato", megabytes, DEFAULTS, True))
+        record_session("legato Session, verify=warn (state + base)", session_checkpoint(scratch / "warn", megabytes, WARN, True))
+        record_session("legato Session, replay_steps=0", session_checkpoint(scratch / "noreplay", megabytes, NO_REPLAY, True))
+        record_session("legato Session, replay_steps=2 (stop, full base)",
+                       session_checkpoint(scratch / "fullbase", megabytes, FULL_BASE, True))
+        periodic_async = legato.CheckpointPolicy(async_=True, every_steps=STOP_AFTER)
+        record_session("legato Session async_=True, blocking (periodic)",
+                       session_checkpoint(scratch / "async", megabytes, periodic_async, False))
         record("DCP save", timed(dcp.save, state, checkpoint_id=str(scratch / "dcp")))
         dist.barrier()
         start = time.perf_counter()
@@ -185,6 +202,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
     if rank == 0:
         out.update({name: statistics.median(values) for name, values in times.items()})
         out["bytes"] = total
+        out["written"] = written
     dist.destroy_process_group()
 
 
@@ -206,11 +224,13 @@ def main() -> None:
                 results = dict(out)
             shutil.rmtree(directory, ignore_errors=True)
             anchor = results["control: torch.save + fsync, rank 0 (plain A)"]
+            written = results.pop("written")
             print(f"\n{world} ranks, {results.pop('bytes') / 2**20:.0f} MiB state")
-            print(f"| {'variant':<48} | seconds | ratio |")
-            print(f"| {'-' * 48} | ------- | ----- |")
+            print(f"| {'variant':<50} | seconds | ratio | MiB written |")
+            print(f"| {'-' * 50} | ------- | ----- | ----------- |")
             for name, seconds in results.items():
-                print(f"| {name:<48} | {seconds:7.3f} | {seconds / anchor:5.2f} |")
+                mib = f"{written[name] / 2**20:11.1f}" if name in written else " " * 11
+                print(f"| {name:<50} | {seconds:7.3f} | {seconds / anchor:5.2f} | {mib} |")
     sys.stdout.flush()
 
 
