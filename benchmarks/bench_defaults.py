@@ -12,10 +12,14 @@ of a collective variant being the slowest rank's:
   pass and the barrier checkpoint) less a normal step; at the defaults the stop
   checkpoint writes its replay base only (its state is held by its replay).
   Again with `verify="warn"` (the stop writes its own state and its base, as
-  every stop did before), with `replay_steps=0` (no replay base), and with `async_=True` the steps of two periodic
-  checkpoints: the attempt's first (step 3: it also runs the census of unsaved state and allocates the staging
-  buffer) and the next (step 6, once the first is written and committed: the blocking part of every later one, the
-  staging copy; the commit, rank 0 publishing the manifest at an agreed step after the write, is in neither);
+  every stop did before), with `replay_steps=0` (no replay base), with `replay_steps=2` (a base of step 2 that holds
+  every component, AdamW's moments included: what a stop in a long run writes when its base is a snapshot taken
+  between checkpoints; the base of step 0 of the defaults row holds the model alone, as AdamW has no moments
+  before its first step), and with `async_=True` the steps of two periodic checkpoints: the attempt's first (step 3:
+  it also runs the census of unsaved state and allocates the staging buffer) and the next (step 6, once the first
+  is written and committed: the blocking part of every later one, the staging copy; the commit, rank 0 publishing
+  the manifest at an agreed step after the write, is in neither); a snapshot's step is not counted as a normal
+  step. Their MiB column is what the checkpoint wrote;
 - DCP `save` and `async_save` (blocking part, and total until durable);
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank
   at once (the disk's floor for a spread write), and of the whole state by one rank;
@@ -35,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import shutil
 import signal
@@ -61,6 +66,7 @@ NO_REPLAY = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=0)
 WARN = legato.CheckpointPolicy(agree_every_steps=1, verify="warn")  # a stop that writes its own state and its base: 2x
 ASYNC = legato.CheckpointPolicy(agree_every_steps=1, async_=True, every_steps=3)
 ASYNC_STEPS = 9  # periodic at steps 3 and 6 (9 is the final); the first one commits at step 4 or 5, between them
+FULL_BASE = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=2)  # the base of step 2 holds AdamW's moments too
 
 
 def make(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -86,16 +92,17 @@ def slowest(seconds: float) -> float:
     return float(value[0])
 
 
-def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool) -> float:
-    """What the loop sees of the checkpoint step of a live Session, less its median other step."""
+def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool) -> tuple[float, int]:
+    """What the loop sees of the checkpoint step of a live Session, less its median other step; and the bytes it wrote."""
     return checkpoint_steps(run_dir, megabytes, policy, stop)[0]
 
 
-def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, total: int = STEPS) -> list[float]:
+def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool,
+                     total: int = STEPS) -> list[tuple[float, int]]:
     """What the loop sees of each checkpoint step of a live Session (the stop's, or every periodic one), less its median
-    other step. An asynchronous checkpoint's write is waited for outside the timed steps (a private attribute: the
-    Session tells no one), so that the next one's step is its own blocking part, not a wait for the previous write, which
-    checkpoints minutes apart never have."""
+    other step, and the bytes each wrote. An asynchronous checkpoint's write is waited for outside the timed steps (a
+    private attribute: the Session tells no one), so that the next one's step is its own blocking part, not a wait for
+    the previous write, which checkpoints minutes apart never have."""
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     chaos = legato.Chaos(signal_rank=dist.get_world_size() - 1, signal_at_steps=(STOP_AFTER - 1,)) if stop else legato.Chaos()
@@ -115,9 +122,17 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
             time.sleep(0.01)
     steps = [session.last_checkpoint.step] if stop and session.last_checkpoint is not None else list(
         range(policy.every_steps, total, policy.every_steps))
-    # gaps[i] ends step i (gaps[0] is the start-up); the checkpoints are at `steps`.
-    others = [g for i, g in enumerate(gaps[1:], start=1) if i not in steps and i < len(gaps) - 1] or [0.0]
-    return [gaps[step] - statistics.median(others) for step in steps]
+    # gaps[i] ends step i (gaps[0] is the start-up); the checkpoints are at `steps`; a step that took a snapshot is no normal step.
+    snapshots = {i for i in range(len(gaps)) if policy.replay_steps and i % policy.replay_steps == 0}
+    others = [g for i, g in enumerate(gaps[1:], start=1) if i not in steps and i < len(gaps) - 1 and i not in snapshots] or [0.0]
+    return [(gaps[step] - statistics.median(others), written_by(run_dir, step)) for step in steps]
+
+
+def written_by(run_dir: Path, step: int) -> int:
+    """The bytes of the checkpoint of `step`'s own files, not a base on disk it refers to."""
+    manifest = json.loads((run_dir / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
+    return sum(f["bytes"] for f in manifest["files"].values())
+
 
 
 def session_restore(run_dir: Path, megabytes: int) -> tuple[float, float]:
@@ -156,10 +171,15 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
     dist.init_process_group("gloo", rank=rank, world_size=world)
     base = Path(directory)
     times: dict[str, list[float]] = {}
+    written: dict[str, int] = {}
 
     def record(name: str, seconds: float) -> None:
         times.setdefault(name, []).append(slowest(seconds))
         gc.collect()
+
+    def record_session(name: str, measured: tuple[float, int]) -> None:
+        record(name, measured[0])
+        written[name] = measured[1]
 
     def timed(fn, *args: object, **kwargs: object) -> float:
         dist.barrier()
@@ -183,12 +203,14 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
         for label in ("plain A", "plain B"):
             record(f"control: torch.save + fsync, rank 0 ({label})",
                    timed(torch_save_fsync, state, scratch / f"{label[-1]}.pt") if rank == 0 else timed(lambda: None))
-        record("legato Session, defaults (stop checkpoint)", session_checkpoint(scratch / "legato", megabytes, DEFAULTS, True))
-        record("legato Session, verify=warn (state + base)", session_checkpoint(scratch / "warn", megabytes, WARN, True))
-        record("legato Session, replay_steps=0", session_checkpoint(scratch / "noreplay", megabytes, NO_REPLAY, True))
+        record_session("legato Session, defaults (stop checkpoint)", session_checkpoint(scratch / "legato", megabytes, DEFAULTS, True))
+        record_session("legato Session, verify=warn (state + base)", session_checkpoint(scratch / "warn", megabytes, WARN, True))
+        record_session("legato Session, replay_steps=0", session_checkpoint(scratch / "noreplay", megabytes, NO_REPLAY, True))
+        record_session("legato Session, replay_steps=2 (stop, full base)",
+                       session_checkpoint(scratch / "fullbase", megabytes, FULL_BASE, True))
         first, later = checkpoint_steps(scratch / "async", megabytes, ASYNC, False, ASYNC_STEPS)
-        record("legato Session async_=True, first periodic", first)
-        record("legato Session async_=True, blocking (periodic)", later)
+        record_session("legato Session async_=True, first periodic", first)
+        record_session("legato Session async_=True, blocking (periodic)", later)
         record("DCP save", timed(dcp.save, state, checkpoint_id=str(scratch / "dcp")))
         dist.barrier()
         start = time.perf_counter()
@@ -216,6 +238,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
     if rank == 0:
         out.update({name: statistics.median(values) for name, values in times.items()})
         out["bytes"] = total
+        out["written"] = written
     dist.destroy_process_group()
 
 
@@ -237,11 +260,13 @@ def main() -> None:
                 results = dict(out)
             shutil.rmtree(directory, ignore_errors=True)
             anchor = results["control: torch.save + fsync, rank 0 (plain A)"]
+            written = results.pop("written")
             print(f"\n{world} ranks, {results.pop('bytes') / 2**20:.0f} MiB state")
-            print(f"| {'variant':<48} | seconds | ratio |")
-            print(f"| {'-' * 48} | ------- | ----- |")
+            print(f"| {'variant':<50} | seconds | ratio | MiB written |")
+            print(f"| {'-' * 50} | ------- | ----- | ----------- |")
             for name, seconds in results.items():
-                print(f"| {name:<48} | {seconds:7.3f} | {seconds / anchor:5.2f} |")
+                mib = f"{written[name] / 2**20:11.1f}" if name in written else " " * 11
+                print(f"| {name:<50} | {seconds:7.3f} | {seconds / anchor:5.2f} | {mib} |")
     sys.stdout.flush()
 
 

@@ -12,6 +12,7 @@ import gc
 import logging
 import random
 import sys
+import threading
 import types
 from pathlib import Path
 
@@ -202,6 +203,24 @@ def test_an_object_made_during_the_run_is_named_at_the_first_checkpoint(tmp_path
         session.report(float(step))
     assert [(r["when"], r["step"], r["objects"][0]["kind"]) for r in events if r["event"] == "unsaved_state"] == [
         ("periodic", 2, "torch.Generator")]
+
+
+def test_strict_refuses_at_a_checkpoint_after_committing_it_and_leaves_no_scan_running(tmp_path: Path) -> None:
+    """The scan runs in a thread beside the checkpoint's write: the verdict still follows the commit, and the thread ends with it."""
+    model, optimizer = loop_parts()
+    events: list[dict] = []
+    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=4, on_event=events.append, census="strict",
+                             checkpoint=legato.CheckpointPolicy(every_steps=2, replay_steps=0))
+    late = None
+    with pytest.raises(UsageError, match=r"torch\._C\.Generator \(torch\.Generator.*found as late"):
+        for step in session:
+            late = late or torch.Generator()
+            optimizer.step()
+            session.report(float(step))
+    kinds = [e["event"] for e in events if e["event"] in ("checkpoint_committed", "unsaved_state")]
+    assert kinds == ["checkpoint_committed", "unsaved_state"] and session.step == 2
+    assert (tmp_path / "checkpoints" / "step_2" / "manifest.json").is_file()
+    assert not [t for t in threading.enumerate() if t.name.startswith("legato-census")]
 
 
 def test_ignored_objects_are_not_named(tmp_path: Path) -> None:

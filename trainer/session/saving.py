@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -182,8 +183,10 @@ class Saver:
             return "periodic"
         return None
 
-    def step_end(self, reason: str | None, loss: float | None, lr: float | None, received_at: float | None) -> None:
-        """After the agreement: log the trajectory, report progress and a stop, and write the checkpoint due."""
+    def step_end(self, reason: str | None, loss: float | None, lr: float | None, received_at: float | None,
+                 alongside: AbstractContextManager) -> None:
+        """After the agreement: log the trajectory, report progress and a stop, and write the checkpoint due. `alongside`:
+        the caller's work that goes with a checkpoint (the census), entered around its write whenever one is due."""
         step, epoch = self.position.step, self.position.epoch
         hash_due = bool(self.policy.hash_every_steps) and step % self.policy.hash_every_steps == 0
         background = reason == "periodic" and self.background is not None
@@ -199,14 +202,18 @@ class Saver:
         if reason == "signal":
             self.telemetry.stop_agreed(step, received_at)
             self.telemetry.say("rank %d: ranks agreed to stop after step %d; run the same command again to resume", self.peers.rank, step)
-        if reason is not None and step < self.standing:
-            self._hold(reason)
-        elif staged is not None:
-            self._save_async(staged)
-        elif reason is not None:
-            if self.background is not None:
-                self._committed(self.background.finish(), "periodic")
-            self._save(reason, parts, components, seen)
+        if reason is None:
+            return
+        # After the capture and the digests, which need the CPU: what runs alongside gets the time spent on the disk.
+        with alongside:
+            if step < self.standing:
+                self._hold(reason)
+            elif staged is not None:
+                self._save_async(staged)
+            else:
+                if self.background is not None:
+                    self._committed(self.background.finish(), "periodic")
+                self._save(reason, parts, components, seen)
 
     def _hold(self, reason: str) -> None:
         """No checkpoint before the standing one (see `standing`); a stop leaves it to the next attempt."""

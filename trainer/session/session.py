@@ -32,6 +32,7 @@ reach into the orchestrator; it reports what happens through plain-dict events.
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -298,11 +299,11 @@ class Session:
         return [self.model, self.optimizer, self.scheduler, self.scaler, self.loader, self.source, self.carried,
                 *self.extras.values(), *self.generators.values(), *self._ignored]
 
-    def _census_at(self, reason: str | None) -> None:
-        """The census at the attempt's first and last checkpoints (the same steps on every rank: it is collective)."""
-        if reason is not None and (self._census_pending or reason in ("signal", "final")):
-            self._census_pending = False
-            self._census.check(self.step, reason)
+    def _census_due(self, reason: str | None) -> bool:
+        """Whether a census goes with this step's checkpoint: the attempt's first and last (the same steps on every rank)."""
+        due = reason is not None and (self._census_pending or reason in ("signal", "final"))
+        self._census_pending = self._census_pending and not due
+        return due
 
     def _steps(self) -> Iterator[Any]:
         while self.step < self.total_steps and not self.stopped and not (self._feed.epoch_mode and self._position.epoch_complete):
@@ -367,8 +368,8 @@ class Session:
         else:
             self.chaos.after_step(self.rank, self.step, self._flag.signals[0])
             reason = self._saving.reason(self._agreement, self._flag.raised, self.total_steps)
-            self._saving.step_end(reason, self._loss, self._lr, self._flag.received_at)
-            self._census_at(reason)
+            census = self._census.alongside(self._census_due(reason), self.step, reason or "", sys._getframe())
+            self._saving.step_end(reason, self._loss, self._lr, self._flag.received_at, census)
             self.stopped = reason == "signal"
         if self._saving.snapshot_due(self.total_steps) and not self.stopped:
             self._saving.take_snapshot()

@@ -2,7 +2,10 @@
 
 The census (legato.state.census) runs when an attempt starts and at its first
 and last checkpoints, at the same steps on every rank (each run is one small
-exchange over the control group, so every rank reaches the same verdict). A
+exchange over the control group, so every rank reaches the same verdict). At
+a checkpoint its scan runs in a thread while the checkpoint is written (the
+write waits on the disk, the scan on the CPU: the stop at the time limit does
+not wait for both in turn), and the exchange follows the commit. A
 finding is told once per attempt: a warning paragraph on rank 0 and an
 `UNSAVED_STATE` event; with `census="strict"` every rank then raises a
 UsageError (exit 2). This module must never change what is saved: it only
@@ -11,9 +14,12 @@ names what is not.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from legato.dist.peers import Peers
@@ -48,7 +54,27 @@ class Census:
         if self.mode == "off":
             return
         # The caller's frame: the user's loop is the next frame up that is not legato's.
-        mine = [f.as_dict() for f in find_unsaved(self.registered(), frame=sys._getframe(1))]
+        self._settle(step, when, self._scan(sys._getframe(1)))
+
+    @contextlib.contextmanager
+    def alongside(self, due: bool, step: int, when: str, frame: types.FrameType) -> Iterator[None]:
+        """When `due`, the census of the checkpoint the body writes (collective, after the body): its scan runs in a thread
+        while the body runs. `frame`: the caller's, live until the body has run (the scan walks up from it)."""
+        if not due or self.mode == "off":
+            yield
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="legato-census") as pool:
+            scanned = pool.submit(self._scan, frame)
+            yield  # a body that raises leaves once the scan is done (the pool waits for it): no thread outlives the step
+            mine = scanned.result()
+        self._settle(step, when, mine)
+
+    def _scan(self, frame: types.FrameType) -> list[dict]:
+        """This rank's findings as plain data; reads only (the objects, the frames from `frame` up, the collector's list)."""
+        return [f.as_dict() for f in find_unsaved(self.registered(), frame=frame)]
+
+    def _settle(self, step: int, when: str, mine: list[dict]) -> None:
+        """Collective: merge every rank's findings; tell what is new; in strict mode refuse it on every rank."""
         merged: dict[tuple[str, str], dict] = {}
         for rank, items in enumerate(self.peers.gather(mine)):
             for item in items:

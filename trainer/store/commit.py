@@ -41,7 +41,7 @@ from legato.paths import CHECKPOINT_MANIFEST as MANIFEST
 from legato.paths import STEP_PREFIX, TMP_STEP_PREFIX
 from legato.state.hashing import Digests, global_hash
 from legato.store import bases
-from legato.store.filehash import save_hashed
+from legato.store.filehash import save_all
 from legato.store.manifest import FORMAT, check_contained, checkpoint_step, list_checkpoints, manifest_checksum
 
 log = logging.getLogger(__name__)
@@ -108,7 +108,7 @@ def stage(root: Path, step: int, rank: int, fresh: bool) -> Path:
 def write_files(directory: Path, files: dict[str, Any], seen: tuple[Digests, ...] = ()) -> dict[str, dict]:
     """Phase write: torch.save each state to `directory/<name>`, fsynced; returns name -> {bytes, hash, segments}."""
     known = {key: d for s in seen for key, d in s.by_storage.items()}
-    return {name: save_hashed(state, directory / name, known) for name, state in files.items()}
+    return dict(zip(files, save_all({directory / name: state for name, state in files.items()}, known)))
 
 
 def report(rank: int, rank_hash: str, components: dict[str, str], written: dict[str, dict], replay: dict | None) -> dict:

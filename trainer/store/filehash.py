@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,22 @@ def _address(view: memoryview) -> int:
     return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0] if view.nbytes else 0
 
 
-def save_hashed(state: Any, path: Path, known: dict[tuple[int, int], bytes]) -> dict:
-    """torch.save `state` to `path`, fsynced, hashing it on the way: {hash, bytes, segments} for the manifest."""
+def save_all(files: dict[Path, Any], known: dict[tuple[int, int], bytes]) -> list[dict]:
+    """torch.save each state to its path, fsynced, hashing it on the way: {hash, bytes, segments} for the manifest, in order.
+
+    Each file in its own thread: the writes and fsyncs of different files overlap (the disk queues them and the file
+    system commits their journal entries together; each fsync alone waits for its own), while pickling takes the GIL
+    in turn. torch's CRC switch is a process-wide setting, so it is set once around all of them, not per thread.
+    """
+    with serialization_config.patch({"save.compute_crc32": False}), \
+            ThreadPoolExecutor(max_workers=max(1, len(files)), thread_name_prefix="legato-write") as pool:
+        return list(pool.map(lambda item: _save_hashed(item[1], item[0], known), files.items()))
+
+
+def _save_hashed(state: Any, path: Path, known: dict[tuple[int, int], bytes]) -> dict:
     with open(path, "wb") as f:
         writer = _HashingWriter(f, known)
-        with serialization_config.patch({"save.compute_crc32": False}):
-            torch.save(state, writer)
+        torch.save(state, writer)
         f.flush()
         os.fsync(f.fileno())
     return {HASH_KEY: writer.hexdigest(), "bytes": writer.bytes, "segments": writer.segments}
