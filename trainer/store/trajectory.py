@@ -3,10 +3,11 @@
 Each line holds at least `step`, `loss_hex` (float.hex of the loss, exact) and
 `lr`; every N steps also the rank's state hash. On resume the log is cut back
 to the resumed step, so it always describes the path that the surviving state
-took. Lines are buffered and reach the file at least once a second and before
+took. Lines are buffered and reach the file within FLUSH_INTERVAL_S and before
 every checkpoint (`sync`): a write call per step costs more than the line (the
 lines a crash loses are past the last checkpoint, and a resume cuts those
-anyway). It must never hold anything but plain JSON.
+anyway), while whoever watches the file (tests, `legato watch`) still sees a
+slow step's line at once. It must never hold anything but plain JSON.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import IO
 
 from legato.files import write_atomic
 
-FLUSH_INTERVAL_S = 1.0
+FLUSH_INTERVAL_S = 0.2
 
 
 def read_trajectory(path: Path) -> list[dict]:
