@@ -52,11 +52,15 @@ class Digests:
         t = t.detach()
         if t.numel() == 0:
             return raw_digest(b"")
-        whole = t.device.type == "cpu" and t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
-        key = (t.untyped_storage().data_ptr(), t.nbytes) if whole else None
-        if key is not None and key in self.by_storage:
-            return self.by_storage[key]
-        d = raw_digest(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().data)
+        if t.device.type != "cpu" or not t.is_contiguous():
+            return raw_digest(t.cpu().contiguous().view(-1).view(torch.uint8).numpy())
+        # The checks run for every tensor of every state hash, so each torch call is made once.
+        storage, nbytes = t.untyped_storage(), t.nbytes
+        key = (storage.data_ptr(), nbytes) if t.storage_offset() == 0 and storage.nbytes() == nbytes else None
+        known = self.by_storage.get(key) if key is not None else None
+        if known is not None:
+            return known
+        d = raw_digest(t.view(-1).view(torch.uint8).numpy())
         if key is not None:
             self.by_storage[key] = d
         return d

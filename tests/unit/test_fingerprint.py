@@ -1,0 +1,65 @@
+"""The replay's batch fingerprint: every byte of a batch counts, and an older legato's fingerprints name no false cause.
+
+Pure functions, one process; the planted faults a whole replay catches are in test_replay.py and test_replay_ddp.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from legato.session.replay import FINGERPRINT_BYTES, WHOLE_BYTES, ReplayCheck, fingerprint, step_record
+
+
+def _batch() -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(32, 3, 32, 32, generator=g), torch.randint(0, 10, (32,), generator=g)]
+
+
+def test_a_change_of_any_one_element_of_a_batch_changes_its_fingerprint() -> None:
+    x, y = _batch()
+    assert x.nbytes <= WHOLE_BYTES and x.nbytes > FINGERPRINT_BYTES, "the batch is one the old strided sample did not read whole"
+    reference = fingerprint([x, y])
+    # Element 1 lies between the old sample's elements (every 24th here): the old rule could not see it.
+    for index in (0, 1, x.numel() // 2 + 7, x.numel() - 1):
+        planted = x.clone()
+        planted.view(-1)[index] = torch.nextafter(planted.view(-1)[index], torch.tensor(float("inf")))
+        assert fingerprint([planted, y]) != reference, index
+    assert fingerprint([x, y.flip(0)]) != reference
+    assert fingerprint([x.clone(), y.clone()]) == reference
+
+
+def test_dtype_shape_and_missing_tensors_count() -> None:
+    x, y = _batch()
+    reference = fingerprint([x, y])
+    assert fingerprint([x.reshape(32, -1), y]) != reference
+    assert fingerprint([x.view(torch.int32), y]) != reference
+    assert fingerprint([x, y, None]) != reference
+    strided = x.transpose(0, 1).contiguous().transpose(0, 1)  # the same values in another memory order
+    assert not strided.is_contiguous() and fingerprint([strided, y]) == reference
+
+
+def test_a_tensor_above_the_whole_size_is_fingerprinted_by_its_strided_sample() -> None:
+    big = torch.zeros(WHOLE_BYTES // 4 + 1024)
+    reference = fingerprint([big])
+    stride = -(-big.numel() // (FINGERPRINT_BYTES // 4))
+    sampled, between = big.clone(), big.clone()
+    sampled[stride] = 1.0
+    between[1] = 1.0
+    assert fingerprint([sampled]) != reference
+    assert fingerprint([between]) == reference
+
+
+def test_a_batch_that_differs_is_located_and_an_older_fingerprint_is_not_taken_for_one() -> None:
+    x, y = _batch()
+    ours, other = fingerprint([x, y]), fingerprint([x + 1, y])
+    check = ReplayCheck(0, 4, 6, [step_record(5, 0.5, ours, None), step_record(6, 0.5, ours, None)], [])
+    check.check(step_record(5, 0.5, ours, None))
+    check.check(step_record(6, 0.5, other, None))
+    assert check.report.batch_step == 6 and check.report.diverged
+    # A record of a legato that fingerprinted with SHA-256 (16 hex digits): no rule in common, so no batch verdict;
+    # the loss bits (and the digests at the end) still decide.
+    older = ReplayCheck(0, 4, 5, [step_record(5, 0.5, "0123456789abcdef", None)], [])
+    older.check(step_record(5, 0.5, ours, None))
+    assert older.report.batch_step is None and not older.report.diverged
+    older.check(step_record(5, 0.25, ours, None))
+    assert older.report.loss_step == 5 and older.report.diverged

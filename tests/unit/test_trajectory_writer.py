@@ -1,0 +1,46 @@
+"""The trajectory log's buffering: a slow step's line is on disk at once, a fast loop's within the flush interval, every
+line before a checkpoint (`sync`) and at close; a resume cuts what an earlier attempt logged past its step.
+
+One process, a real file; the clock is the writer's own (monotonic), so the test waits the interval out rather than
+faking it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from legato.store.trajectory import FLUSH_INTERVAL_S, TrajectoryWriter, read_trajectory
+
+
+def _steps(path: Path) -> list[int]:
+    return [r["step"] for r in read_trajectory(path)]
+
+
+def test_lines_reach_the_file_within_the_interval_and_at_every_sync(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.jsonl"
+    writer = TrajectoryWriter(path, 0)
+    writer.write({"step": 1})
+    writer.write({"step": 2})
+    time.sleep(FLUSH_INTERVAL_S * 1.5)
+    writer.write({"step": 3})  # a step slower than the interval: its line and the ones before it are on disk at once
+    assert _steps(path) == [1, 2, 3]
+    writer.write({"step": 4})
+    writer.sync()  # before a checkpoint: everything up to it is durable, however fast the steps were
+    assert _steps(path) == [1, 2, 3, 4]
+    writer.write({"step": 5})
+    writer.close()
+    assert _steps(path) == [1, 2, 3, 4, 5]
+
+
+def test_a_resume_cuts_the_lines_past_its_step(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.jsonl"
+    writer = TrajectoryWriter(path, 0)
+    for step in range(1, 7):
+        writer.write({"step": step})
+    writer.close()
+    resumed = TrajectoryWriter(path, 4)
+    resumed.write({"step": 5, "again": True})
+    resumed.close()
+    assert [(r["step"], r.get("again", False)) for r in read_trajectory(path)] == [(1, False), (2, False), (3, False), (4, False),
+                                                                                    (5, True)]
