@@ -300,7 +300,8 @@ class Session:
                 *self.extras.values(), *self.generators.values(), *self._ignored]
 
     def _census_due(self, reason: str | None) -> bool:
-        """Whether a census goes with this step's checkpoint: the attempt's first and last (the same steps on every rank)."""
+        """Whether a census goes with this step's checkpoint: the attempt's first and last (the same steps on every rank).
+        Answering yes for the first checkpoint clears its pending mark."""
         due = reason is not None and (self._census_pending or reason in ("signal", "final"))
         self._census_pending = self._census_pending and not due
         return due

@@ -6,7 +6,7 @@ to the resumed step, so it always describes the path that the surviving state
 took. Lines are buffered and reach the file within FLUSH_INTERVAL_S and before
 every checkpoint (`sync`): a write call per step costs more than the line (the
 lines a crash loses are past the last checkpoint, and a resume cuts those
-anyway), while whoever watches the file (tests, `legato watch`) still sees a
+anyway), while whoever follows the file (tests, `tail -f`) still sees a
 slow step's line at once. It must never hold anything but plain JSON.
 """
 
