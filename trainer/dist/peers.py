@@ -1,24 +1,28 @@
 """This rank and its peers: rank, world size, the control group, and the object exchanges over it.
 
 Control traffic gets its own gloo group: CPU tensors, and no interleaving with
-DDP's buckets. This module must never decide what is exchanged, only move it.
+DDP's buckets. The Session ends the group with its loop (`close`), while the
+interpreter is whole: a gloo group still alive when Python finalizes keeps
+threads that may touch Python objects then, and a rank that exits cleanly can
+abort ("terminate called without an active exception"). This module must
+never decide what is exchanged, only move it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
 from typing import Any
 
 import torch.distributed as dist
 
 
-@dataclass(frozen=True)
 class Peers:
     """This rank's identity and the control group it shares with the others (None when alone)."""
 
-    rank: int
-    world_size: int
-    group: dist.ProcessGroup | None
+    def __init__(self, rank: int, world_size: int, group: dist.ProcessGroup | None) -> None:
+        self.rank, self.world_size = rank, world_size
+        self._group = group
+        self._closed = False
 
     @classmethod
     def join(cls) -> Peers:
@@ -26,6 +30,23 @@ class Peers:
         if not (dist.is_available() and dist.is_initialized()):
             return cls(0, 1, None)
         return cls(dist.get_rank(), dist.get_world_size(), dist.new_group(backend="gloo"))
+
+    @property
+    def group(self) -> dist.ProcessGroup | None:
+        """The control group; asking for it once it is closed is a bug (it would exchange nothing and agree on nothing)."""
+        if self._closed:
+            raise RuntimeError("the Session's control group was closed when its loop ended; nothing is exchanged after that")
+        return self._group
+
+    def close(self) -> None:
+        """End the control group now (local, not collective). Every other holder of the group has let it go, so the
+        group's gloo threads finish their last work and are joined here, not during the interpreter's shutdown."""
+        group, self._group, self._closed = self._group, None, True
+        if group is None:
+            return
+        # Gone already when the script destroyed every process group before the Session ended.
+        with contextlib.suppress(ValueError):
+            dist.destroy_process_group(group)
 
     def gather(self, item: Any) -> list[Any]:
         """Collective: every rank's `item`, in rank order."""

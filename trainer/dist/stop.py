@@ -98,10 +98,13 @@ class StopAgreement:
         self._next_check: int | None = None
         self._last_check = (0, time.monotonic())
         self._pending: tuple[dist.Work, torch.Tensor, int] | None = None
+        self._closed = False
 
     def boundary(self, step: int, stop_local: bool, checkpoint_due_local: bool, writing_local: bool = False, failed_local: bool = False,
                  base_due_local: bool = False) -> Decision:
         """Called after every step; returns what the ranks agreed at the previous check."""
+        if self._closed:
+            raise RuntimeError("StopAgreement.boundary() after close(): the Session's loop has ended")
         if self.group is None:
             return Decision(stop_local, checkpoint_due_local, writing_local, failed_local, step, base_due_local)
         if self._next_check is None:
@@ -124,6 +127,12 @@ class StopAgreement:
     def drain(self) -> None:
         """Finish the outstanding all-reduce (before a collective-free exit or teardown)."""
         self._collect()
+
+    def close(self) -> None:
+        """Finish the outstanding all-reduce and let the group go (the Session ends it); no boundary after this."""
+        self.drain()
+        self.group = None
+        self._closed = True
 
     def _propose(self, step: int) -> int:
         if self.fixed:

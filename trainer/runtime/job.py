@@ -10,6 +10,7 @@ codes: 0 done, 75 stopped at a committed checkpoint, 2 a user-fixable problem
 from __future__ import annotations
 
 import datetime
+import gc
 import importlib
 import inspect
 import logging
@@ -119,6 +120,9 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+            # A group the trainer's objects still hold in reference cycles (a DDP model) ends now, its threads joined,
+            # not while the interpreter shuts down, when a thread of its that touches Python aborts the rank.
+            gc.collect()
         early.uninstall()
 
 

@@ -123,7 +123,7 @@ class Session:
         self.training = training
         self.carried = Carried()
         self._peers = Peers.join()
-        self.rank, self.world_size, self.group = self._peers.rank, self._peers.world_size, self._peers.group
+        self.rank, self.world_size = self._peers.rank, self._peers.world_size
         self.identity = Identity.establish(self.run_dir, self._peers, scripted=on_event is None)
         # A script's own Session writes its run into the run directory; under `legato run` the job side does.
         self.on_event = on_event or LedgerRecorder(self.run_dir, self.identity.tag)
@@ -138,7 +138,7 @@ class Session:
         self._ignored = list(ignore)
         self._census = Census(self._peers, self._telemetry, census, self._registered)
         self._census_pending = True  # the census at the attempt's first checkpoint
-        self._agreement = StopAgreement(self.group, agree_every)
+        self._agreement = StopAgreement(self._peers.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
                                 checkpoint.verify, checkpoint.reshard)
@@ -347,7 +347,7 @@ class Session:
         self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=layout.restored, reason=layout.reason)
         self._telemetry.open_trajectory(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
         self._saving.take_snapshot()
-        if agree_at_start(self._flag, self.group):
+        if agree_at_start(self._flag, self._peers.group):
             # A stop signal during start-up: stop before the first step; the newest checkpoint already holds this state.
             # Name the checkpoint's step, not a replay base's: it is where the next attempt starts.
             self._telemetry.say("rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank,
@@ -412,10 +412,11 @@ class Session:
 
     def _close(self) -> None:
         self._saving.close()
-        self._agreement.drain()
+        self._agreement.close()
         self._flag.uninstall()
         self._feed.drop()
         self._telemetry.close()
+        self._peers.close()
 
 
 def _total_steps(total_steps: int | None, total_epochs: int | None, steps_per_epoch: int | None) -> int:

@@ -161,6 +161,7 @@ class AsyncCheckpointer:
             self._wait_local()
             self.in_flight = None
         self._executor.shutdown(wait=True)
+        self.group = None  # the Session ends the group once every holder let it go
 
     # -- internals ----------------------------------------------------------
 
