@@ -221,11 +221,19 @@ def wait_for_moment(moment: str, launcher: subprocess.Popen, token: str, run_dir
     if moment == "training":
         time.sleep(rnd.uniform(0, 1))
         return
+    # A write of this launch: a temporary directory an earlier kill left stays until the next commit prunes it.
     deadline = time.monotonic() + 120
-    while not list((run_dir / "checkpoints").glob(".tmp_step_*")):
+    while not [p for p in (run_dir / "checkpoints").glob(".tmp_step_*") if _mtime(p) > since]:
         assert time.monotonic() < deadline and launcher.poll() is None, "no checkpoint write seen"
         time.sleep(0.001)
     time.sleep(rnd.uniform(0, 0.02))
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:  # committed or pruned meanwhile
+        return 0.0
 
 
 def kill_and_look(launcher: subprocess.Popen, token: str) -> tuple[int, set[int]]:
@@ -247,9 +255,11 @@ def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second
     moments = rnd.sample(MOMENTS, len(MOMENTS))
     run_dir, token = tmp_path / "run", f"orphans-{os.getpid()}-{seed}"
     busy: list[int] = []
+    must_resume = 0  # kills inside a write of a launch that found a checkpoint: its resume had finished
     try:
         for i, moment in enumerate(moments):
             since = time.time()
+            must_resume += moment == "checkpoint" and any((run_dir / "checkpoints").glob("step_*"))
             launcher = launch_marked(run_dir, token, tmp_path / f"launch{i}.log")
             wait_for_moment(moment, launcher, token, run_dir, since, rnd)
             assert launcher.poll() is None, (tmp_path / f"launch{i}.log").read_text()[-3000:]
@@ -258,9 +268,10 @@ def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second
             busy.append(count)
         # Two ranks with a DataLoader worker each under the launcher: the kills hit runs in full flight.
         assert sum(1 for c in busy if c >= 5) >= 15, busy
-        logs = "\n".join((tmp_path / f"launch{i}.log").read_text() for i in range(len(moments)))
-        resumes = [line for line in logs.splitlines() if "resumed at step" in line]
-        assert len(resumes) >= 10 and all("verified" in line for line in resumes), resumes
+        # Read from the ledger, which rank 0 appends to as it resumes: a launcher's log may lose its last lines to the kill.
+        resumes = [record for record in ledger(run_dir) if record["event"] == "resumed"]
+        assert len(resumes) >= must_resume >= 3, f"seed {seed}: {len(resumes)} resumes, {must_resume} kills after one"
+        assert all(record["match"] for record in resumes), resumes
         reference = tmp_path / "reference"
         steps = sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
         launcher = launch_marked(reference, token, tmp_path / "reference.log")
