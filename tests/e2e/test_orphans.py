@@ -268,10 +268,10 @@ def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second
             busy.append(count)
         # Two ranks with a DataLoader worker each under the launcher: the kills hit runs in full flight.
         assert sum(1 for c in busy if c >= 5) >= 15, busy
-        # Read from the ledger, which rank 0 appends to as it resumes: a launcher's log may lose its last lines to the kill.
-        resumes = [record for record in ledger(run_dir) if record["event"] == "resumed"]
-        assert len(resumes) >= must_resume >= 3, f"seed {seed}: {len(resumes)} resumes, {must_resume} kills after one"
-        assert all(record["match"] for record in resumes), resumes
+        logs = "\n".join((tmp_path / f"launch{i}.log").read_text() for i in range(len(moments)))
+        resumes = [line for line in logs.splitlines() if "resumed at step" in line]
+        assert len(resumes) >= must_resume >= 3, f"seed {seed}: {len(resumes)} resumes, {must_resume} kills after one: {resumes}"
+        assert all("verified" in line for line in resumes), resumes
         reference = tmp_path / "reference"
         steps = sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
         launcher = launch_marked(reference, token, tmp_path / "reference.log")
