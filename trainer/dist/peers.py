@@ -41,9 +41,9 @@ class Peers:
     def close(self) -> None:
         """End the control group now (local, not collective). Every other holder of the group has let it go, so the
         group's gloo threads finish their last work and are joined here, not during the interpreter's shutdown."""
-        group, self._group, self._closed = self._group, None, True
-        if group is None:
+        if self._group is None:  # alone, or closed already
             return
+        group, self._group, self._closed = self._group, None, True
         # Gone already when the script destroyed every process group before the Session ended.
         with contextlib.suppress(ValueError):
             dist.destroy_process_group(group)

@@ -120,9 +120,6 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-            # A group the trainer's objects still hold in reference cycles (a DDP model) ends now, its threads joined,
-            # not while the interpreter shuts down, when a thread of its that touches Python aborts the rank.
-            gc.collect()
         early.uninstall()
 
 
@@ -167,4 +164,9 @@ def _run(cfg: Config, env: RankEnv, on_event: Callable[[dict], None]) -> int:
         )
     ctx = RunContext(cfg, env.rank, env.world_size, env.local_rank, placement.device, seeds, on_event, placement.amp_dtype)
     code = entrypoint(ctx)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+        # After an orderly end only (a lost peer can leave a collective waiting): a group the trainer's objects still
+        # hold in reference cycles (a DDP model) ends now, its threads joined, not during the interpreter's shutdown.
+        gc.collect()
     return EXIT_OK if code is None else int(code)

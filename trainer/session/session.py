@@ -31,6 +31,7 @@ reach into the orchestrator; it reports what happens through plain-dict events.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -42,7 +43,7 @@ import torch
 from legato.dist.peers import Peers
 from legato.dist.reduction import BucketLayout, restoring
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
-from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
+from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
@@ -229,11 +230,9 @@ class Session:
 
     def __iter__(self) -> Iterator[Any]:
         """Yields each step's batch (with no loader: the index of the step about to run), across epochs."""
-        try:
+        with self._lifetime():
             self._begin()
             yield from self._steps()
-        finally:
-            self._close()
 
     def epochs(self) -> Iterator[int]:
         """Yields each epoch number, resumed ones included; the body iterates `batches()` and may validate after it.
@@ -242,7 +241,7 @@ class Session:
         before what the body does after it (validation, a per-epoch scheduler step), which then runs again.
         """
         self._feed.epoch_mode = True
-        try:
+        with self._lifetime():
             self._begin()
             while self.step < self.total_steps and not self.stopped:
                 yield self.epoch
@@ -250,8 +249,6 @@ class Session:
                     break
                 self._position.next_epoch()
                 self._feed.drop()
-        finally:
-            self._close()
 
     def batches(self, loader: Any = None) -> Iterator[Any]:
         """This epoch's batches from the session's loader, from where the run stands (inside `epochs()`)."""
@@ -410,13 +407,29 @@ class Session:
         return [Component("model", Shards(module, meshes), table.SHARD_FILE),
                 Component("optimizer", Shards(self.optimizer, meshes), table.SHARD_FILE)]
 
-    def _close(self) -> None:
+    @contextlib.contextmanager
+    def _lifetime(self) -> Iterator[None]:
+        """The loop's span; on its way out the Session closes what it opened. Only an orderly end (done, stopped, left
+        with `break`, or refused on every rank) also ends the control group: ending it joins its threads, which after
+        a lost peer may wait in a collective that never completes."""
+        orderly = False
+        try:
+            yield
+            orderly = True
+        except (GeneratorExit, UsageError, ResumeMismatchError):
+            orderly = True
+            raise
+        finally:
+            self._close(orderly)
+
+    def _close(self, orderly: bool) -> None:
         self._saving.close()
         self._agreement.close()
         self._flag.uninstall()
         self._feed.drop()
         self._telemetry.close()
-        self._peers.close()
+        if orderly:
+            self._peers.close()
 
 
 def _total_steps(total_steps: int | None, total_epochs: int | None, steps_per_epoch: int | None) -> int:
