@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ class LocalBackend(Backend):
 
     def submit(self, cfg: Config, task: Callable[[], Any], exclude: tuple[str, ...] = ()) -> str:
         """Start the job's controller on this machine (`exclude` names no node here and is ignored)."""
+        _let_children_take_sigint()
         return submission.submit(cfg, submission.local_executor(cfg, submission.job_folder(cfg)), task)
 
     def identify(self, env: Any, ledger_events: Callable[[], list[dict]]) -> JobPlace:
@@ -93,3 +95,16 @@ def _controller_alive(pid: int) -> bool:
         return LOCAL_CONTROLLER in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
+
+
+def _ignore(signum: int, frame: Any) -> None:
+    """SIGINT as this process received it before: ignored."""
+
+
+def _let_children_take_sigint() -> None:
+    """`cancel` stops the controller with SIGINT, and an ignored signal stays ignored across exec: started in the
+    background by a non-interactive shell (`legato run ... &` in a script), this process ignores SIGINT, and so would
+    the controller it starts, which `legato cancel` then could not stop. A handler of our own that ignores it keeps
+    this process as it was, and a handled signal is back to its default in an exec'd child."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _ignore)

@@ -118,9 +118,15 @@ def test_detach_watch_and_preemption_by_the_supervisor(tmp_path: Path) -> None:
     assert data["final_global_hash"] == reference_hash(tmp_path, "train.steps=300")
 
 
-def test_cancel_ends_the_run_and_keeps_checkpoints(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sigint", ["default", "ignored"])
+def test_cancel_ends_the_run_and_keeps_checkpoints(tmp_path: Path, sigint: str) -> None:
+    """"ignored": started as a non-interactive shell starts a command in the background (`legato run ... &` in a
+    script), with SIGINT ignored, which the controller would inherit and `legato cancel` then could not stop it."""
     run_dir = tmp_path / "run"
-    proc = legato(*run_args(run_dir, "train.steps=5000", "checkpoint.every_steps=10"), "--detach")
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
+    args = [*run_args(run_dir, "train.steps=5000", "checkpoint.every_steps=10"), "--detach"]
+    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          preexec_fn=ignore, env=dict(os.environ, PYTHONWARNINGS="ignore"))
     assert proc.returncode == 0, proc.stderr
     wait_for(lambda: any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)), what="a checkpoint")
     cancelled = legato("cancel", str(run_dir))
