@@ -149,7 +149,12 @@ def _check_shape(text: str, where: str) -> None:
                     f"{where} expands to more than {MAX_NODES} values (aliases that repeat aliases, a \"billion laughs\"). "
                     "Write the values out, or use fewer nested aliases."
                 )
-    except yaml.MarkedYAMLError:
+    except yaml.MarkedYAMLError as exc:
+        # PyYAML 6.0.4 refuses deep nesting itself, in its scanner, ahead of the events counted above.
+        if "nesting depth" in str(exc.problem):
+            line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
+            raise UsageError(f"{where} nests deeper than {MAX_DEPTH} levels (at line {line}). A config needs a few levels; "
+                             "flatten it.") from None
         return  # the loader reports syntax errors with their position
     except yaml.YAMLError:
         return
