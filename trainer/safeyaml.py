@@ -126,9 +126,7 @@ def _check_shape(text: str, where: str) -> None:
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
                 depth += 1
                 if depth > MAX_DEPTH:
-                    line = event.start_mark.line + 1 if event.start_mark else "?"
-                    raise UsageError(f"{where} nests deeper than {MAX_DEPTH} levels (at line {line}). A config needs a few levels; "
-                                     "flatten it.")
+                    raise _too_deep(where, event.start_mark)
                 sizes.append(1)
                 anchors.append(event.anchor)
             elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
@@ -152,12 +150,15 @@ def _check_shape(text: str, where: str) -> None:
     except yaml.MarkedYAMLError as exc:
         # PyYAML 6.0.4 refuses deep nesting itself, in its scanner, ahead of the events counted above.
         if "nesting depth" in str(exc.problem):
-            line = exc.problem_mark.line + 1 if exc.problem_mark else "?"
-            raise UsageError(f"{where} nests deeper than {MAX_DEPTH} levels (at line {line}). A config needs a few levels; "
-                             "flatten it.") from None
+            raise _too_deep(where, exc.problem_mark) from None
         return  # the loader reports syntax errors with their position
     except yaml.YAMLError:
         return
+
+
+def _too_deep(where: str, mark: yaml.Mark | None) -> UsageError:
+    line = mark.line + 1 if mark else "?"
+    return UsageError(f"{where} nests deeper than {MAX_DEPTH} levels (at line {line}). A config needs a few levels; flatten it.")
 
 
 def _check_scalar(event: yaml.ScalarEvent, where: str) -> None:
