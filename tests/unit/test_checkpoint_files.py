@@ -7,6 +7,7 @@ bytes (legato.state.hashing.Digests); a reader checks a file from its bytes alon
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,17 @@ def test_without_known_digests_the_file_hash_is_the_same(tmp_path: Path) -> None
     assert plain["segments"] == [] and plain["bytes"] == with_known["bytes"]
     manifests._verify_file(tmp_path / "a.pt", with_known)
     manifests._verify_file(tmp_path / "b.pt", plain)
+
+
+def test_no_crc_pass_in_the_writer_threads(tmp_path: Path) -> None:
+    """The file hash covers the bytes, so torch's own CRC32 pass is switched off in every thread that saves; torch's
+    config overrides are thread-local, so a switch set around the threads would leave them computing it (it did)."""
+    written = commit.write_files(tmp_path, {"a.pt": state(), "b.pt": {"x": torch.arange(5000.0)}})
+    for name in written:
+        with zipfile.ZipFile(tmp_path / name) as archive:
+            records = [info for info in archive.infolist() if "/data/" in info.filename]
+            assert records and all(info.CRC == 0 for info in records), name
+    assert torch.equal(filehash.load_file(tmp_path / "b.pt")["x"], torch.arange(5000.0))
 
 
 @pytest.mark.parametrize("where", [0, 0.25, 0.5, 0.75, -1])
