@@ -32,7 +32,13 @@ Between variants the bench collects its own garbage (outside the timings): the S
 reference cycles, would otherwise be found by the next census's collector sweep and cost it a full collection, which a
 training process does not have.
 
-    python benchmarks/bench_defaults.py [--ranks 2 4] [--mb 64 256 1024] [--rounds 3] [--dir /tmp]
+Every timed part starts from the same memory state: the bench waits `--settle` seconds (outside the timings) right
+before it. A virtual machine that reports free pages to its host (Linux free page reporting, 2 s after pages are
+freed; this project's machines do) makes a write or an allocation into returned pages cost 4-8x the CPU of one into
+pages freed a moment ago, so without the wait a variant that ran right after the previous one's files were deleted
+measured up to 4x faster than one that ran seconds later. A checkpoint minutes after the last one meets settled memory.
+
+    python benchmarks/bench_defaults.py [--ranks 2 4] [--mb 64 256 1024] [--rounds 3] [--dir /tmp] [--settle 3]
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ from legato.runtime.launch import free_port
 
 STEPS = 6
 STOP_AFTER = 3
+SETTLE_S = 3.0  # free page reporting acts 2 s after pages are freed
+ANCHORS: list[object] = []  # the bench's own model and optimizer, which no Session saves: its census is told so
 # The defaults, except that the ranks agree at every step (the default spaces agreements about 1 s apart, and these
 # runs are a few steps long); the agreement's cadence changes when a stop lands, not what a checkpoint costs.
 DEFAULTS = legato.CheckpointPolicy(agree_every_steps=1)
@@ -67,6 +75,12 @@ WARN = legato.CheckpointPolicy(agree_every_steps=1, verify="warn")  # a stop tha
 ASYNC = legato.CheckpointPolicy(agree_every_steps=1, async_=True, every_steps=3)
 ASYNC_STEPS = 9  # periodic at steps 3 and 6 (9 is the final); the first one commits at step 4 or 5, between them
 FULL_BASE = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=2)  # the base of step 2 holds AdamW's moments too
+STOPS = (  # row, run directory, policy of the stop-checkpoint variants
+    ("legato Session, defaults (stop checkpoint)", "legato", DEFAULTS),
+    ("legato Session, verify=warn (state + base)", "warn", WARN),
+    ("legato Session, replay_steps=0", "noreplay", NO_REPLAY),
+    ("legato Session, replay_steps=2 (stop, full base)", "fullbase", FULL_BASE),
+)
 
 
 def make(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -92,12 +106,12 @@ def slowest(seconds: float) -> float:
     return float(value[0])
 
 
-def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool) -> tuple[float, int]:
+def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, settle: float) -> tuple[float, int]:
     """What the loop sees of the checkpoint step of a live Session, less its median other step; and the bytes it wrote."""
-    return checkpoint_steps(run_dir, megabytes, policy, stop)[0]
+    return checkpoint_steps(run_dir, megabytes, policy, stop, settle)[0]
 
 
-def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool,
+def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, settle: float,
                      total: int = STEPS) -> list[tuple[float, int]]:
     """What the loop sees of each checkpoint step of a live Session (the stop's, or every periodic one), less its median
     other step, and the bytes each wrote. An asynchronous checkpoint's write is waited for outside the timed steps (a
@@ -106,9 +120,13 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     chaos = legato.Chaos(signal_rank=dist.get_world_size() - 1, signal_at_steps=(STOP_AFTER - 1,)) if stop else legato.Chaos()
-    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=total, checkpoint=policy, chaos=chaos)
+    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=total, checkpoint=policy, chaos=chaos,
+                             ignore=ANCHORS)
+    due = {STOP_AFTER} if stop else set(range(policy.every_steps, total, policy.every_steps))
     gaps, it = [], iter(session)
     while True:
+        if len(gaps) in due:
+            time.sleep(settle)
         start = time.perf_counter()
         try:
             next(it)
@@ -135,12 +153,13 @@ def written_by(run_dir: Path, step: int) -> int:
 
 
 
-def session_restore(run_dir: Path, megabytes: int) -> tuple[float, float]:
+def session_restore(run_dir: Path, megabytes: int, settle: float) -> tuple[float, float]:
     """A resume with replay off: (select and verify the newest checkpoint, load it, check its digests; the Session's start to
     its first batch)."""
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
-    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=STEPS, checkpoint=NO_REPLAY)
+    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=STEPS, checkpoint=NO_REPLAY, ignore=ANCHORS)
+    time.sleep(settle)
     start = time.perf_counter()
     it = iter(session)
     next(it)
@@ -157,15 +176,14 @@ def torch_save_fsync(state: dict, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def raw_write(path: Path, nbytes: int) -> None:
-    data = memoryview(bytearray(nbytes))
+def raw_write(path: Path, data: memoryview) -> None:
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
 
-def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, directory: str, out: dict) -> None:
+def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, directory: str, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -182,6 +200,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
         written[name] = measured[1]
 
     def timed(fn, *args: object, **kwargs: object) -> float:
+        time.sleep(settle)
         dist.barrier()
         start = time.perf_counter()
         fn(*args, **kwargs)
@@ -189,12 +208,15 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
 
     model, optimizer = make(megabytes)
     train_step(model, optimizer)
+    ANCHORS.extend([model, optimizer])
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     total = sum(t.nbytes for t in [*model.state_dict().values(), *[v for s in optimizer.state.values() for v in s.values()]])
     tensors = [*model.state_dict().values(), *[v for s in optimizer.state.values() for v in s.values() if v.dim()]]
     copies = [t.clone() for t in tensors]
     share_source = torch.ones(total // world, dtype=torch.uint8)
     share_copy = share_source.clone()
+    share_bytes = memoryview(share_source.numpy())  # the raw writes' bytes, allocated outside their timings
+    all_bytes = memoryview(bytearray(total))
     for r in range(rounds):
         scratch = base / f"r{r}"
         if rank == 0:
@@ -203,15 +225,13 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
         for label in ("plain A", "plain B"):
             record(f"control: torch.save + fsync, rank 0 ({label})",
                    timed(torch_save_fsync, state, scratch / f"{label[-1]}.pt") if rank == 0 else timed(lambda: None))
-        record_session("legato Session, defaults (stop checkpoint)", session_checkpoint(scratch / "legato", megabytes, DEFAULTS, True))
-        record_session("legato Session, verify=warn (state + base)", session_checkpoint(scratch / "warn", megabytes, WARN, True))
-        record_session("legato Session, replay_steps=0", session_checkpoint(scratch / "noreplay", megabytes, NO_REPLAY, True))
-        record_session("legato Session, replay_steps=2 (stop, full base)",
-                       session_checkpoint(scratch / "fullbase", megabytes, FULL_BASE, True))
-        first, later = checkpoint_steps(scratch / "async", megabytes, ASYNC, False, ASYNC_STEPS)
+        for name, run, policy in STOPS:
+            record_session(name, session_checkpoint(scratch / run, megabytes, policy, True, settle))
+        first, later = checkpoint_steps(scratch / "async", megabytes, ASYNC, False, settle, ASYNC_STEPS)
         record_session("legato Session async_=True, first periodic", first)
         record_session("legato Session async_=True, blocking (periodic)", later)
         record("DCP save", timed(dcp.save, state, checkpoint_id=str(scratch / "dcp")))
+        time.sleep(settle)
         dist.barrier()
         start = time.perf_counter()
         future = dcp.async_save(state, checkpoint_id=str(scratch / "dcp_async"))
@@ -219,13 +239,15 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, direct
         future.result()
         record("DCP async_save, blocking", blocking)
         record("DCP async_save, total", time.perf_counter() - start)
-        record("raw write + fsync, each rank its share", timed(raw_write, scratch / f"raw{rank}", total // world))
-        record("raw write + fsync, the whole state, rank 0", timed(raw_write, scratch / "raw", total) if rank == 0 else timed(lambda: None))
+        record("raw write + fsync, each rank its share", timed(raw_write, scratch / f"raw{rank}", share_bytes))
+        whole = timed(raw_write, scratch / "raw", all_bytes) if rank == 0 else timed(lambda: None)
+        record("raw write + fsync, the whole state, rank 0", whole)
         record("memory copy of the state", timed(lambda: [c.copy_(t) for c, t in zip(copies, tensors)]))
         record("memory copy of one rank's share (state / ranks)", timed(lambda: share_copy.copy_(share_source)))
-        resumed, started = session_restore(scratch / "noreplay", megabytes)
+        resumed, started = session_restore(scratch / "noreplay", megabytes, settle)
         record("legato resume, replay off (select, restore, verify)", resumed)
         record("legato Session start to first batch, resuming", started)
+        time.sleep(settle)
         dist.barrier()
         start = time.perf_counter()
         loaded = torch.load(scratch / "A.pt", weights_only=True) if (scratch / "A.pt").exists() else state
@@ -248,15 +270,17 @@ def main() -> None:
     parser.add_argument("--mb", type=int, nargs="+", default=[64, 256, 1024])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default=tempfile.gettempdir())
+    parser.add_argument("--settle", type=float, default=SETTLE_S, help="seconds to wait before each timed part (0: none)")
     args = parser.parse_args()
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians; ratios against torch.save + fsync (plain A)")
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians, {args.settle:g} s settle before each; "
+          "ratios against torch.save + fsync (plain A)")
     for world in args.ranks:
         for megabytes in args.mb:
             directory = Path(tempfile.mkdtemp(prefix="legato-bench-", dir=args.dir))
             with mp.Manager() as manager:
                 out = manager.dict()
-                mp.spawn(worker, args=(world, free_port(), megabytes, args.rounds, str(directory), out), nprocs=world)
+                mp.spawn(worker, args=(world, free_port(), megabytes, args.rounds, args.settle, str(directory), out), nprocs=world)
                 results = dict(out)
             shutil.rmtree(directory, ignore_errors=True)
             anchor = results["control: torch.save + fsync, rank 0 (plain A)"]
