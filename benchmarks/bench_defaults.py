@@ -199,10 +199,14 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         record(name, measured[0])
         written[name] = measured[1]
 
-    def timed(fn, *args: object, **kwargs: object) -> float:
+    def go() -> float:
+        """The start of a timed part: memory settled, every rank at the line."""
         time.sleep(settle)
         dist.barrier()
-        start = time.perf_counter()
+        return time.perf_counter()
+
+    def timed(fn, *args: object, **kwargs: object) -> float:
+        start = go()
         fn(*args, **kwargs)
         return time.perf_counter() - start
 
@@ -231,9 +235,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         record_session("legato Session async_=True, first periodic", first)
         record_session("legato Session async_=True, blocking (periodic)", later)
         record("DCP save", timed(dcp.save, state, checkpoint_id=str(scratch / "dcp")))
-        time.sleep(settle)
-        dist.barrier()
-        start = time.perf_counter()
+        start = go()
         future = dcp.async_save(state, checkpoint_id=str(scratch / "dcp_async"))
         blocking = time.perf_counter() - start
         future.result()
@@ -247,9 +249,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         resumed, started = session_restore(scratch / "noreplay", megabytes, settle)
         record("legato resume, replay off (select, restore, verify)", resumed)
         record("legato Session start to first batch, resuming", started)
-        time.sleep(settle)
-        dist.barrier()
-        start = time.perf_counter()
+        start = go()
         loaded = torch.load(scratch / "A.pt", weights_only=True) if (scratch / "A.pt").exists() else state
         model.load_state_dict(loaded["model"])
         optimizer.load_state_dict(loaded["optimizer"])
