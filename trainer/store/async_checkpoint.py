@@ -111,7 +111,7 @@ class AsyncCheckpointer:
 
     def start(self, job: Job) -> None:
         """Hand a staged checkpoint to the worker thread (phase stage here, phase write there)."""
-        tmp = commit.stage(self.root, job.step, self.rank, fresh=False)
+        tmp = commit.stage(self.root, job.step)
         future = self._executor.submit(self._write, job, tmp)
         self.in_flight = _InFlight(job, tmp, future, time.perf_counter() - job.blocking_s)
 
@@ -190,10 +190,6 @@ class AsyncCheckpointer:
         reports = [json.loads((tmp / f"{REPORT_PREFIX}{r}.json").read_text()) for r in range(self.world_size)] if self.rank == 0 else []
         ghash = commit.combined_hash(reports)
         if self.rank == commit.LEADER:
-            listed = {name for r in reports for name in r["files"]}
-            for entry in tmp.iterdir():
-                if entry.name not in listed:  # the reports, and what a killed earlier attempt left at this step
-                    shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
             commit.publish(self.root, tmp, step, self.world_size, reports, ghash, flight.job.meta, self.kill)
             commit.prune(self.root, self.keep_last, keep=step)
         seconds = time.perf_counter() - flight.started

@@ -85,23 +85,19 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"{STEP_PREFIX}{step}"
 
 
-def stage(root: Path, step: int, rank: int, fresh: bool) -> Path:
-    """Phase stage: check the paths and create the temporary directory of checkpoint `step`.
+def stage(root: Path, step: int) -> Path:
+    """Phase stage: check the paths and create the temporary directory of checkpoint `step` if it is missing.
 
-    Every rank checks the same paths, so every rank refuses together instead of waiting in a barrier. `fresh`
-    (a synchronous checkpoint, followed by a barrier): the leader alone clears what an earlier attempt left.
-    Otherwise every rank creates it if missing, as the ranks start writing without waiting for each other.
+    Every rank checks the same paths, so every rank refuses together instead of waiting in a barrier, and every
+    rank creates the directory, so each starts writing as soon as it arrives: no rank waits for another before
+    the agreement. What a killed earlier attempt at this step left there is overwritten file by file
+    (`write_files`) or removed before the manifest is written (`publish`), never while another rank writes.
     """
     tmp = root / f"{TMP_STEP_PREFIX}{step}"
     for path in (root, tmp, step_dir(root, step)):
         check_contained(root, path)
-    if not fresh:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp.mkdir(exist_ok=True)
-    elif rank == LEADER:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp.mkdir(exist_ok=True)
     return tmp
 
 
@@ -131,7 +127,9 @@ def combined_hash(reports: list[dict]) -> str:
 
 
 def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dict], ghash: str, meta: dict, kill: KillPoint | None) -> None:
-    """Phase publish (the leader): write and fsync the manifest, then rename `tmp` into place atomically."""
+    """Phase publish (the leader): remove what no report lists, write and fsync the manifest, then rename `tmp` into
+    place atomically."""
+    _clear_unlisted(tmp, reports)
     manifest = {
         "format": FORMAT,
         "step": step,
@@ -160,6 +158,18 @@ def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dic
         shutil.rmtree(stale)
     os.replace(tmp, final)
     fsync_dir(root)
+
+
+def _clear_unlisted(tmp: Path, reports: list[dict]) -> None:
+    """Remove every entry of `tmp` that no rank reported: report files, and what a killed earlier attempt at this step left."""
+    listed = {name for r in reports for name in r["files"]}
+    for entry in tmp.iterdir():
+        if entry.name in listed:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def prune(root: Path, keep_last: int, keep: int) -> None:

@@ -88,7 +88,10 @@ def save_all(files: dict[Path, Any], known: dict[tuple[int, int], bytes]) -> lis
 def _save_hashed(state: Any, path: Path, known: dict[tuple[int, int], bytes]) -> dict:
     # torch's config overrides are thread-local: the switch is set in the thread that saves, or torch.save computes a
     # CRC32 of every byte (0.09 s of CPU per 341 MiB here, as much as the write itself into a warm page cache).
-    with serialization_config.patch({"save.compute_crc32": False}), open(path, "wb") as f:
+    # A file of the same name in the temporary directory is what a killed earlier attempt left: replaced by a new file,
+    # never written through (it could be a link).
+    path.unlink(missing_ok=True)
+    with serialization_config.patch({"save.compute_crc32": False}), open(path, "xb") as f:
         writer = _HashingWriter(f, known)
         torch.save(state, writer)
         f.flush()
