@@ -18,6 +18,7 @@ from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
 from legato.errors import UsageError
 from legato.state.hashing import rank_hash
 from legato.store import checkpoint as ckpt
+from legato.store import commit
 from legato.store import manifest as manifests
 
 STRACE = shutil.which("strace")
@@ -139,7 +140,7 @@ def test_manifests_naming_paths_outside_or_oversized_are_not_read(tmp_path: Path
 
 
 def test_a_link_made_while_running_is_refused_by_the_writer_on_every_rank(tmp_path: Path) -> None:
-    """write_checkpoint checks on every rank before it writes, so a link planted mid-run is refused the same way."""
+    """write_checkpoint checks on every rank before its first barrier, so a link planted mid-run is refused the same way."""
     root, outside = tmp_path / "run" / "checkpoints", tmp_path / "outside"
     root.mkdir(parents=True)
     outside.mkdir()
@@ -151,18 +152,21 @@ def test_a_link_made_while_running_is_refused_by_the_writer_on_every_rank(tmp_pa
 
 
 def test_what_a_killed_attempt_left_at_the_same_step_is_replaced_never_written_through(tmp_path: Path) -> None:
-    """Ranks write into an existing temporary directory as they arrive (no barrier before the write): a leftover file
-    of the same name is replaced, even when it is a link (the target outside keeps its bytes), and whatever this
-    attempt does not write is gone before the manifest, so the published checkpoint holds exactly what it lists."""
+    """An asynchronous checkpoint's ranks write into the step's temporary directory as they find it (no barrier, no
+    clearing first): a leftover file of the same name is replaced, even when it is a link (the target outside keeps
+    its bytes), and whatever this attempt does not write is gone before the manifest, so the published checkpoint
+    holds exactly what it lists. The commit phases are run as the asynchronous driver runs them, one rank."""
     root, outside = tmp_path / "run" / "checkpoints", tmp_path / "outside.pt"
-    tmp = root / ".tmp_step_7"
-    (tmp / "leftover_dir").mkdir(parents=True)
+    stale = root / ".tmp_step_7"
+    (stale / "leftover_dir").mkdir(parents=True)
     outside.write_bytes(b"not legato's")
-    (tmp / "x.pt").symlink_to(outside)
+    (stale / "x.pt").symlink_to(outside)
     for name in ("shared3.pt", "manifest.json", ".report_rank1.json"):
-        (tmp / name).write_bytes(b"from a killed attempt")
-    share = ckpt.RankShare(0, {"x.pt": {"a": 1}}, {}, rank_hash({}))
-    ckpt.write_checkpoint(root, 7, share, 1, None, {}, keep_last=3)
+        (stale / name).write_bytes(b"from a killed attempt")
+    tmp = commit.stage(root, 7, 0, fresh=False)
+    written = commit.write_files(tmp, {"x.pt": {"a": 1}})
+    reports = [commit.report(0, rank_hash({}), {}, written, None)]
+    commit.publish(root, tmp, 7, 1, reports, commit.combined_hash(reports), {}, None)
     assert outside.read_bytes() == b"not legato's"
     assert sorted(p.name for p in (root / "step_7").iterdir()) == ["manifest.json", "x.pt"]
     assert not (root / "step_7" / "x.pt").is_symlink()

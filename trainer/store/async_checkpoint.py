@@ -111,7 +111,7 @@ class AsyncCheckpointer:
 
     def start(self, job: Job) -> None:
         """Hand a staged checkpoint to the worker thread (phase stage here, phase write there)."""
-        tmp = commit.stage(self.root, job.step)
+        tmp = commit.stage(self.root, job.step, self.rank, fresh=False)
         future = self._executor.submit(self._write, job, tmp)
         self.in_flight = _InFlight(job, tmp, future, time.perf_counter() - job.blocking_s)
 

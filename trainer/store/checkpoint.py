@@ -3,10 +3,8 @@
 Used for stop and final checkpoints, and for periodic ones when they are not
 written in the background. The phases themselves (stage, write, agree,
 publish, prune) and the on-disk layout are legato.store.commit's; this module
-only orders them: each rank writes as soon as it arrives, the agreement gathers
-the reports, and one barrier after the publish returns once the checkpoint is
-on disk for every rank. It must never know the Session, and never call the
-asynchronous driver.
+only orders them with the barriers a synchronous save needs. It must never
+know the Session, and never call the asynchronous driver.
 """
 
 from __future__ import annotations
@@ -35,7 +33,8 @@ def write_checkpoint(
 ) -> Committed:
     """Collective: every rank calls this with its share; returns once the checkpoint is published."""
     start = time.perf_counter()
-    tmp = commit.stage(root, step)
+    tmp = commit.stage(root, step, share.rank, fresh=True)
+    commit.barrier(group)
     written = commit.write_files(tmp, share.files, share.seen)
     reports = commit.agree(commit.report(share.rank, share.hash, share.components, written, share.replay), world_size, group)
     commit.kill_point(kill, step, "after_shards")

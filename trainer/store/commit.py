@@ -85,19 +85,24 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"{STEP_PREFIX}{step}"
 
 
-def stage(root: Path, step: int) -> Path:
-    """Phase stage: check the paths and create the temporary directory of checkpoint `step` if it is missing.
+def stage(root: Path, step: int, rank: int, fresh: bool) -> Path:
+    """Phase stage: check the paths and create the temporary directory of checkpoint `step`.
 
-    Every rank checks the same paths, so every rank refuses together instead of waiting in a barrier, and every
-    rank creates the directory, so each starts writing as soon as it arrives: no rank waits for another before
-    the agreement. What a killed earlier attempt at this step left there is overwritten file by file
-    (`write_files`) or removed before the manifest is written (`publish`), never while another rank writes.
+    Every rank checks the same paths, so every rank refuses together instead of waiting in a barrier. `fresh`
+    (a synchronous checkpoint, followed by a barrier): the leader alone clears what an earlier attempt left.
+    Otherwise every rank creates it if missing, as the ranks start writing without waiting for each other: what a killed
+    earlier attempt left there is replaced file by file (`write_files`) or removed before the manifest (`publish`).
     """
     tmp = root / f"{TMP_STEP_PREFIX}{step}"
     for path in (root, tmp, step_dir(root, step)):
         check_contained(root, path)
-    root.mkdir(parents=True, exist_ok=True)
-    tmp.mkdir(exist_ok=True)
+    if not fresh:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir(exist_ok=True)
+    elif rank == LEADER:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
     return tmp
 
 
