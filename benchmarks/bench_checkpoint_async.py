@@ -128,8 +128,8 @@ def legato_sync(state: dict, root: Path, step: int) -> None:
 def legato_async(writer: AsyncCheckpointer, state: dict, step: int) -> tuple[float, float]:
     """(blocking seconds, total seconds until committed)."""
     start = time.perf_counter()
-    staged = writer.stage(step, state)
-    writer.start(Job(step, staged, {"rank0.pt": staged.parts}, lambda: None, {}, (staged,), staged.copy_s))
+    staged = writer.stage(step, state, {"rank0.pt": state}, set())
+    writer.start(Job(step, staged, staged.files, lambda: None, {}, (staged,), staged.copy_s))
     blocking = time.perf_counter() - start
     writer.finish()
     return blocking, time.perf_counter() - start
@@ -159,8 +159,8 @@ def step_cost(writer: AsyncCheckpointer, state: dict, step: int, device: torch.d
         return (time.perf_counter() - start) / n
 
     idle = steps(50)
-    staged = writer.stage(step, state)
-    writer.start(Job(step, staged, {"rank0.pt": staged.parts}, lambda: None, {}, (staged,), staged.copy_s))
+    staged = writer.stage(step, state, {"rank0.pt": state}, set())
+    writer.start(Job(step, staged, staged.files, lambda: None, {}, (staged,), staged.copy_s))
     busy, count = 0.0, 0
     while writer.in_flight is not None and not writer.in_flight.future.done():
         busy += steps(5)
@@ -220,7 +220,7 @@ def bench_size(megabytes: int, directory: Path, rounds: int, device: torch.devic
     memory: dict[str, int] = {}
     for r in range(rounds + 1):  # round 0 warms up (allocates the staging buffer) and is not counted
         results = {
-            "memory copy of the state": timed(buffer.take, r, state),
+            "memory copy of the state": timed(buffer.take, r, state, {"rank0.pt": state}, set()),
             "raw write + fsync": timed(fsync_write, directory / "raw.bin", raw),
             "torch.save + fsync": timed(torch_save_fsync, state, directory / "ts.pt"),
             "legato sync (barrier checkpoint)": timed(legato_sync, state, root, r + 1),

@@ -34,6 +34,7 @@ from legato.session.replay import fingerprint, step_record
 from legato.session.session import Chaos, CheckpointPolicy, Session, resumable_loader
 from legato.state import components as table
 from legato.state.snapshot import Snapshot, batch_tensors
+from legato.store import layout
 
 KS = (2, 4, 8, 16)
 
@@ -103,12 +104,14 @@ def parts(b: Bench, repeats: int = 30) -> dict[str, float]:
     _, session = b.session(4)
     rows = session.components
     snap = Snapshot()
-    snap.take(0, table.capture(rows))  # allocates; later takes reuse
+    parts = table.capture(rows)
+    snap.take(0, parts, layout.files(rows, parts, 0), set())  # allocates; later takes reuse
     takes, records = [], []
     x, y = next(iter(b.loader()))
     for i in range(repeats):
         start = time.perf_counter()
-        snap.take(i, table.capture(rows))
+        parts = table.capture(rows)
+        snap.take(i, parts, layout.files(rows, parts, 0), set())
         takes.append(time.perf_counter() - start)
         start = time.perf_counter()
         tensors = batch_tensors([x, y])

@@ -2,8 +2,8 @@
 
 Every `checkpoint.replay_steps` (K) steps, when the ranks agree that the base
 is older than `checkpoint.replay_seconds` (legato.session.base_clock), and at
-the step a process starts from, the Session copies every component's state into CPU memory that is
-allocated once and reused (`Snapshot`): the replay base, step B. From then on
+the step a process starts from, the Session copies this rank's share of the state (what it writes) into CPU
+memory that is allocated once and reused (`Snapshot`): the replay base, step B. From then on
 each step appends a small record (`step_record`: the loss bits, a fingerprint
 of the batch the session yielded, and after the first step past B a
 fingerprint of the gradients). A checkpoint at step N is written with the
@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import xxhash
 
-from legato.state.hashing import rank_hash
+from legato.state.recipes import SHARE
 from legato.state.snapshot import Snapshot
 
 # A CPU tensor up to this size is fingerprinted whole: XXH3 reads it at memory speed, about what reading the strided
@@ -38,9 +38,9 @@ FINGERPRINT_BYTES = 1 << 14  # a bigger tensor, or one on an accelerator: an eve
 
 
 def base_share(rank: int, snapshot: Snapshot, window: list[dict]) -> dict:
-    """A rank's replay base for a checkpoint: the base's step and digests, and the records of the steps since."""
-    base = snapshot.digests()
-    return {"rank": rank, "from_step": snapshot.step, "hash": rank_hash(base), "components": base, "steps": list(window)}
+    """A rank's replay base for a checkpoint: the base's step, its share of the digests (completed with the other ranks'
+    when the reports meet: legato.store.commit.complete), and the records of the steps since."""
+    return {"rank": rank, "from_step": snapshot.step, SHARE: snapshot.share(), "steps": list(window)}
 
 
 def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:

@@ -112,7 +112,8 @@ class Saver:
             return
         if self.background is not None:
             self.background.release(self.snapshot)
-        self.snapshot.take(self.position.step, table.capture(self.components))
+        parts = table.capture(self.components)
+        self.snapshot.take(self.position.step, parts, *self._layout(parts))
 
     def snapshot_due(self, total_steps: int) -> bool:
         """Whether this step starts a new replay base (every replay_steps steps, or when the ranks agreed the base is too
@@ -162,7 +163,7 @@ class Saver:
         self._on_disk_after[step] = {**mine, snap.step: at or [own, bases.REPLAY_PREFIX]}
         if at is not None:
             return {}, at, True
-        return layout.files(self.components, snap.parts, self.peers.rank, bases.REPLAY_PREFIX, self.peers.world_size), None, True
+        return {bases.REPLAY_PREFIX + name: content for name, content in snap.files.items()}, None, True
 
     # -- checkpoints ----------------------------------------------------------
 
@@ -196,7 +197,7 @@ class Saver:
         parts = table.capture(self.components) if reason or hash_due else {}
         seen = Digests()
         staged = self._stage(parts) if background and step >= self.standing else None
-        components = (staged.digests() if hash_due else {}) if staged is not None else table.digests(parts, seen)
+        components = table.digests(parts, seen) if staged is None or hash_due else {}
         self.telemetry.record(step, epoch, loss, lr, components if hash_due else None)
         self.telemetry.progress(step, epoch, loss)
         if reason == "signal":
@@ -260,17 +261,22 @@ class Saver:
         return reason == "signal" and self.policy.verify != "warn" and has_base
 
     def _stage(self, parts: dict[str, Any]) -> Snapshot:
-        """The blocking part of an asynchronous checkpoint: copy the state into the reused staging buffer."""
+        """The blocking part of an asynchronous checkpoint: copy this rank's share into the reused staging buffer."""
         assert self.background is not None
         self.telemetry.sync()
-        return self.background.stage(self.position.step, parts)
+        return self.background.stage(self.position.step, parts, *self._layout(parts))
+
+    def _layout(self, parts: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
+        """This rank's files of the live state `parts` (built here, where the live module is: per-rank buffer names), and
+        which of them hold replicated state."""
+        files = layout.files(self.components, parts, self.peers.rank, world_size=self.peers.world_size)
+        return files, layout.for_everyone(files, self.peers.rank)
 
     def _save_async(self, staged: Snapshot) -> None:
         """Hand the staged state to the background writer; it is committed at a later agreed boundary."""
         assert self.background is not None
         snap, window, rank = self.snapshot, list(self.window), self.peers.rank
-        # The layout is built here, where the live module is (per-rank buffer names); it only refers to the copies.
-        files = layout.files(self.components, staged.parts, rank, world_size=self.peers.world_size)
+        files = dict(staged.files)
         base_files, at, has_base = self._base("periodic")
         files.update(base_files)
 

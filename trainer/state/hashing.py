@@ -27,7 +27,7 @@ from legato.errors import UsageError
 from legato.state.digest_rule import feed, global_hash, rank_hash, refuse
 from legato.state.sharded import is_dtensor
 
-__all__ = ["DIGEST_BYTES", "HASH_NAME", "Digests", "digest", "global_hash", "rank_hash", "raw_digest"]
+__all__ = ["DIGEST_BYTES", "HASH_NAME", "Digests", "digest", "global_hash", "rank_hash", "raw_digest", "tensor_header"]
 
 DIGEST_BYTES = 16
 HASH_NAME = "xxh3_128"
@@ -76,6 +76,11 @@ def digest(value: Any, seen: Digests | None = None) -> str:
 
 def _leaf(h: Any, value: Any, seen: Digests) -> None:
     """Tensors by dtype, shape and their bytes' digest; anything else not plain is refused."""
+    h.update(tensor_header(value) + seen.tensor(value))
+
+
+def tensor_header(value: Any) -> bytes:
+    """What a tensor feeds before its bytes' digest (dtype and shape); a DTensor or anything else not plain is refused."""
     if is_dtensor(value):
         raise UsageError(
             "The training state holds a DTensor (an FSDP2 or tensor-parallel shard) in a component that legato saves as replicated "
@@ -83,6 +88,5 @@ def _leaf(h: Any, value: Any, seen: Digests) -> None:
             "model= (its optimizer, gradients and extras are then saved as each rank's shards)."
         )
     if not isinstance(value, torch.Tensor):
-        refuse(h, value)
-        return
-    h.update(f"t{value.dtype}{tuple(value.shape)}:".encode() + seen.tensor(value))
+        refuse(None, value)
+    return f"t{value.dtype}{tuple(value.shape)}:".encode()

@@ -1,47 +1,72 @@
-"""In-memory copies of the state: a `Snapshot` of every component at one step, and the tensors of a batch.
+"""In-memory copies of the state: a rank's `Snapshot` of its share at one step, and the tensors of a batch.
 
 The replay base and the staging buffer of an asynchronous checkpoint are both
-Snapshots: CPU tensors allocated once and reused by later copies, with their
-component digests computed at most once per copy. This module must never
-touch the disk or the process group, and never draw from an RNG.
+Snapshots: CPU tensors allocated once and reused by later copies. A rank
+copies only what it writes (the files legato.store.layout gives it: its own
+state, and its share of the replicated state, which every rank holds alike),
+and keeps the recipes of every component's digest (legato.state.recipes), so
+the digests of the whole state are still known once the ranks' shares meet.
+This module must never touch the disk or the process group, and never draw
+from an RNG.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
 
-from legato.state.hashing import Digests, digest
+from legato.state import recipes
+from legato.state.hashing import Digests
 
 
 class Snapshot:
-    """The state of every component at one step, copied into CPU tensors that later copies reuse.
+    """This rank's share of the state at one step (its files' tensors copied), with the recipes of every component digest.
 
-    Its component digests are computed at most once per copy (`digests`), and the tensor digests of that
-    pass stay with it (`seen`) so that a checkpoint writing these tensors does not hash them again.
+    The tensor digests of its copies are computed at most once per copy (`share`) and stay with it (`seen`), so
+    that a checkpoint writing these tensors does not hash them again.
     """
 
     def __init__(self) -> None:
         self.step: int | None = None
-        self.parts: dict[str, Any] = {}
+        self.files: dict[str, Any] = {}  # file name -> content, as legato.store.layout lays it out, tensors copied
         self.seen = Digests()
         self.copy_s = 0.0  # how long the last copy took (the blocking part of an asynchronous checkpoint)
-        self._digests: dict[str, str] | None = None
+        self._recipes: dict[str, recipes.Recipe] = {}
+        self._own: dict[str, torch.Tensor] = {}  # tensor key -> copy, in this rank's own files
+        self._replicated: dict[str, torch.Tensor] = {}  # tensor key -> copy, written for every rank
+        self._share: dict[str, Any] | None = None
 
-    def take(self, step: int, parts: Mapping[str, Any]) -> None:
+    def take(self, step: int, parts: Mapping[str, Any], files: Mapping[str, Any], for_everyone: Collection[str]) -> None:
+        """Copy `files` (this rank's files of the live state `parts`; `for_everyone`: those holding replicated state) and
+        record the recipes of `parts`' digests."""
         start = time.perf_counter()
-        self.seen, self._digests = Digests(), None
-        self.parts = _copy_into(self.parts, parts)
+        self.seen, self._share = Digests(), None
+        self.files = {name: _copy_into(self.files.get(name), content) for name, content in files.items()}
+        copies: dict[int, tuple[torch.Tensor, bool]] = {}  # id(live tensor) -> (its copy, written for every rank)
+        # A tensor in both kinds of file (rank 0's per-rank buffers) is its own: each rank holds its own values of those.
+        for name in sorted(files, key=lambda n: n in for_everyone):
+            _pair(files[name], self.files[name], name in for_everyone, copies)
+        self._own, self._replicated = {}, {}
+
+        def found(key: str, live: torch.Tensor) -> None:
+            if id(live) in copies:  # else another rank writes it, and reports its digest
+                copy, everyone = copies[id(live)]
+                (self._replicated if everyone else self._own)[key] = copy
+
+        self._recipes = {name: recipes.record(name, value, found) for name, value in parts.items()}
         self.step = step
         self.copy_s = time.perf_counter() - start
 
-    def digests(self) -> dict[str, str]:
-        if self._digests is None:
-            self._digests = {name: digest(value, self.seen) for name, value in self.parts.items()}
-        return self._digests
+    def share(self) -> dict[str, Any]:
+        """This rank's share of the digests (legato.state.recipes.share), its copies hashed once."""
+        if self._share is None:
+            own = {key: self.seen.tensor(t) for key, t in self._own.items()}
+            replicated = {key: self.seen.tensor(t) for key, t in self._replicated.items()}
+            self._share = recipes.share(self._recipes, own, replicated)
+        return self._share
 
 
 def _copy_into(dst: Any, src: Any) -> Any:
@@ -61,6 +86,18 @@ def _copy_into(dst: Any, src: Any) -> Any:
         items = [_copy_into(o, v) for o, v in zip(old, src)]
         return items if isinstance(src, list) else tuple(items)
     return src  # numbers, strings, None: immutable
+
+
+def _pair(live: Any, copy: Any, everyone: bool, into: dict[int, tuple[torch.Tensor, bool]]) -> None:
+    """Record each tensor of `live` (by id) with its copy in `copy` (`_copy_into`'s result), the first record kept."""
+    if isinstance(live, torch.Tensor):
+        into.setdefault(id(live), (copy, everyone))
+    elif isinstance(live, Mapping):
+        for key, value in live.items():
+            _pair(value, copy[key], everyone, into)
+    elif isinstance(live, (list, tuple)):
+        for value, copied in zip(live, copy):
+            _pair(value, copied, everyone, into)
 
 
 def batch_tensors(batch: Any) -> list[torch.Tensor]:

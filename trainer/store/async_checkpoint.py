@@ -1,12 +1,14 @@
 """Asynchronous periodic checkpoints: training waits only for a memory copy, never for the disk.
 
-At the agreed step every rank copies its state into a staging buffer that is
-allocated once and reused (`legato.session.replay.Snapshot`, the same mechanism as the
-replay base; the copy is the only blocking part) and hands it to one
-background thread (at the lowest CPU priority, so that on a busy machine the
-steps keep their cores and the write fills idle time), which computes the
-state digests on the staged copy (the one hash pass), writes and fsyncs its files into `<root>/.tmp_step_<N>/` and
-last writes its report (`.report_rank<R>.json`, fsynced). Whether every rank's
+At the agreed step every rank copies its share of the state (the files it
+writes) into a staging buffer that is allocated once and reused
+(`legato.state.snapshot.Snapshot`, the same mechanism as the replay base; the
+copy is the only blocking part) and hands it to one background thread (at
+the lowest CPU priority, so that on a busy machine the steps keep their cores
+and the write fills idle time), which hashes the staged copy (the one hash
+pass), writes and fsyncs its files into `<root>/.tmp_step_<N>/` and last
+writes its report (`.report_rank<R>.json`, fsynced) with its share of the
+digests; the leader completes every rank's digests from the reports. Whether every rank's
 files are durable is agreed through the stop agreement's non-blocking
 all-reduce (legato.dist.stop), so no step waits for it; once all are, rank 0 builds
 the manifest from the reports and publishes the directory with the same atomic
@@ -44,7 +46,6 @@ import torch.distributed as dist
 
 from legato.dist.stop import Decision
 from legato.files import fsync_dir, write_fsynced
-from legato.state.hashing import rank_hash
 from legato.state.snapshot import Snapshot
 from legato.store import commit
 from legato.store.commit import Committed, KillPoint
@@ -103,10 +104,10 @@ class AsyncCheckpointer:
         future = self.in_flight.future
         return {"writing_local": not future.done(), "failed_local": future.done() and future.exception() is not None}
 
-    def stage(self, step: int, parts: dict[str, Any]) -> Snapshot:
-        """The blocking part: copy the live state into the reused staging buffer."""
+    def stage(self, step: int, parts: dict[str, Any], files: dict[str, Any], for_everyone: set[str]) -> Snapshot:
+        """The blocking part: copy this rank's files of the live state into the reused staging buffer (`Snapshot.take`)."""
         assert self.in_flight is None, "stage() while a checkpoint is in flight"
-        self.staging.take(step, parts)
+        self.staging.take(step, parts, files, for_everyone)
         return self.staging
 
     def start(self, job: Job) -> None:
@@ -175,11 +176,11 @@ class AsyncCheckpointer:
 
     def _write(self, job: Job, tmp: Path) -> None:
         """The worker: one hash pass over the staged copy, then write, fsync, report."""
-        components = job.staged.digests()
+        share = job.staged.share()
         replay = job.replay()
         written = commit.write_files(tmp, job.files, tuple(h.seen for h in job.holds))
         commit.kill_point(self.kill, job.step, "after_shards")
-        report = commit.report(self.rank, rank_hash(components), components, written, replay)
+        report = commit.report(self.rank, "", {}, written, replay, share)
         write_fsynced(tmp / f"{REPORT_PREFIX}{self.rank}.json", json.dumps(report, sort_keys=True).encode())
         fsync_dir(tmp)
 
@@ -188,6 +189,7 @@ class AsyncCheckpointer:
         assert flight is not None
         step, tmp = flight.job.step, flight.tmp
         reports = [json.loads((tmp / f"{REPORT_PREFIX}{r}.json").read_text()) for r in range(self.world_size)] if self.rank == 0 else []
+        reports = commit.complete(reports)
         ghash = commit.combined_hash(reports)
         if self.rank == commit.LEADER:
             commit.publish(self.root, tmp, step, self.world_size, reports, ghash, flight.job.meta, self.kill)

@@ -39,7 +39,9 @@ import torch.distributed as dist
 from legato.files import fsync_dir, write_fsynced
 from legato.paths import CHECKPOINT_MANIFEST as MANIFEST
 from legato.paths import STEP_PREFIX, TMP_STEP_PREFIX
-from legato.state.hashing import Digests, global_hash
+from legato.state import recipes
+from legato.state.hashing import Digests, global_hash, rank_hash
+from legato.state.recipes import SHARE
 from legato.store import bases
 from legato.store.filehash import save_all
 from legato.store.manifest import FORMAT, check_contained, checkpoint_step, list_checkpoints, manifest_checksum
@@ -112,9 +114,31 @@ def write_files(directory: Path, files: dict[str, Any], seen: tuple[Digests, ...
     return dict(zip(files, save_all({directory / name: state for name, state in files.items()}, known)))
 
 
-def report(rank: int, rank_hash: str, components: dict[str, str], written: dict[str, dict], replay: dict | None) -> dict:
-    """One rank's report of its written share: what `agree` exchanges and `publish` turns into the manifest."""
-    return {"rank": rank, "hash": rank_hash, "components": components, "files": written, "replay": replay}
+def report(rank: int, rank_hash: str, components: dict[str, str], written: dict[str, dict], replay: dict | None,
+           share: dict | None = None) -> dict:
+    """One rank's report of its written share: what `agree` exchanges and `publish` turns into the manifest. With `share`
+    (a staged copy's share of the digests, legato.state.recipes) the digests and hash are left to `complete`."""
+    out = {"rank": rank, "hash": rank_hash, "components": components, "files": written, "replay": replay}
+    return out if share is None else {**out, SHARE: share}
+
+
+def complete(reports: list[dict]) -> list[dict]:
+    """The ranks' reports (in rank order) with the digests and rank hashes that they left to their meeting filled in, for
+    the state and for the replay base: every rank's share of the digests completed by the others' (recipes.complete)."""
+    if not reports:
+        return reports
+    reports = _completed(reports)
+    if reports[0]["replay"] is None:
+        return reports
+    replays = _completed([r["replay"] for r in reports])
+    return [{**r, "replay": replay} for r, replay in zip(reports, replays)]
+
+
+def _completed(entries: list[dict]) -> list[dict]:
+    if not any(SHARE in e for e in entries):
+        return entries
+    digests = recipes.complete([e[SHARE] for e in entries])
+    return [{**{k: v for k, v in e.items() if k != SHARE}, "components": d, "hash": rank_hash(d)} for e, d in zip(entries, digests)]
 
 
 def agree(own: dict, world_size: int, group: dist.ProcessGroup | None) -> list[dict]:

@@ -65,6 +65,12 @@ def share_file(rank: int, prefix: str = "") -> str:
     return f"{prefix}{SHARE_PREFIX}{rank}.pt"
 
 
+def for_everyone(files: Iterable[str], rank: int) -> set[str]:
+    """Which of rank `rank`'s files (unprefixed) hold replicated state, written once for every rank: all but its own
+    file and its shard files."""
+    return {f for f in files if f != rank_file(rank) and not f.endswith(f".shard{rank}.pt")}
+
+
 def _share_index(file: str) -> int | None:
     suffix = file.removeprefix(SHARE_PREFIX).removesuffix(".pt")
     return int(suffix) if file.startswith(SHARE_PREFIX) and file.endswith(".pt") and suffix.isdigit() else None

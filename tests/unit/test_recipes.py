@@ -1,0 +1,145 @@
+"""A rank that copies only its share still knows every digest: the completed recipes are `digest()` bit for bit.
+
+In one process, no group: each "rank" lays out its own copy of a DDP-style
+state (identical replicated model and AdamW state, per-rank batch-norm
+buffers, per-rank counters) with legato.store.layout, snapshots only its
+files (legato.state.snapshot.Snapshot, as the replay base and the staging of
+an asynchronous checkpoint do), and the shares of all ranks are completed as
+the leader completes the reports. The same digests over real processes and
+disks: e2e/test_async_checkpoint_runs.py and the replay tests.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from legato.state import recipes
+from legato.state.components import MODEL_FILE, RANK_FILE, TRAIN_STATE_FILE, Component
+from legato.state.hashing import digest
+from legato.state.snapshot import Snapshot
+from legato.store import commit, layout
+
+PER_RANK = {"norm.running_mean", "norm.running_var", "norm.num_batches_tracked"}
+
+
+class Counters:
+    """Per-rank plain state with a small tensor, as a Session's own rows hold."""
+
+    def __init__(self, rank: int) -> None:
+        self.state = {"step": 5, "lr": 0.1 * (rank + 1), "seen": torch.arange(3) + rank}
+
+    def state_dict(self) -> dict:
+        return self.state
+
+    def load_state_dict(self, state: dict) -> None:
+        self.state = state
+
+
+def trained() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(3)
+    model = torch.nn.Sequential()
+    model.add_module("fc", torch.nn.Linear(48, 64))
+    model.add_module("norm", torch.nn.BatchNorm1d(64))
+    model.add_module("head", torch.nn.Linear(64, 40))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 48)).square().mean().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def rank_rows(base: tuple[torch.nn.Module, torch.optim.Optimizer], rank: int) -> list[Component]:
+    """Rank `rank`'s table: the replicated model and optimizer as DDP keeps them, its own batch-norm buffers and counters."""
+    model = copy.deepcopy(base[0])
+    model.norm.running_mean.add_(rank)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer.load_state_dict(base[1].state_dict())
+    return [
+        Component("model", model, MODEL_FILE, per_rank_keys=lambda: PER_RANK),
+        Component("optimizer", optimizer, TRAIN_STATE_FILE),
+        Component("counters", Counters(rank), RANK_FILE),
+    ]
+
+
+def snapshots(world: int) -> tuple[list[dict], list[Snapshot]]:
+    base = trained()
+    states, snaps = [], []
+    for rank in range(world):
+        rows = rank_rows(base, rank)
+        parts = {c.name: c.obj.state_dict() for c in rows}
+        files = layout.files(rows, parts, rank, world_size=world)
+        snap = Snapshot()
+        snap.take(9, parts, files, layout.for_everyone(files, rank))
+        states.append({name: digest(value) for name, value in parts.items()})
+        snaps.append(snap)
+    return states, snaps
+
+
+def tensor_bytes(tree: object) -> int:
+    return sum(t.nbytes for t in layout._tensors(tree))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_completed_shares_are_every_rank_s_digests_bit_for_bit(world: int) -> None:
+    expected, snaps = snapshots(world)
+    assert recipes.complete([s.share() for s in snaps]) == expected
+    # Per-rank values make the ranks' digests differ where they should: the model (its buffers) and the counters.
+    if world > 1:
+        assert expected[0]["model"] != expected[1]["model"] and expected[0]["optimizer"] == expected[1]["optimizer"]
+
+
+def test_each_rank_copies_its_share_not_the_replicated_state() -> None:
+    world = 4
+    _, snaps = snapshots(world)
+    copied = [tensor_bytes(s.files) for s in snaps]
+    whole = tensor_bytes(trained()[0].state_dict()) + tensor_bytes(trained()[1].state_dict())
+    # Rank 0 writes model.pt (and its share of the optimizer); every other rank a part of the optimizer state only.
+    assert all(c < whole for c in copied) and sum(copied) < 1.1 * whole
+    assert "model.pt" in snaps[0].files and all("model.pt" not in s.files for s in snaps[1:])
+
+
+def test_the_share_is_of_the_step_taken_not_of_the_live_state_that_moved_on() -> None:
+    base = trained()
+    rows = rank_rows(base, 0)
+    parts = {c.name: c.obj.state_dict() for c in rows}
+    before = {name: digest(value) for name, value in parts.items()}
+    files = layout.files(rows, parts, 0)
+    snap = Snapshot()
+    snap.take(1, parts, files, layout.for_everyone(files, 0))
+    with torch.no_grad():
+        rows[0].obj.fc.weight.add_(1.0)
+    assert recipes.complete([snap.share()]) == [before]
+
+
+def test_a_reference_no_rank_filled_is_an_error_never_a_default() -> None:
+    _, snaps = snapshots(2)
+    shares = [s.share() for s in snaps]
+    dropped = {**shares[1], recipes.REPLICATED: dict(list(shares[1][recipes.REPLICATED].items())[1:])}
+    with pytest.raises(ValueError, match="no rank reported the digest of tensor"):
+        recipes.complete([shares[0], dropped])
+
+
+def test_a_planted_wrong_digest_changes_the_completed_digest_and_two_writers_that_disagree_are_refused() -> None:
+    expected, snaps = snapshots(2)
+    shares = [s.share() for s in snaps]
+    key = next(iter(shares[1][recipes.REPLICATED]))
+    planted = {**shares[1], recipes.REPLICATED: {**shares[1][recipes.REPLICATED], key: "00" * 16}}
+    completed = recipes.complete([shares[0], planted])
+    assert completed != expected
+    assert completed[0][key.split(":")[0]] != expected[0][key.split(":")[0]]  # rank 0's digest names the fault too
+    twice = {**shares[0], recipes.REPLICATED: {**shares[0][recipes.REPLICATED], key: "00" * 16}}
+    with pytest.raises(ValueError, match="two ranks wrote tensor"):
+        recipes.complete([twice, shares[1]])
+
+
+def test_reports_are_completed_for_the_state_and_the_replay_base_and_carry_no_share_into_the_manifest() -> None:
+    expected, snaps = snapshots(2)
+    reports = [
+        commit.report(r, "", {}, {}, {"rank": r, "from_step": 9, recipes.SHARE: s.share(), "steps": []}, s.share())
+        for r, s in enumerate(snaps)
+    ]
+    done = commit.complete(reports)
+    assert [d["components"] for d in done] == expected == [d["replay"]["components"] for d in done]
+    assert all(recipes.SHARE not in d and recipes.SHARE not in d["replay"] and d["hash"] == d["replay"]["hash"] for d in done)
