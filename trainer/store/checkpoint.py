@@ -36,8 +36,8 @@ def write_checkpoint(
     tmp = commit.stage(root, step, share.rank, fresh=True)
     commit.barrier(group)
     written = commit.write_files(tmp, share.files, share.seen)
-    reports = commit.complete(commit.agree(commit.report(share.rank, share.hash, share.components, written, share.replay), world_size,
-                                           group))
+    own = commit.report(share.rank, share.hash, share.components, written, share.replay)
+    reports = commit.complete(commit.agree(own, world_size, group))
     commit.kill_point(kill, step, "after_shards")
     ghash = commit.combined_hash(reports)
     if share.rank == commit.LEADER:

@@ -114,11 +114,11 @@ def write_files(directory: Path, files: dict[str, Any], seen: tuple[Digests, ...
     return dict(zip(files, save_all({directory / name: state for name, state in files.items()}, known)))
 
 
-def report(rank: int, rank_hash: str, components: dict[str, str], written: dict[str, dict], replay: dict | None,
+def report(rank: int, state_hash: str, components: dict[str, str], written: dict[str, dict], replay: dict | None,
            share: dict | None = None) -> dict:
     """One rank's report of its written share: what `agree` exchanges and `publish` turns into the manifest. With `share`
     (a staged copy's share of the digests, legato.state.recipes) the digests and hash are left to `complete`."""
-    out = {"rank": rank, "hash": rank_hash, "components": components, "files": written, "replay": replay}
+    out = {"rank": rank, "hash": state_hash, "components": components, "files": written, "replay": replay}
     return out if share is None else {**out, SHARE: share}
 
 
