@@ -4,7 +4,9 @@ Control traffic gets its own gloo group: CPU tensors, and no interleaving with
 DDP's buckets. The Session ends the group with its loop (`close`), while the
 interpreter is whole: a gloo group still alive when Python finalizes keeps
 threads that may touch Python objects then, and a rank that exits cleanly can
-abort ("terminate called without an active exception"). This module must
+abort ("terminate called without an active exception"); a group the script
+keeps (its world group, held by an FSDP2 model past `destroy_process_group()`)
+is waited for at exit instead (`quiesce`). This module must
 never decide what is exchanged, only move it.
 """
 
@@ -14,6 +16,8 @@ import contextlib
 from typing import Any
 
 import torch.distributed as dist
+
+from legato.dist.quiesce import wait_at_exit
 
 
 class Peers:
@@ -29,6 +33,7 @@ class Peers:
         """Collective when distributed: this process's rank and a new gloo group for control traffic."""
         if not (dist.is_available() and dist.is_initialized()):
             return cls(0, 1, None)
+        wait_at_exit()
         return cls(dist.get_rank(), dist.get_world_size(), dist.new_group(backend="gloo"))
 
     @property
