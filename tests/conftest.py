@@ -33,6 +33,9 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 TINY_GPT = ROOT / "configs" / "tiny_gpt.yaml"
 MLP = ROOT / "configs" / "mlp.yaml"
+# Inherited by every process the suite starts: one that dies of a fatal signal (an abort in C++ code, a segfault)
+# prints each of its threads' Python stacks to its stderr first, which the failing assertion then carries.
+os.environ.setdefault("PYTHONFAULTHANDLER", "1")
 
 # A short corpus so that epochs are a few steps long and a test sees several of them;
 # ranks agree every step so that a signal after step s stops the run after step s + 1;

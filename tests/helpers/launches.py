@@ -32,6 +32,11 @@ def start_ranks(script: Path, out: Path, world: int = 2, **env: str) -> list[sub
     ]
 
 
+def stderr_tails(out: Path, world: int = 2, chars: int = 3000) -> str:
+    """The end of every rank's stderr file under `out` (see start_ranks), for an assertion's message."""
+    return "\n".join(f"--- rank {rank}:\n{(out / f'rank{rank}.stderr').read_text()[-chars:]}" for rank in range(world))
+
+
 @contextmanager
 def reaped(procs: list[subprocess.Popen]) -> Iterator[list[subprocess.Popen]]:
     """`procs`, killed and waited for on the way out if still running (a failed wait or assertion leaves none behind)."""
