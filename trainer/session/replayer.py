@@ -76,10 +76,8 @@ class Replayer:
         telemetry, rank = self.resumer.telemetry, self.resumer.peers.rank
         telemetry.stop_agreed(step, self.flag.received_at)
         telemetry.emit(Kind.REPLAY_STOPPED, step=step, checkpoint_step=self.check.to_step)
-        log.info(
-            "rank %d: ranks agreed to stop during the replay, after step %d; the checkpoint at step %d still stands",
-            rank, step, self.check.to_step,
-        )
+        telemetry.say("rank %d: ranks agreed to stop during the replay, after step %d; the checkpoint at step %d still stands; "
+                      "run the same command again to resume", rank, step, self.check.to_step)
         return Outcome.STOPPED
 
     def _finish(self, held_at: int | None) -> Outcome:
