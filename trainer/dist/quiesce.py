@@ -29,6 +29,8 @@ import os
 import time
 from pathlib import Path
 
+from legato.runtime.processes import stat_fields
+
 log = logging.getLogger(__name__)
 
 WORKER_THREAD = "pt_gloo_runloop"
@@ -51,19 +53,18 @@ def wait_at_exit() -> None:
     _registered = True
 
 
-def settle(timeout_s: float = WAIT_AT_MOST_S) -> bool:
-    """Sleep in short steps until every gloo worker thread was parked at PARKED_LOOKS looks in a row; whether they were."""
+def settle(timeout_s: float = WAIT_AT_MOST_S) -> None:
+    """Sleep in short steps until every gloo worker thread was parked at PARKED_LOOKS looks in a row, or `timeout_s` passed."""
     deadline, parked = time.monotonic() + timeout_s, 0
     while parked < PARKED_LOOKS:
         states = worker_states()
         if not states:
-            return True
+            return
         parked = parked + 1 if all(state == "S" for state in states) else 0
         if time.monotonic() >= deadline:
             log.debug("gloo worker threads still runnable at exit after %.1fs: %s", timeout_s, states)
-            return False
+            return
         time.sleep(LOOK_EVERY_S)
-    return True
 
 
 def worker_states() -> list[str]:
@@ -71,9 +72,10 @@ def worker_states() -> list[str]:
     states = []
     for task in os.listdir(TASKS):
         try:
-            if (TASKS / task / "comm").read_text().strip() != WORKER_THREAD:
-                continue
-            states.append((TASKS / task / "stat").read_text().rsplit(")", 1)[1].split()[0])
-        except (OSError, IndexError):  # the thread ended between the listing and the read
+            worker = (TASKS / task / "comm").read_text().strip() == WORKER_THREAD
+        except OSError:  # the thread ended between the listing and the read
             continue
+        fields = stat_fields(int(task)) if worker else None
+        if fields is not None:
+            states.append(fields[0])
     return states

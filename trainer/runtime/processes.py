@@ -66,13 +66,13 @@ def output(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S) -> str | None:
 def alive(pid: int) -> bool:
     """True while `pid` runs (a zombie counts as gone; our own dead children are reaped first)."""
     reap(pid)
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return fields is not None and fields[0] not in ("Z", "X")
 
 
 def parent_of(pid: int) -> int | None:
     """The parent pid of `pid`, or None when it is gone (read from /proc)."""
-    fields = _stat(pid)
+    fields = stat_fields(pid)
     return None if fields is None else int(fields[1])
 
 
@@ -80,14 +80,15 @@ def children(parent: int) -> list[int]:
     """The live processes whose parent is `parent` (read from /proc; empty where there is none)."""
     found = []
     for entry in Path("/proc").glob("[0-9]*"):
-        fields = _stat(int(entry.name))
+        fields = stat_fields(int(entry.name))
         if fields is not None and int(fields[1]) == parent and fields[0] not in ("Z", "X"):
             found.append(int(entry.name))
     return found
 
 
-def _stat(pid: int) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state, ppid, ...), or None when `pid` is gone."""
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, ppid, ...), or None when `pid` is gone; a thread's id
+    reads its own."""
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
