@@ -21,6 +21,8 @@ import pytest
 from conftest import ROOT, TINY_GPT
 from helpers.cli import ledger, legato, run_args
 
+from legato.store.trajectory import read_trajectory
+
 
 def children(pid: int) -> list[int]:
     found = []
@@ -237,7 +239,8 @@ def wait_for_moment(moment: str, launcher: subprocess.Popen, token: str, run_dir
         time.sleep(rnd.uniform(0, 2))
         return
     traj = run_dir / "trajectory" / "rank0.jsonl"
-    wait_until(lambda: launcher.poll() is not None or (traj.exists() and traj.stat().st_mtime > since), 240, "training to start")
+    resumed_from = newest_step(run_dir)
+    wait_until(lambda: launcher.poll() is not None or trained_past(traj, resumed_from, since), 240, "training to start")
     if moment == "training":
         time.sleep(rnd.uniform(0, 1))
         return
@@ -247,6 +250,20 @@ def wait_for_moment(moment: str, launcher: subprocess.Popen, token: str, run_dir
         assert time.monotonic() < deadline and launcher.poll() is None, "no checkpoint write seen"
         time.sleep(0.001)
     time.sleep(rnd.uniform(0, 0.02))
+
+
+def newest_step(run_dir: Path) -> int:
+    """The step of the newest committed checkpoint, 0 without one."""
+    return max((int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")), default=0)
+
+
+def trained_past(traj: Path, step: int, since: float) -> bool:
+    """This launch's rank 0 logged a step after `step`: it trains. Its trajectory is rewritten (cut back to the
+    resumed step) when the Session opens, so a fresh mtime alone would also be true before the first batch."""
+    if _mtime(traj) <= since:
+        return False
+    records = read_trajectory(traj)
+    return bool(records) and records[-1]["step"] > step
 
 
 def _mtime(path: Path) -> float:
@@ -270,11 +287,21 @@ def kill_and_look(launcher: subprocess.Popen, token: str) -> tuple[int, set[int]
     return len(before), running
 
 
+def commit_a_first_checkpoint(run_dir: Path, token: str, log: Path) -> None:
+    """One launch trained until its first checkpoint commits, then killed: without it, a seed whose early kills all
+    land before the first commit (start-up, the first batches, the first write) leaves no launch anything to resume."""
+    launcher = launch_marked(run_dir, token, log)
+    wait_until(lambda: launcher.poll() is not None or newest_step(run_dir) > 0, 240, "the first checkpoint")
+    assert launcher.poll() is None, log.read_text()[-3000:]
+    _, left = kill_and_look(launcher, token)
+    assert left == set(), f"first launch: {[described(p) for p in sorted(left)]} still running 1 s after"
+
+
 @pytest.mark.slow
 def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second_later(tmp_path: Path) -> None:
     """Start-up, training and checkpoint writes, ten kills each, in a seeded order and at seeded delays (the seed is
-    in every failure message; LEGATO_KILL_SEED replays one); each launch resumes the run the previous kill left.
-    Every resume still verifies, and the run's checkpoints are bit for bit those of an uninterrupted run."""
+    in every failure message; LEGATO_KILL_SEED replays one), after a first launch that commits one checkpoint; each
+    launch resumes the run the previous kill left. Every resume still verifies, and the run's checkpoints are bit for bit those of an uninterrupted run."""
     seed = int(os.environ.get("LEGATO_KILL_SEED", "0")) or random.randrange(1, 10**6)
     rnd = random.Random(seed)
     moments = rnd.sample(MOMENTS, len(MOMENTS))
@@ -282,6 +309,7 @@ def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second
     busy: list[int] = []
     must_resume = 0  # kills inside a write of a launch that found a checkpoint: its resume had finished
     try:
+        commit_a_first_checkpoint(run_dir, token, tmp_path / "first.log")
         for i, moment in enumerate(moments):
             since = time.time()
             must_resume += moment == "checkpoint" and any((run_dir / "checkpoints").glob("step_*"))
