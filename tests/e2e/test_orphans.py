@@ -301,7 +301,8 @@ def commit_a_first_checkpoint(run_dir: Path, token: str, log: Path) -> None:
 def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second_later(tmp_path: Path) -> None:
     """Start-up, training and checkpoint writes, ten kills each, in a seeded order and at seeded delays (the seed is
     in every failure message; LEGATO_KILL_SEED replays one), after a first launch that commits one checkpoint; each
-    launch resumes the run the previous kill left. Every resume still verifies, and the run's checkpoints are bit for bit those of an uninterrupted run."""
+    launch resumes the run the previous kill left. Every resume still verifies, and the run's checkpoints are bit for
+    bit those of an uninterrupted run."""
     seed = int(os.environ.get("LEGATO_KILL_SEED", "0")) or random.randrange(1, 10**6)
     rnd = random.Random(seed)
     moments = rnd.sample(MOMENTS, len(MOMENTS))
