@@ -287,6 +287,35 @@ def kill_and_look(launcher: subprocess.Popen, token: str) -> tuple[int, set[int]
     return len(before), running
 
 
+LAUNCHER_WITH_A_CHILD = """
+import ctypes, signal, subprocess, sys, time
+PR_SET_PDEATHSIG = 1
+# The child dies with this process, as a rank armed with its parent-death signal dies with the launcher.
+subprocess.Popen(sys.argv[1:], preexec_fn=lambda: ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL))
+time.sleep(600)
+"""
+
+
+def test_the_kill_check_names_a_process_that_outlives_the_launcher_and_not_one_that_ends_with_it(tmp_path: Path) -> None:
+    """The planted fault for `kill_and_look`: a process of the run in a session of its own, which the launcher's death
+    does not reach, is reported running a second later; the launcher's own child, ended with it, is not."""
+    token = f"planted-{os.getpid()}"
+    env = dict(os.environ, **{MARK: token})
+    sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER_WITH_A_CHILD, *sleeper], env=env)
+    stray = subprocess.Popen(sleeper, env=env, start_new_session=True)
+    try:
+        wait_until(lambda: len(marked(token)) == 3, 60, "the launcher, its child and the stray process")
+        assert not dying(stray.pid)
+        count, running = kill_and_look(launcher, token)
+        assert (count, running) == (3, {stray.pid})
+    finally:
+        for pid in marked(token):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        stray.wait(timeout=60)
+
+
 def commit_a_first_checkpoint(run_dir: Path, token: str, log: Path) -> None:
     """One launch trained until its first checkpoint commits, then killed: without it, a seed whose early kills all
     land before the first commit (start-up, the first batches, the first write) leaves no launch anything to resume."""
