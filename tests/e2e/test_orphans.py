@@ -252,9 +252,14 @@ def wait_for_moment(moment: str, launcher: subprocess.Popen, token: str, run_dir
     time.sleep(rnd.uniform(0, 0.02))
 
 
+def committed_steps(run_dir: Path) -> list[int]:
+    """The steps of the run's committed checkpoints, oldest first."""
+    return sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
+
+
 def newest_step(run_dir: Path) -> int:
     """The step of the newest committed checkpoint, 0 without one."""
-    return max((int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*")), default=0)
+    return max(committed_steps(run_dir), default=0)
 
 
 def trained_past(traj: Path, step: int, since: float) -> bool:
@@ -342,7 +347,7 @@ def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second
         commit_a_first_checkpoint(run_dir, token, tmp_path / "first.log")
         for i, moment in enumerate(moments):
             since = time.time()
-            must_resume += moment == "checkpoint" and any((run_dir / "checkpoints").glob("step_*"))
+            must_resume += moment == "checkpoint" and newest_step(run_dir) > 0
             launcher = launch_marked(run_dir, token, tmp_path / f"launch{i}.log")
             wait_for_moment(moment, launcher, token, run_dir, since, rnd)
             assert launcher.poll() is None, (tmp_path / f"launch{i}.log").read_text()[-3000:]
@@ -357,7 +362,7 @@ def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second
         assert len(resumes) >= must_resume >= 3, f"seed {seed}: {len(resumes)} resumes, {must_resume} kills after one: {resumes}"
         assert all("verified" in line for line in resumes), resumes
         reference = tmp_path / "reference"
-        steps = sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step_*"))
+        steps = committed_steps(run_dir)
         launcher = launch_marked(reference, token, tmp_path / "reference.log")
         wait_until(lambda: (reference / "checkpoints" / f"step_{steps[-1]}").is_dir(), 600, f"the reference's step {steps[-1]}")
         _, left = kill_and_look(launcher, token)
