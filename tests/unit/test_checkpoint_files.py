@@ -7,12 +7,14 @@ bytes (legato.state.hashing.Digests); a reader checks a file from its bytes alon
 
 from __future__ import annotations
 
+import io
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
+from legato.files import WRITE_PIECE_BYTES
 from legato.state.hashing import Digests, digest
 from legato.store import commit, filehash
 from legato.store import manifest as manifests
@@ -76,6 +78,34 @@ def test_no_crc_pass_in_the_writer_threads(tmp_path: Path) -> None:
             records = [info for info in archive.infolist() if "/data/" in info.filename]
             assert records and all(info.CRC == 0 for info in records), name
     assert torch.equal(filehash.load_file(tmp_path / "b.pt")["x"], torch.arange(5000.0))
+
+
+def test_a_big_storage_reaches_the_file_in_pieces_and_the_file_is_unchanged(tmp_path: Path) -> None:
+    """torch.save hands a storage to its file in one write; the checkpoint writer passes it on in pieces of at most
+    WRITE_PIECE_BYTES (one write of 2 MiB or more costs 4-5x on this project's machines), byte for byte the same file."""
+    value = {"w": torch.arange(3 * WRITE_PIECE_BYTES // 4 + 5, dtype=torch.float32)}  # a storage of 3 pieces and 20 bytes
+
+    class Recording(io.BytesIO):
+        """A file that records the size of every write it is given."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.sizes: list[int] = []
+
+        def write(self, data) -> int:
+            self.sizes.append(memoryview(data).nbytes)
+            return super().write(data)
+
+    recorded = Recording()
+    writer = filehash._HashingWriter(recorded, {})
+    torch.save(value, writer)
+    whole = io.BytesIO()
+    torch.save(value, whole)
+    assert recorded.getvalue() == whole.getvalue()
+    assert max(recorded.sizes) == WRITE_PIECE_BYTES and recorded.sizes.count(WRITE_PIECE_BYTES) == 3
+    written = commit.write_files(tmp_path, {"a.pt": value})["a.pt"]
+    manifests._verify_file(tmp_path / "a.pt", written)
+    assert torch.equal(filehash.load_file(tmp_path / "a.pt")["w"], value["w"])
 
 
 @pytest.mark.parametrize("where", [0, 0.25, 0.5, 0.75, -1])

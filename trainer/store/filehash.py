@@ -23,6 +23,7 @@ import torch
 import xxhash
 from torch.utils.serialization import config as serialization_config
 
+from legato.files import write_in_pieces
 from legato.store.manifest import HASH_KEY, region_record
 
 SEGMENT_MIN_BYTES = 4096  # smaller writes are hashed as part of the region around them
@@ -55,7 +56,7 @@ class _HashingWriter:
             self._combined.update(region_record("S", view.nbytes, found))
             self.segments.append([self.bytes, view.nbytes])
         self.bytes += view.nbytes
-        return self._f.write(data)
+        return write_in_pieces(self._f, view)
 
     def flush(self) -> None:
         self._f.flush()
