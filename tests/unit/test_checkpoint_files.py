@@ -108,6 +108,28 @@ def test_a_big_storage_reaches_the_file_in_pieces_and_the_file_is_unchanged(tmp_
     assert torch.equal(filehash.load_file(tmp_path / "a.pt")["w"], value["w"])
 
 
+def test_a_loaded_file_owns_its_memory_views_stay_views_and_nothing_stays_mapped(tmp_path: Path) -> None:
+    """load_file reads through a mapping of the file and copies each storage out of it: two saved views of one storage
+    come back as views of one copy, a saved Parameter and a state dict's `_metadata` come back as saved, and once
+    loaded nothing refers to the file's mapping (an optimizer keeps the tensors load_state_dict hands it, and a mapped
+    tensor would pin a pruned checkpoint's disk space and copy each page on its first in-place update)."""
+    base = torch.arange(4096.0)
+    model = torch.nn.Linear(64, 16)
+    value = {"model": model.state_dict(), "param": torch.nn.Parameter(torch.ones(1024)), "views": [base[:2048], base[1024:]],
+             "pair": (base, 3)}
+    written = commit.write_files(tmp_path, {"a.pt": value})["a.pt"]
+    manifests._verify_file(tmp_path / "a.pt", written)
+    loaded = filehash.load_file(tmp_path / "a.pt")
+    first, second = loaded["views"]
+    assert first.untyped_storage().data_ptr() == second.untyped_storage().data_ptr() == loaded["pair"][0].untyped_storage().data_ptr()
+    assert torch.equal(first, base[:2048]) and torch.equal(second, base[1024:]) and second.storage_offset() == 1024
+    assert isinstance(loaded["param"], torch.nn.Parameter) and loaded["param"].requires_grad
+    assert loaded["model"]._metadata == value["model"]._metadata
+    assert digest(loaded) == digest(value)
+    maps = Path("/proc/self/maps").read_text()
+    assert str(tmp_path / "a.pt") not in maps, "a loaded tensor still refers to the file's mapping"
+
+
 @pytest.mark.parametrize("where", [0, 0.25, 0.5, 0.75, -1])
 def test_a_flipped_byte_anywhere_is_caught_naming_the_file(tmp_path: Path, where: float) -> None:
     value = state()
