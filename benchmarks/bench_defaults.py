@@ -22,11 +22,13 @@ of a collective variant being the slowest rank's:
   step. Their MiB column is what the checkpoint wrote;
 - DCP `save` and `async_save` (blocking part, and total until durable);
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank
-  at once (the disk's floor for a spread write), and of the whole state by one rank;
+  at once (the disk's floor for a spread write), and of the whole state by one rank, in 256 KiB writes (one write of
+  a whole buffer costs 4-5x on a VM that gives freed memory back to its host: docs/benchmarks.md, "Writes in pieces");
 - a memory copy of the state, and of one rank's share of it (the floors of a blocking part);
 - restore: a Session's resume with replay off (select and verify the newest checkpoint, load it, check its digests:
-  `session.resumed.seconds`) against `torch.load` + `load_state_dict`; and the same Session's start to its first
-  batch, which adds what every start does, resumed or not (the census of unsaved state).
+  `session.resumed.seconds`) against `torch.load` + `load_state_dict` of the whole state by rank 0 alone, and by every
+  rank at once (what a DDP script's resume does, and what every rank of a Session loads); and the same Session's
+  start to its first batch, which adds what every start does, resumed or not (the census of unsaved state).
 
 Between variants the bench collects its own garbage (outside the timings): the Sessions of earlier variants, left in
 reference cycles, would otherwise be found by the next census's collector sweep and cost it a full collection, which a
@@ -65,6 +67,7 @@ from legato.runtime.launch import free_port
 
 STEPS = 6
 STOP_AFTER = 3
+RAW_PIECE_BYTES = 256 * 1024  # the disk's floor is written as fast as this machine writes: in pieces
 SETTLE_S = 3.0  # free page reporting acts 2 s after pages are freed
 ANCHORS: list[object] = []  # the bench's own model and optimizer, which no Session saves: its census is told so
 # The defaults, except that the ranks agree at every step (the default spaces agreements about 1 s apart, and these
@@ -178,9 +181,19 @@ def torch_save_fsync(state: dict, path: Path) -> None:
 
 def raw_write(path: Path, data: memoryview) -> None:
     with open(path, "wb") as f:
-        f.write(data)
+        for start in range(0, data.nbytes, RAW_PIECE_BYTES):
+            f.write(data[start:start + RAW_PIECE_BYTES])
         f.flush()
         os.fsync(f.fileno())
+
+
+def load_into(path: Path | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """A plain script's resume: torch.load of the whole state and load_state_dict (nothing where `path` is None)."""
+    if path is None:
+        return
+    loaded = torch.load(path, weights_only=True)
+    model.load_state_dict(loaded["model"])
+    optimizer.load_state_dict(loaded["optimizer"])
 
 
 def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, directory: str, out: dict) -> None:
@@ -249,11 +262,8 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         resumed, started = session_restore(scratch / "noreplay", megabytes, settle)
         record("legato resume, replay off (select, restore, verify)", resumed)
         record("legato Session start to first batch, resuming", started)
-        start = go()
-        loaded = torch.load(scratch / "A.pt", weights_only=True) if (scratch / "A.pt").exists() else state
-        model.load_state_dict(loaded["model"])
-        optimizer.load_state_dict(loaded["optimizer"])
-        record("torch.load + load_state_dict", time.perf_counter() - start)
+        record("torch.load + load_state_dict, rank 0", timed(load_into, scratch / "A.pt" if rank == 0 else None, model, optimizer))
+        record("torch.load + load_state_dict, every rank", timed(load_into, scratch / "A.pt", model, optimizer))
         dist.barrier()
         if rank == 0:
             shutil.rmtree(scratch, ignore_errors=True)
