@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from legato.runtime.launch import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_GPT = ROOT / "configs" / "tiny_gpt.yaml"
@@ -103,9 +104,7 @@ def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout
 
 def run_ranks(cmd: list[str], world_size: int = 2, timeout: float = 180, **env: str) -> list[subprocess.CompletedProcess]:
     """Start `cmd` as every rank of a torchrun-style world (RANK, WORLD_SIZE, MASTER_*) and wait for them all."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     procs = []
     # stderr goes to files, not pipes read after the wait: a rank that writes more than a pipe holds (64 KiB of logs over
     # a long run) would block in write() holding its logging lock, and every thread that logs after it would wait on

@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from legato.runtime.launch import free_port
 from legato.runtime.processes import children
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,9 +19,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def start_ranks(script: Path, out: Path, world: int = 2, **env: str) -> list[subprocess.Popen]:
     """`world` ranks of `script` (argument: `out`) on a free local port, each rank's stderr in `out`/rank<r>.stderr."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     out.mkdir(parents=True, exist_ok=True)
     return [
         # stderr to a file, never a pipe nobody reads while the ranks run: a full pipe blocks a rank holding its logging lock.

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -33,14 +34,37 @@ from legato.runtime.signals import parse_signal
 from legato.store.manifest import check_tree
 
 POLL_S = 0.05
+LOWEST_RENDEZVOUS_PORT = 10000  # above the well-known and most registered services' ports
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
 KILL_GRACE_S = 5.0
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (for the ranks' rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port that was free a moment ago, for the ranks' rendezvous, drawn at random below the ephemeral range.
+
+    Rank 0 listens on it seconds later, after importing torch. A port of the kernel's ephemeral range (where a bind to
+    port 0 lands) can be taken in between as the source port of any outgoing connection, and gloo's ranks open many: a
+    launch failed that way (EADDRINUSE) in a loaded test run. Below that range only an explicit bind can take it.
+    """
+    low = _ephemeral_low()
+    # Drawn from the OS, not the global `random`: a launcher's choice must not move the seeded state of the process.
+    draws = [random.SystemRandom().randrange(LOWEST_RENDEZVOUS_PORT, low) for _ in range(32)] if low > LOWEST_RENDEZVOUS_PORT else []
+    for port in [*draws, 0]:
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return s.getsockname()[1]
+    raise OSError("no free TCP port for the ranks' rendezvous")
+
+
+def _ephemeral_low() -> int:
+    """The lowest port of the kernel's ephemeral range (32768 where it cannot be read)."""
+    try:
+        return int(EPHEMERAL_PORTS.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
