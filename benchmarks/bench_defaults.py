@@ -63,11 +63,11 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 
 import legato
+from legato.files import write_in_pieces
 from legato.runtime.launch import free_port
 
 STEPS = 6
 STOP_AFTER = 3
-RAW_PIECE_BYTES = 256 * 1024  # the disk's floor is written as fast as this machine writes: in pieces
 SETTLE_S = 3.0  # free page reporting acts 2 s after pages are freed
 ANCHORS: list[object] = []  # the bench's own model and optimizer, which no Session saves: its census is told so
 # The defaults, except that the ranks agree at every step (the default spaces agreements about 1 s apart, and these
@@ -181,8 +181,7 @@ def torch_save_fsync(state: dict, path: Path) -> None:
 
 def raw_write(path: Path, data: memoryview) -> None:
     with open(path, "wb") as f:
-        for start in range(0, data.nbytes, RAW_PIECE_BYTES):
-            f.write(data[start:start + RAW_PIECE_BYTES])
+        write_in_pieces(f, data)  # the disk's floor, written as fast as this machine writes
         f.flush()
         os.fsync(f.fileno())
 

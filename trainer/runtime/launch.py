@@ -48,7 +48,8 @@ def free_port() -> int:
     """
     low = _ephemeral_low()
     # Drawn from the OS, not the global `random`: a launcher's choice must not move the seeded state of the process.
-    draws = [random.SystemRandom().randrange(LOWEST_RENDEZVOUS_PORT, low) for _ in range(32)] if low > LOWEST_RENDEZVOUS_PORT else []
+    draw = random.SystemRandom()
+    draws = [draw.randrange(LOWEST_RENDEZVOUS_PORT, low) for _ in range(32)] if low > LOWEST_RENDEZVOUS_PORT else []
     for port in [*draws, 0]:
         with socket.socket() as s:
             try:

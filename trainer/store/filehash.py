@@ -106,7 +106,7 @@ def load_file(path: Path) -> Any:
     The file is read through a private mapping of its page cache, then each storage is copied into memory of its own
     (views of one storage stay views of one copy), so nothing restored keeps the file mapped. A restore reads files that
     verifying them has just brought into the page cache, and copying from the mapping took half the time of torch.load's
-    reads into new memory (256 MiB: 0.075 s against 0.146 s; docs/benchmarks.md, "Restores through the page cache").
+    reads into new memory (256 MiB: 0.062-0.077 s against 0.131-0.144 s; docs/benchmarks.md, "Restores through the page cache").
     """
     state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     _own_memory(state, {})
