@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from legato.files import WRITE_PIECE_BYTES
+from legato.state import components as table
 from legato.state.hashing import Digests, digest
-from legato.store import commit, filehash
+from legato.store import commit, filehash, layout
 from legato.store import manifest as manifests
 
 
@@ -128,6 +129,37 @@ def test_a_loaded_file_owns_its_memory_views_stay_views_and_nothing_stays_mapped
     assert digest(loaded) == digest(value)
     maps = Path("/proc/self/maps").read_text()
     assert str(tmp_path / "a.pt") not in maps, "a loaded tensor still refers to the file's mapping"
+
+
+def mapped_files(directory: Path) -> set[str]:
+    """The names of the files under `directory` that this process maps."""
+    return {Path(line.split(maxsplit=5)[-1]).name for line in Path("/proc/self/maps").read_text().splitlines()
+            if str(directory) in line}
+
+
+def test_a_restored_model_is_copied_from_the_mapping_and_the_optimizer_keeps_memory_of_its_own(tmp_path: Path) -> None:
+    """The module's state dict is read straight from model.pt's mapping (load_state_dict copies it into the parameters);
+    everything else owns its memory, as the optimizer keeps the tensors it is handed. Once restored, nothing maps a file."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(8, 64)).square().mean().backward()
+    optimizer.step()
+
+    def rows(module: torch.nn.Module, opt: torch.optim.Optimizer) -> list[table.Component]:
+        return [table.Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {n for n, _ in module.named_buffers()}),
+                table.Component("optimizer", opt, table.TRAIN_STATE_FILE)]
+
+    saved = table.capture(rows(model, optimizer))
+    commit.write_files(tmp_path, layout.files(rows(model, optimizer), saved, rank=0))
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
+    fresh_optimizer = torch.optim.AdamW(fresh.parameters())
+    states = layout.load(rows(fresh, fresh_optimizer), tmp_path, rank=0)
+    assert mapped_files(tmp_path) == {table.MODEL_FILE}, "only the module's state may stay on the mapping until restored"
+    table.restore(rows(fresh, fresh_optimizer), states, skips=lambda name: False, last=False)
+    del states
+    assert mapped_files(tmp_path) == set(), "a restored tensor still refers to a checkpoint file's mapping"
+    assert table.digests(table.capture(rows(fresh, fresh_optimizer))) == table.digests(saved)
 
 
 @pytest.mark.parametrize("where", [0, 0.25, 0.5, 0.75, -1])
