@@ -1,6 +1,7 @@
 """Resuming a run: select the checkpoint, restore it, check the restore, conclude (report or refuse).
 
-Rank 0 picks the newest usable checkpoint (legato.store.manifest.newest_usable)
+Rank 0 picks the newest usable checkpoint (legato.store.manifest.newest_usable),
+the files of each candidate verified by every rank together (legato.session.file_checks),
 and hands it to the others; every rank loads it (RNG last, right before the
 first resumed step), recomputes its digests, and the ranks compare them with
 the manifest. A resume that does not verify says one paragraph and raises
@@ -24,13 +25,14 @@ from legato.events import Kind, resharded_label
 from legato.session import replay
 from legato.session.chaos import Chaos
 from legato.session.feed import Feed
+from legato.session.file_checks import VerifiedTogether
 from legato.session.telemetry import Telemetry
 from legato.session.voice import refuse
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
 from legato.store import bases, layout, reshard
-from legato.store.manifest import RunShape, newest_usable
+from legato.store.manifest import RunShape, Verifier, newest_usable
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +66,19 @@ class Resumer:
         self._started = time.perf_counter()
 
     def select(self, training: dict | None) -> tuple[Path, dict] | None:
-        """Rank 0 picks the newest verified checkpoint and hands its manifest to the others."""
+        """Rank 0 picks the newest verified checkpoint (every rank hashing its share of the files) and hands its manifest
+        to the others."""
         self._started = time.perf_counter()
-        picked = self.peers.from_leader(pick(self.root, self.peers.world_size, training, self.reshard) if self.peers.rank == 0 else None)
+        together = VerifiedTogether(self.peers)
+        picked = None
+        if self.peers.rank == 0:
+            try:
+                picked = pick(self.root, self.peers.world_size, training, self.reshard, together.verify)
+            finally:
+                together.done()
+        else:
+            together.serve()
+        picked = self.peers.from_leader(picked)
         if isinstance(picked, str):
             raise UsageError(picked)
         return None if picked is None else (Path(picked[0]), picked[1])
@@ -180,11 +192,14 @@ def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[
     return " ".join(problems)
 
 
-def pick(root: Path, world_size: int, training: dict | None, reshard: bool = False) -> tuple[str, dict] | str | None:
-    """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank."""
+def pick(root: Path, world_size: int, training: dict | None, reshard: bool = False,
+         verify: Verifier | None = None) -> tuple[str, dict] | str | None:
+    """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank.
+
+    `verify` verifies the files of each candidate (`verify_listed` by default)."""
     run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), strict_determinism(training), reshard)
     try:
-        found = newest_usable(root, run, strict=True)
+        found = newest_usable(root, run, strict=True, verify=verify)
     except UsageError as exc:
         return str(exc)
     if found is None:
@@ -195,7 +210,7 @@ def pick(root: Path, world_size: int, training: dict | None, reshard: bool = Fal
             return str(found.path), found.manifest
         return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
     # newest_usable verified the base of a checkpoint held by its replay already (it skips one whose base fails): not twice.
-    unusable = None if bases.held_by_replay(found.manifest) else bases.problem(found.path, found.manifest)
+    unusable = None if bases.held_by_replay(found.manifest) else bases.problem(found.path, found.manifest, verify)
     if unusable is None:
         return str(found.path), found.manifest
     log.warning("checkpoint %s: %s; resuming from the checkpoint itself, verified by its digests but without a replay", found.path,

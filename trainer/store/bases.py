@@ -23,7 +23,7 @@ from pathlib import Path
 
 from legato.errors import UsageError
 from legato.paths import STEP_PREFIX
-from legato.store.manifest import check_contained, read_manifest_file, verify_listed
+from legato.store.manifest import Verifier, check_contained, read_manifest_file, verify_listed
 from legato.store.manifest_schema import BY_REPLAY
 
 log = logging.getLogger(__name__)
@@ -77,9 +77,9 @@ def referenced(paths: Iterable[Path]) -> set[str]:
     return names
 
 
-def problem(path: Path, manifest: dict) -> str | None:
+def problem(path: Path, manifest: dict, verify: Verifier | None = None) -> str | None:
     """Why the replay base of checkpoint `path` is unusable (the ranks' bases of different steps; gone, altered or outside),
-    or None when it verifies."""
+    or None when its files verify (with `verify`, `verify_listed` by default)."""
     split = _split_steps(manifest.get("replay", {}))
     if split:
         return split
@@ -92,7 +92,7 @@ def problem(path: Path, manifest: dict) -> str | None:
     directory = path.parent / name
     try:
         check_contained(path.parent, directory)
-        verify_listed(directory, base["files"])
+        (verify or verify_listed)(directory, base["files"])
     except (UsageError, ValueError, KeyError, TypeError, OSError) as exc:
         return f"its replay base in {directory} is unusable: {exc}"
     return None

@@ -14,7 +14,7 @@ import json
 import logging
 import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +32,9 @@ log = logging.getLogger(__name__)
 FORMAT = 2  # 2: XXH3-128 digests and region-wise file hashes (1 was SHA-256 of whole files)
 MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 HASH_KEY = FILE_HASH_KEY
+# How a reader verifies the files a manifest lists in a directory (name -> {bytes, hash, segments}): raises naming the
+# first bad one. `verify_listed` by default; a Session's ranks verify them together (legato.session.file_checks).
+Verifier = Callable[[Path, dict], None]
 
 
 def region_record(kind: str, size: int, digest: bytes) -> bytes:
@@ -105,9 +108,9 @@ def read_manifest_file(path: Path) -> dict:
         raise ValueError(f"{CHECKPOINT_MANIFEST} is not valid JSON ({exc})") from None
 
 
-def read_manifest(path: Path) -> dict:
+def read_manifest(path: Path, verify: Verifier | None = None) -> dict:
     """The manifest of checkpoint directory `path`, after checking its fields' types and that its stated hashes agree
-    with each other (`manifest_schema`), then verifying every file it lists.
+    with each other (`manifest_schema`), then verifying every file it lists (with `verify`, `verify_listed` by default).
 
     Raises ValueError naming what is wrong.
     """
@@ -117,7 +120,7 @@ def read_manifest(path: Path) -> dict:
     if manifest.get("manifest_sha256") != manifest_checksum(manifest):
         raise ValueError(f"{CHECKPOINT_MANIFEST} does not match its own checksum (corrupt)")
     check_manifest(manifest)
-    verify_listed(path, manifest["files"])
+    (verify or verify_listed)(path, manifest["files"])
     return manifest
 
 
@@ -206,8 +209,9 @@ class RunShape:
     reshard: bool = False  # checkpoint.reshard: another world size continues resharded (FSDP2 only), not bitwise
 
 
-def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = False) -> Found | None:
-    """The newest checkpoint under `root` whose manifest and files verify; each skipped one is named in a warning.
+def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = False, verify: Verifier | None = None) -> Found | None:
+    """The newest checkpoint under `root` whose manifest and files verify (with `verify`, `verify_listed` by default);
+    each skipped one is named in a warning.
 
     With `run`, the one found must be able to continue that run (UsageError otherwise: an older one would
     silently drop progress). `strict`: checkpoints exist but none verifies is a UsageError too, as a run
@@ -216,11 +220,11 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
     candidates = list_checkpoints(root)
     for path in candidates:
         try:
-            found = Found(path, read_manifest(path))
+            found = Found(path, read_manifest(path, verify))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("skipping checkpoint %s: %s", path, exc)
             continue
-        unusable = _base_problem(found)
+        unusable = _base_problem(found, verify)
         if unusable is not None:
             log.warning("skipping checkpoint %s: its state is held by its replay, and %s", path, unusable)
             continue
@@ -236,11 +240,11 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
     return None
 
 
-def _base_problem(found: Found) -> str | None:
+def _base_problem(found: Found, verify: Verifier | None) -> str | None:
     """Why a checkpoint whose state is held by its replay cannot be resumed (its base is unusable), or None."""
     from legato.store import bases
 
-    return bases.problem(found.path, found.manifest) if bases.held_by_replay(found.manifest) else None
+    return bases.problem(found.path, found.manifest, verify) if bases.held_by_replay(found.manifest) else None
 
 
 def installed_torch_version() -> str:
