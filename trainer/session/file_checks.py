@@ -38,9 +38,9 @@ class VerifiedTogether:
 
     def verify(self, directory: Path, files: dict) -> None:
         """Rank 0: verify `files` in `directory` with every rank; raises the first rank's problem (ValueError naming the file)."""
-        assign(files, self.peers.world_size)  # malformed sizes are rank 0's error, raised before any rank is asked
+        mine = assign(files, self.peers.world_size)[0]  # malformed sizes are rank 0's error, raised before any rank is asked
         self.peers.from_leader((str(directory), files))
-        self._share(directory, files)
+        self._check(directory, mine)
 
     def done(self) -> None:
         """Rank 0: nothing more to verify; the other ranks leave `serve`."""
@@ -49,12 +49,12 @@ class VerifiedTogether:
     def serve(self) -> None:
         """Every rank but 0: verify its share of each request until rank 0 is done."""
         while (request := self.peers.from_leader(None)) is not None:
-            self._share(Path(request[0]), request[1])
+            self._check(Path(request[0]), assign(request[1], self.peers.world_size)[self.peers.rank])
 
-    def _share(self, directory: Path, files: dict) -> None:
+    def _check(self, directory: Path, mine: dict) -> None:
         problem: Exception | None = None
         try:
-            verify_listed(directory, assign(files, self.peers.world_size)[self.peers.rank])
+            verify_listed(directory, mine)
         except Exception as exc:  # rank 0 raises it, where the caller decides what a bad file means
             problem = exc
         found = next((p for p in self.peers.gather(problem) if p is not None), None)
