@@ -25,6 +25,12 @@ of a collective variant being the slowest rank's:
   at once (the disk's floor for a spread write), and of the whole state by one rank, in 256 KiB writes (one write of
   a whole buffer costs 4-5x on a VM that gives freed memory back to its host: docs/benchmarks.md, "Writes in pieces");
 - a memory copy of the state, and of one rank's share of it (the floors of a blocking part);
+- peak memory: each rank's peak resident memory over a whole run (its model, steps and checkpoints) of each stop
+  variant, of the async one, and of the same DDP loop without legato that saves with `torch.save` + fsync (rank 0) or
+  DCP `save` at the stop step, above that of the plain loop that never saves (the largest rank's, as a share of the
+  state). The kernel's own high-water mark, reset before each run (`/proc/self/clear_refs`), so nothing is sampled and
+  nothing is missed; the bench has glibc give every freed tensor back at once (MALLOC_MMAP_THRESHOLD_), so no run
+  reuses memory an earlier one left in the allocator;
 - restore: a Session's resume with replay off (select and verify the newest checkpoint, load it, check its digests:
   `session.resumed.seconds`) against `torch.load` + `load_state_dict` of the whole state by rank 0 alone, and by every
   rank at once (what a DDP script's resume does, and what every rank of a Session loads); and the same Session's
@@ -78,6 +84,7 @@ WARN = legato.CheckpointPolicy(agree_every_steps=1, verify="warn")  # a stop tha
 ASYNC = legato.CheckpointPolicy(agree_every_steps=1, async_=True, every_steps=3)
 ASYNC_STEPS = 9  # periodic at steps 3 and 6 (9 is the final); the first one commits at step 4 or 5, between them
 FULL_BASE = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=2)  # the base of step 2 holds AdamW's moments too
+PLAIN = "plain loop, no checkpoint"  # the memory rows' reference
 STOPS = (  # row, run directory, policy of the stop-checkpoint variants
     ("legato Session, defaults (stop checkpoint)", "legato", DEFAULTS),
     ("legato Session, verify=warn (state + base)", "warn", WARN),
@@ -103,10 +110,14 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torc
     return loss
 
 
-def slowest(seconds: float) -> float:
-    value = torch.tensor([seconds], dtype=torch.float64)
+def largest(number: float) -> float:
+    """The largest of every rank's `number`."""
+    value = torch.tensor([number], dtype=torch.float64)
     dist.all_reduce(value, op=dist.ReduceOp.MAX)
     return float(value[0])
+
+
+slowest = largest  # a collective variant's time is its slowest rank's
 
 
 def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, settle: float) -> tuple[float, int]:
@@ -172,6 +183,39 @@ def session_restore(run_dir: Path, megabytes: int, settle: float) -> tuple[float
     return session.resumed.seconds, seconds
 
 
+def _status_bytes(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1]) * 1024
+    raise LookupError(field)
+
+
+class PeakMemory:
+    """This process's peak resident memory while the block runs, above where it started: the kernel's high-water mark,
+    reset on entry, so no sample can miss a short peak."""
+
+    extra = 0
+
+    def __enter__(self) -> PeakMemory:
+        gc.collect()
+        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak resident set size to the current one
+        self.start = _status_bytes("VmRSS")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.extra = _status_bytes("VmHWM") - self.start
+
+
+def plain_loop(megabytes: int, save) -> None:
+    """The benchmark's DDP loop without legato up to the stop step, then `save(model, optimizer)` (None: no save)."""
+    model, optimizer = make(megabytes)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    for _ in range(STOP_AFTER):
+        train_step(ddp, optimizer)
+    if save is not None:
+        save(model, optimizer)
+
+
 def torch_save_fsync(state: dict, path: Path) -> None:
     with open(path, "wb") as f:
         torch.save(state, f)
@@ -202,6 +246,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
     base = Path(directory)
     times: dict[str, list[float]] = {}
     written: dict[str, int] = {}
+    peaks: dict[str, list[float]] = {}
 
     def record(name: str, seconds: float) -> None:
         times.setdefault(name, []).append(slowest(seconds))
@@ -210,6 +255,24 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
     def record_session(name: str, measured: tuple[float, int]) -> None:
         record(name, measured[0])
         written[name] = measured[1]
+
+    def peak(name: str, fn, *args: object) -> object:
+        """Run `fn` (a whole run: its model, its steps and its checkpoints) and keep the largest rank's peak memory."""
+        with PeakMemory() as memory:
+            result = fn(*args)
+        peaks.setdefault(name, []).append(largest(float(memory.extra)))
+        return result
+
+    def saved_by_rank_0(path: Path):
+        def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+            if rank == 0:
+                torch_save_fsync({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+        return save
+
+    def saved_by_dcp(path: Path):
+        def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+            dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(path))
+        return save
 
     def go() -> float:
         """The start of a timed part: memory settled, every rank at the line."""
@@ -241,9 +304,13 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         for label in ("plain A", "plain B"):
             record(f"control: torch.save + fsync, rank 0 ({label})",
                    timed(torch_save_fsync, state, scratch / f"{label[-1]}.pt") if rank == 0 else timed(lambda: None))
+        peak(PLAIN, plain_loop, megabytes, None)
+        peak("plain loop, torch.save + fsync at the stop (rank 0)", plain_loop, megabytes, saved_by_rank_0(scratch / "peak.pt"))
+        peak("plain loop, DCP save at the stop", plain_loop, megabytes, saved_by_dcp(scratch / "peak_dcp"))
         for name, run, policy in STOPS:
-            record_session(name, session_checkpoint(scratch / run, megabytes, policy, True, settle))
-        first, later = checkpoint_steps(scratch / "async", megabytes, ASYNC, False, settle, ASYNC_STEPS)
+            record_session(name, peak(name, session_checkpoint, scratch / run, megabytes, policy, True, settle))
+        first, later = peak("legato Session async_=True (two periodic, final)", checkpoint_steps, scratch / "async", megabytes,
+                            ASYNC, False, settle, ASYNC_STEPS)
         record_session("legato Session async_=True, first periodic", first)
         record_session("legato Session async_=True, blocking (periodic)", later)
         record("DCP save", timed(dcp.save, state, checkpoint_id=str(scratch / "dcp")))
@@ -270,6 +337,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         out.update({name: statistics.median(values) for name, values in times.items()})
         out["bytes"] = total
         out["written"] = written
+        out["peaks"] = {name: statistics.median(values) for name, values in peaks.items()}
     dist.destroy_process_group()
 
 
@@ -282,6 +350,10 @@ def main() -> None:
     parser.add_argument("--settle", type=float, default=SETTLE_S, help="seconds to wait before each timed part (0: none)")
     args = parser.parse_args()
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    # Every freed tensor goes back to the system at once (glibc otherwise raises its mmap threshold as large blocks are
+    # freed, up to 32 MiB, and keeps the freed ones in per-thread arenas): each run's peak memory is then its own, not
+    # lowered by what earlier runs left in the allocator. Tensors above 32 MiB (256 MiB states and up) are mapped anyway.
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians, {args.settle:g} s settle before each; "
           "ratios against torch.save + fsync (plain A)")
     for world in args.ranks:
@@ -293,15 +365,26 @@ def main() -> None:
                 results = dict(out)
             shutil.rmtree(directory, ignore_errors=True)
             anchor = results["control: torch.save + fsync, rank 0 (plain A)"]
-            written = results.pop("written")
-            print(f"\n{world} ranks, {results.pop('bytes') / 2**20:.0f} MiB state")
+            written, peaks, state = results.pop("written"), results.pop("peaks"), results.pop("bytes")
+            print(f"\n{world} ranks, {state / 2**20:.0f} MiB state")
             print(f"| {'variant':<50} | seconds | ratio | MiB written |")
             print(f"| {'-' * 50} | ------- | ----- | ----------- |")
             for name, seconds in results.items():
                 mib = f"{written[name] / 2**20:11.1f}" if name in written else " " * 11
                 print(f"| {name:<50} | {seconds:7.3f} | {seconds / anchor:5.2f} | {mib} |")
+            print_peaks(peaks, state)
     sys.stdout.flush()
 
+
+def print_peaks(peaks: dict[str, float], state: int) -> None:
+    """Peak memory of each run above the plain loop's (which never saves), the largest rank's, against the state."""
+    plain = peaks.pop(PLAIN)
+    print(f"\n{PLAIN}: peak {plain / 2**20:.1f} MiB above its start ({plain / state:.2f}x the state: its model, AdamW's "
+          "moments, gradients, DDP's buckets and the optimizer's temporaries)")
+    print(f"| {'peak memory above the plain loop, largest rank':<50} |     MiB | / state |")
+    print(f"| {'-' * 50} | ------- | ------- |")
+    for name, value in peaks.items():
+        print(f"| {name:<50} | {(value - plain) / 2**20:7.1f} | {(value - plain) / state:7.2f} |")
 
 if __name__ == "__main__":
     main()
