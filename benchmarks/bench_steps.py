@@ -11,7 +11,7 @@ and every step boundary but not the Session's start-up or its final checkpoint (
 bench_defaults.py). Blocks of every variant alternate with a plain block, each is divided by the plain block run
 just before it, and the medians are printed; the second plain row is the control that shows the noise floor.
 
-    python benchmarks/bench_steps.py [--steps 96] [--rounds 8] [--workers 2] [--batch 32]
+    python benchmarks/bench_steps.py [--steps 96] [--rounds 8] [--workers 2] [--batch 32] [--variants defaults ...]
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from legato.runtime.launch import free_port
 from legato.session.session import CheckpointPolicy, Session
 
 WORLD = 2
+VARIANTS = ("defaults", "no-worker-rng", "no-hash", "no-replay")
 
 
 class Augmented(Dataset):
@@ -77,6 +78,14 @@ def _timed_epoch(batches: Iterable, step: Callable[[torch.Tensor, torch.Tensor],
     return (yielded[-1] - yielded[1]) / (len(yielded) - 2)
 
 
+def _middle_half(values: list[float]) -> tuple[float, float]:
+    """The first and third quartiles: where the middle half of a row's rounds fell."""
+    if len(values) < 2:
+        return values[0], values[0]
+    first, _, third = statistics.quantiles(values, n=4)
+    return first, third
+
+
 def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -111,13 +120,14 @@ def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict)
             return _timed_epoch(s, step, s.report)
         return run
 
-    variants: dict[str, Callable[[int], float]] = {
-        "plain (control)": plain,
-        "legato Session, defaults": session("defaults", CheckpointPolicy()),
-        "  worker_rng=False": session("no-worker-rng", CheckpointPolicy(), worker_rng=False),
-        "  hash_every_steps=0": session("no-hash", CheckpointPolicy(hash_every_steps=0)),
-        "  replay_steps=0": session("no-replay", CheckpointPolicy(replay_steps=0)),
+    every: dict[str, tuple[str, Callable[[int], float]]] = {
+        "control": ("plain (control)", plain),
+        "defaults": ("legato Session, defaults", session("defaults", CheckpointPolicy())),
+        "no-worker-rng": ("  worker_rng=False", session("no-worker-rng", CheckpointPolicy(), worker_rng=False)),
+        "no-hash": ("  hash_every_steps=0", session("no-hash", CheckpointPolicy(hash_every_steps=0))),
+        "no-replay": ("  replay_steps=0", session("no-replay", CheckpointPolicy(replay_steps=0))),
     }
+    variants = dict(every[key] for key in ("control", *args.variants))
     ratios: dict[str, list[float]] = {name: [] for name in variants}
     plain_times: list[float] = []
     for r in range(args.rounds + 1):  # round 0 warms up and is not counted
@@ -131,8 +141,8 @@ def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict)
                 ratios[name].append(seconds / before)
     if rank == 0:
         base = statistics.median(plain_times)
-        out["plain"] = (base, 1.0)
-        out.update({name: (base * statistics.median(v), statistics.median(v)) for name, v in ratios.items()})
+        out["plain"] = (base, 1.0, 1.0, 1.0)
+        out.update({name: (base * statistics.median(v), statistics.median(v), *_middle_half(v)) for name, v in ratios.items()})
     dist.destroy_process_group()
 
 
@@ -142,6 +152,8 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
     parser.add_argument("--batch", type=int, default=32, help="per-rank batch")
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
+                        help="the Session rows to run beside the plain loop and its control (fewer rows: more rounds in the same time)")
     args = parser.parse_args()
     params = sum(p.numel() for p in _model().parameters())
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {WORLD} ranks gloo, 1 thread each, {args.workers} workers a rank, "
@@ -151,8 +163,9 @@ def main() -> int:
     with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
         out = manager.dict()
         mp.spawn(_worker, args=(free_port(), args, tmp, out), nprocs=WORLD, join=True)
-        for name, (seconds, ratio) in dict(out).items():
-            print(f"   {name:<26} {seconds * 1e3:8.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%")
+        for name, (seconds, ratio, first, third) in dict(out).items():
+            print(f"   {name:<26} {seconds * 1e3:8.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%   "
+                  f"middle half of the rounds {100 * (first - 1):+6.2f}% .. {100 * (third - 1):+6.2f}%")
     return 0
 
 
