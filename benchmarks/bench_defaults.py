@@ -61,7 +61,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -85,6 +87,7 @@ ASYNC = legato.CheckpointPolicy(agree_every_steps=1, async_=True, every_steps=3)
 ASYNC_STEPS = 9  # periodic at steps 3 and 6 (9 is the final); the first one commits at step 4 or 5, between them
 FULL_BASE = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=2)  # the base of step 2 holds AdamW's moments too
 PLAIN = "plain loop, no checkpoint"  # the memory rows' reference
+Save = Callable[[torch.nn.Module, torch.optim.Optimizer], None]  # how a plain loop saves at its stop
 STOPS = (  # row, run directory, policy of the stop-checkpoint variants
     ("legato Session, defaults (stop checkpoint)", "legato", DEFAULTS),
     ("legato Session, verify=warn (state + base)", "warn", WARN),
@@ -206,7 +209,7 @@ class PeakMemory:
         self.extra = _status_bytes("VmHWM") - self.start
 
 
-def plain_loop(megabytes: int, save) -> None:
+def plain_loop(megabytes: int, save: Save | None) -> None:
     """The benchmark's DDP loop without legato up to the stop step, then `save(model, optimizer)` (None: no save)."""
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
@@ -256,20 +259,20 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         record(name, measured[0])
         written[name] = measured[1]
 
-    def peak(name: str, fn, *args: object) -> object:
+    def peak(name: str, fn: Callable[..., Any], *args: object) -> Any:
         """Run `fn` (a whole run: its model, its steps and its checkpoints) and keep the largest rank's peak memory."""
         with PeakMemory() as memory:
             result = fn(*args)
         peaks.setdefault(name, []).append(largest(float(memory.extra)))
         return result
 
-    def saved_by_rank_0(path: Path):
+    def saved_by_rank_0(path: Path) -> Save:
         def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
             if rank == 0:
                 torch_save_fsync({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
         return save
 
-    def saved_by_dcp(path: Path):
+    def saved_by_dcp(path: Path) -> Save:
         def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
             dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(path))
         return save
