@@ -13,7 +13,7 @@ For every size, rounds of each variant alternate and the median is printed:
   idle and with it kept busy by a spinning process (two ranks on two cores, or a busy node: the
   writer thread then competes with the steps for CPU, and its low priority decides who waits);
 - restore: legato (verify files, load, digest) vs torch.load;
-- peak extra memory (RSS sampled every millisecond) of legato async and DCP async_save;
+- peak extra memory (the kernel's high-water mark: peak_memory.py) of legato async and DCP async_save;
 - hash throughput per core: XXH3-128, SHA-256 and (when the blake3 package is installed) BLAKE3 on one
   thread, against a memory copy.
 
@@ -34,7 +34,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -50,6 +49,8 @@ from legato.store import checkpoint as ckpt
 from legato.store import filehash
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
 from legato.store.manifest import read_manifest
+
+from peak_memory import PeakMemory
 
 try:  # only for the comparison row; legato itself uses XXH3-128
     import blake3
@@ -79,36 +80,6 @@ def nbytes(state: dict) -> int:
 
     walk(state)
     return total
-
-
-class PeakRss:
-    """Peak resident memory above the starting point, sampled every millisecond by a thread."""
-
-    def __init__(self) -> None:
-        self.base = self.peak = _rss()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> PeakRss:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, _rss())
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, _rss())
-
-    @property
-    def extra(self) -> int:
-        return self.peak - self.base
-
-
-def _rss() -> int:
-    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def fsync_write(path: Path, data: memoryview) -> None:
@@ -226,11 +197,11 @@ def bench_size(megabytes: int, directory: Path, rounds: int, device: torch.devic
             "legato sync (barrier checkpoint)": timed(legato_sync, state, root, r + 1),
             "DCP save": timed(dcp.save, state, checkpoint_id=str(directory / f"dcp{r}")),
         }
-        with PeakRss() as rss:
+        with PeakMemory() as rss:
             blocking, total = legato_async(writer, state, r + 1)
         memory["legato async"] = max(memory.get("legato async", 0), rss.extra)
         results["legato async: blocking"], results["legato async: total"] = blocking, total
-        with PeakRss() as rss:
+        with PeakMemory() as rss:
             blocking, total = dcp_async(state, directory / f"dcpa{r}")
         memory["DCP async_save"] = max(memory.get("DCP async_save", 0), rss.extra)
         results["DCP async_save: blocking"], results["DCP async_save: total"] = blocking, total

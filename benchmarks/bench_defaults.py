@@ -74,6 +74,8 @@ import legato
 from legato.files import write_in_pieces
 from legato.runtime.launch import free_port
 
+from peak_memory import PeakMemory
+
 STEPS = 6
 STOP_AFTER = 3
 SETTLE_S = 3.0  # free page reporting acts 2 s after pages are freed
@@ -184,29 +186,6 @@ def session_restore(run_dir: Path, megabytes: int, settle: float) -> tuple[float
     it.close()
     assert session.resumed is not None and session.resumed.match
     return session.resumed.seconds, seconds
-
-
-def _status_bytes(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(f"{field}:"):
-            return int(line.split()[1]) * 1024
-    raise LookupError(field)
-
-
-class PeakMemory:
-    """This process's peak resident memory while the block runs, above where it started: the kernel's high-water mark,
-    reset on entry, so no sample can miss a short peak."""
-
-    extra = 0
-
-    def __enter__(self) -> PeakMemory:
-        gc.collect()
-        Path("/proc/self/clear_refs").write_text("5")  # 5: reset the peak resident set size to the current one
-        self.start = _status_bytes("VmRSS")
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.extra = _status_bytes("VmHWM") - self.start
 
 
 def plain_loop(megabytes: int, save: Save | None) -> None:
