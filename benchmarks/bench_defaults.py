@@ -24,7 +24,9 @@ of a collective variant being the slowest rank's:
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank
   at once (the disk's floor for a spread write), and of the whole state by one rank, in 256 KiB writes (one write of
   a whole buffer costs 4-5x on a VM that gives freed memory back to its host: docs/benchmarks.md, "Writes in pieces");
-- a memory copy of the state, and of one rank's share of it (the floors of a blocking part);
+- a memory copy of the state, of one rank's share of it (state / ranks), and of the largest share a rank wrote in the
+  async run (the spread goes by whole tensors, so one rank may stage more than state / ranks): the floors of a
+  blocking part;
 - peak memory: each rank's peak resident memory over a whole run (its model, steps and checkpoints) of each stop
   variant, of the async one, and of the same DDP loop without legato that saves with `torch.save` + fsync (rank 0) or
   DCP `save` at the stop step, above that of the plain loop that never saves (the largest rank's, as a share of the
@@ -163,6 +165,12 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
     snapshots = {i for i in range(len(gaps)) if policy.replay_steps and i % policy.replay_steps == 0}
     others = [g for i, g in enumerate(gaps[1:], start=1) if i not in steps and i < len(gaps) - 1 and i not in snapshots] or [0.0]
     return [(gaps[step] - statistics.median(others), written_by(run_dir, step)) for step in steps]
+
+
+def largest_share(run_dir: Path, step: int) -> int:
+    """The bytes of the files the rank that wrote the most of `step`'s checkpoint wrote: what that rank stages."""
+    manifest = json.loads((run_dir / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
+    return max(sum(manifest["files"][f]["bytes"] for f in r["wrote"]) for r in manifest["ranks"])
 
 
 def written_by(run_dir: Path, step: int) -> int:
@@ -307,6 +315,11 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         record("raw write + fsync, the whole state, rank 0", whole)
         record("memory copy of the state", timed(lambda: [c.copy_(t) for c, t in zip(copies, tensors)]))
         record("memory copy of one rank's share (state / ranks)", timed(lambda: share_copy.copy_(share_source)))
+        # The spread goes by whole tensors, so one rank may stage more than state / ranks: the floor of its blocking part.
+        staged = torch.ones(largest_share(scratch / "async", 2 * ASYNC.every_steps), dtype=torch.uint8)
+        staging = staged.clone()
+        record("memory copy of the largest rank's share", timed(staging.copy_, staged))
+        del staged, staging
         resumed, started = session_restore(scratch / "noreplay", megabytes, settle)
         record("legato resume, replay off (select, restore, verify)", resumed)
         record("legato Session start to first batch, resuming", started)
