@@ -74,6 +74,7 @@ import torch.multiprocessing as mp
 
 import legato
 from legato.files import write_in_pieces
+from legato.paths import CHECKPOINT_MANIFEST, RunPaths
 from legato.runtime.launch import free_port
 
 from peak_memory import PeakMemory
@@ -124,9 +125,6 @@ def largest(number: float) -> float:
     return float(value[0])
 
 
-slowest = largest  # a collective variant's time is its slowest rank's
-
-
 def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, settle: float) -> tuple[float, int]:
     """What the loop sees of the checkpoint step of a live Session, less its median other step; and the bytes it wrote."""
     return checkpoint_steps(run_dir, megabytes, policy, stop, settle)[0]
@@ -167,16 +165,19 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
     return [(gaps[step] - statistics.median(others), written_by(run_dir, step)) for step in steps]
 
 
+def manifest_of(run_dir: Path, step: int) -> dict:
+    return json.loads((RunPaths(run_dir).checkpoint(step) / CHECKPOINT_MANIFEST).read_text())
+
+
 def largest_share(run_dir: Path, step: int) -> int:
     """The bytes of the files the rank that wrote the most of `step`'s checkpoint wrote: what that rank stages."""
-    manifest = json.loads((run_dir / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
+    manifest = manifest_of(run_dir, step)
     return max(sum(manifest["files"][f]["bytes"] for f in r["wrote"]) for r in manifest["ranks"])
 
 
 def written_by(run_dir: Path, step: int) -> int:
     """The bytes of the checkpoint of `step`'s own files, not a base on disk it refers to."""
-    manifest = json.loads((run_dir / "checkpoints" / f"step_{step}" / "manifest.json").read_text())
-    return sum(f["bytes"] for f in manifest["files"].values())
+    return sum(f["bytes"] for f in manifest_of(run_dir, step)["files"].values())
 
 
 
@@ -239,7 +240,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
     peaks: dict[str, list[float]] = {}
 
     def record(name: str, seconds: float) -> None:
-        times.setdefault(name, []).append(slowest(seconds))
+        times.setdefault(name, []).append(largest(seconds))  # the slowest rank's
         gc.collect()
 
     def record_session(name: str, measured: tuple[float, int]) -> None:
