@@ -1,19 +1,24 @@
 """Resuming a run: select the checkpoint, restore it, check the restore, conclude (report or refuse).
 
-Rank 0 picks the newest usable checkpoint (legato.store.manifest.newest_usable),
-the files of each candidate verified by every rank together (legato.session.file_checks),
-and hands it to the others; every rank loads it (RNG last, right before the
-first resumed step), recomputes its digests, and the ranks compare them with
-the manifest. A resume that does not verify says one paragraph and raises
-ResumeMismatchError on every rank (exit 3 where nothing catches it), or
-warns, under checkpoint.verify: warn. This module must never call back into the Session:
-it works on the component table, the position's feed and plain data.
+Rank 0 picks the newest usable checkpoint (legato.store.manifest.newest_usable)
+and hands it to the others; every rank loads it, then the ranks verify its
+files together (legato.session.file_checks) from the page cache the load
+filled, so a resume reads them from disk once; where they do not verify, rank 0
+picks again, verifying each candidate's files before loading. Only then is the
+state restored (RNG last, right before the first resumed step); every rank
+recomputes its digests, and the ranks compare them with the manifest. A resume
+that does not verify says one paragraph and raises ResumeMismatchError on every
+rank (exit 3 where nothing catches it), or warns, under checkpoint.verify: warn.
+This module must never call back into the Session (it works on the component
+table, the position's feed and plain data), and never restore into the live
+objects state whose files have not verified.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,9 +37,13 @@ from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
 from legato.store import bases, layout, reshard
-from legato.store.manifest import RunShape, Verifier, newest_usable
+from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable
 
 log = logging.getLogger(__name__)
+
+# What a resume of a checkpoint (path, manifest) loads first: (directory, file prefix), or None when it loads nothing
+# with `Resumer.load` (a resharded restore, a checkpoint this run cannot resume).
+Target = Callable[[Path, dict], tuple[Path, str] | None]
 
 
 @dataclass
@@ -64,16 +73,32 @@ class Resumer:
         self.chaos, self.telemetry, self.verify, self.reshard = chaos, telemetry, verify, reshard
         self.resumed: Resumed | None = None
         self._started = time.perf_counter()
+        self._preloaded: tuple[tuple[Path, str], dict] | None = None  # (where, states) loaded by `select`, verified since
 
-    def select(self, training: dict | None) -> tuple[Path, dict] | None:
-        """Rank 0 picks the newest verified checkpoint (every rank hashing its share of the files) and hands its manifest
-        to the others."""
+    def select(self, training: dict | None, loads: Target) -> tuple[Path, dict] | None:
+        """Collective: the checkpoint to resume (path and manifest, the same on every rank), its files verified; None to start fresh.
+
+        Rank 0 picks the newest checkpoint whose files are all there at their sizes, reading none of their bytes. Every rank
+        loads what the resume will restore first (`loads`: the checkpoint itself or its replay base), and only then are the
+        files verified, every rank hashing its share of them from the page cache the load filled: a resume reads its files
+        from disk once. Nothing is restored into the live objects before they verify. Where they do not, or the load
+        failed, rank 0 picks again verifying each candidate's files first, which skips and names a bad checkpoint."""
         self._started = time.perf_counter()
+        self._preloaded = None
+        picked = self._pick(training, check_listed)
+        where = None if picked is None else loads(*picked)
+        if picked is None or where is None or not self._preload(*picked, where):
+            self._preloaded = None
+            picked = self._pick(training, None)
+        return picked
+
+    def _pick(self, training: dict | None, check: Verifier | None) -> tuple[Path, dict] | None:
+        """Rank 0 picks with `check` (None: every rank hashing its share of each candidate's files) and hands the pick to the others."""
         together = VerifiedTogether(self.peers)
         picked = None
         if self.peers.rank == 0:
             try:
-                picked = pick(self.root, self.peers.world_size, training, self.reshard, together.verify)
+                picked = pick(self.root, self.peers.world_size, training, self.reshard, check or together.verify)
             finally:
                 together.done()
         else:
@@ -82,6 +107,35 @@ class Resumer:
         if isinstance(picked, str):
             raise UsageError(picked)
         return None if picked is None else (Path(picked[0]), picked[1])
+
+    def _preload(self, path: Path, manifest: dict, where: tuple[Path, str]) -> bool:
+        """Collective: load `where` (directory, prefix) of checkpoint `path`, then verify every file the checkpoint rests on;
+        whether every rank loaded and every file verified. The loaded states wait for `load`."""
+        try:
+            self._preloaded = (where, layout.load(self.components, where[0], self.peers.rank, where[1]))
+        except Exception as exc:  # bytes not yet verified may fail to load: the pick that verifies first names the cause
+            log.debug("rank %d: loading %s before verifying it failed (%s); verifying first", self.peers.rank, where[0], exc)
+        problem = self._verify_together(resting_on(path, manifest))
+        loaded = all(self.peers.gather(self._preloaded is not None))
+        if problem is not None:
+            log.debug("checkpoint %s does not verify after loading it (%s); verifying each candidate first", path, problem)
+        return loaded and problem is None
+
+    def _verify_together(self, listed: list[tuple[Path, dict]]) -> str | None:
+        """Collective: every rank hashes its share of each (directory, files); the first problem, on every rank, or None."""
+        together = VerifiedTogether(self.peers)
+        problem = None
+        if self.peers.rank == 0:
+            try:
+                for directory, files in listed:
+                    together.verify(directory, files)
+            except (ValueError, KeyError, TypeError, OSError) as exc:
+                problem = str(exc)
+            finally:
+                together.done()
+        else:
+            together.serve()
+        return self.peers.from_leader(problem)
 
     def restore(self, path: Path, manifest: dict) -> None:
         """Load checkpoint `path` itself, check its digests, and report the resume."""
@@ -95,7 +149,9 @@ class Resumer:
 
     def load(self, path: Path, prefix: str = "") -> None:
         """Restore every component from `path` (RNG last, after the feed reopened the epoch's iterator)."""
-        states = layout.load(self.components, path, self.peers.rank, prefix)
+        preloaded, self._preloaded = self._preloaded, None
+        states = preloaded[1] if preloaded is not None and preloaded[0] == (path, prefix) else layout.load(
+            self.components, path, self.peers.rank, prefix)
         table.restore(self.components, states, self.chaos.skips, last=False)
         self.feed.resumed()
         # RNG goes last, right before the first resumed step: nothing may draw after it.
@@ -216,6 +272,16 @@ def pick(root: Path, world_size: int, training: dict | None, reshard: bool = Fal
     log.warning("checkpoint %s: %s; resuming from the checkpoint itself, verified by its digests but without a replay", found.path,
                 unusable)
     return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
+
+
+def resting_on(path: Path, manifest: dict) -> list[tuple[Path, dict]]:
+    """The (directory, files) checkpoint `path` rests on as `pick` returned it: its own files, and its replay base's on disk
+    elsewhere where it kept its replay: what `pick` verifies of the checkpoint it returns."""
+    listed = [(path, manifest["files"])]
+    base = manifest.get("replay", {}).get("base")
+    if base is not None:
+        listed.append((path.parent / base["dir"], base["files"]))
+    return listed
 
 
 def replay_needed(path: Path, manifest: dict, cause: str, fix: str) -> str:

@@ -64,7 +64,7 @@ from legato.state.components import Component
 from legato.state.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
 from legato.state.sampler import resumable_loader
 from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
-from legato.store.bases import held_by_replay
+from legato.store.bases import held_by_replay, location
 from legato.store.commit import Committed
 
 if TYPE_CHECKING:
@@ -314,6 +314,15 @@ class Session:
             yield batch
             self._end_step()
 
+    def _restores_first(self, path: Path, manifest: dict) -> tuple[Path, str] | None:
+        """What resuming checkpoint `path` loads first (a resume.Target, as `_begin` decides below): its replay base where it
+        replays, the checkpoint itself otherwise; None where it restores resharded or this run cannot resume it."""
+        if manifest["world_size"] != self.world_size:
+            return None
+        if self._saving.replayable(manifest, self.total_steps):
+            return location(path, manifest)
+        return None if held_by_replay(manifest) else (path, "")
+
     def _begin(self) -> None:
         self._begun = True
         # Before the resume, so what legato does not save is named before a resume says it verified.
@@ -321,7 +330,7 @@ class Session:
         if self.carried.used:
             # A batch carried before the loop: saved from now on, and restored into its tensors below.
             self.components.insert(next(i for i, c in enumerate(self.components) if c.name == "data"), Component(CARRIED, self.carried))
-        found = self._resumer.select(self.training)
+        found = self._resumer.select(self.training, self._restores_first)
         resume_step = self._resumed_step = 0 if found is None else found[1]["step"]
         cannot = None if found is None or not held_by_replay(found[1]) else self._saving.unreplayable(found[1], self.total_steps)
         if cannot is not None and found[1]["world_size"] == self.world_size:

@@ -127,24 +127,43 @@ def read_manifest(path: Path, verify: Verifier | None = None) -> dict:
 def verify_listed(directory: Path, files: dict) -> None:
     """Verify each file a manifest lists (name -> {bytes, hash, segments}) in `directory`; raises ValueError naming the first bad one."""
     for name, info in files.items():
-        if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
-            raise ValueError(f"{CHECKPOINT_MANIFEST} names the file {name!r}, which is not a plain name inside the checkpoint")
-        _verify_file(directory / name, info)
+        _verify_file(_listed_path(directory, name), info)
 
 
-def _verify_file(path: Path, info: dict) -> None:
-    """Recompute a file's hash region by region from its bytes (one hash pass over the mapped page cache: no copy) and compare."""
+def check_listed(directory: Path, files: dict) -> None:
+    """Check each file a manifest lists in `directory` without reading its bytes: present, a plain file, of its size, its
+    segments well formed. What a reader checks before loading files that it verifies (`verify_listed`) right after, from
+    the page cache the load filled. Raises ValueError naming the first bad one, as `verify_listed` does."""
+    for name, info in files.items():
+        path = _listed_path(directory, name)
+        _check_size(path, info["bytes"], path.stat().st_size if path.is_file() and not path.is_symlink() else 0)
+        _segments(path.name, info.get("segments", []), info["bytes"])
+
+
+def _listed_path(directory: Path, name: object) -> Path:
+    if not isinstance(name, str) or name in ("", ".", "..") or "/" in name or "\x00" in name:
+        raise ValueError(f"{CHECKPOINT_MANIFEST} names the file {name!r}, which is not a plain name inside the checkpoint")
+    return directory / name
+
+
+def _check_size(path: Path, size: int, actual: int) -> None:
+    """A listed file is a plain file inside the run directory, of the size the manifest says."""
     if path.is_symlink():
         raise ValueError(f"{path.name} is a symlink (legato reads nothing outside the run directory)")
     if not path.is_file():
         raise ValueError(f"{path.name} is missing")
+    if actual != size:
+        raise ValueError(f"{path.name} does not match the manifest: it has {actual} bytes, the manifest says {size} (truncated)")
+
+
+def _verify_file(path: Path, info: dict) -> None:
+    """Recompute a file's hash region by region from its bytes (one hash pass over the mapped page cache: no copy) and compare."""
     size = info["bytes"]
+    _check_size(path, size, size)
     segments = _segments(path.name, info.get("segments", []), size)
     combined = xxhash.xxh3_128()
     with open(path, "rb") as f:
-        if os.fstat(f.fileno()).st_size != size:
-            raise ValueError(f"{path.name} does not match the manifest: it has {os.fstat(f.fileno()).st_size} bytes, the manifest says "
-                             f"{size} (truncated)")
+        _check_size(path, size, os.fstat(f.fileno()).st_size)
         with _mapped(f, size) as data:
             pos = 0
             for offset, length in segments:
