@@ -36,7 +36,9 @@ of a collective variant being the slowest rank's:
 - restore: a Session's resume with replay off (select and verify the newest checkpoint, load it, check its digests:
   `session.resumed.seconds`) against `torch.load` + `load_state_dict` of the whole state by rank 0 alone, and by every
   rank at once (what a DDP script's resume does, and what every rank of a Session loads); and the same Session's
-  start to its first batch, which adds what every start does, resumed or not (the census of unsaved state).
+  start to its first batch, which adds what every start does, resumed or not (the census of unsaved state). Each
+  restore row starts with its files in the page cache (read once before it), or with `--cold` (root) with the page
+  cache dropped, as on a node that never read the checkpoint: never with whatever the rows before it happened to leave.
 
 Between variants the bench collects its own garbage (outside the timings): the Sessions of earlier variants, left in
 reference cycles, would otherwise be found by the next census's collector sweep and cost it a full collection, which a
@@ -48,7 +50,7 @@ freed; this project's machines do) makes a write or an allocation into returned 
 pages freed a moment ago, so without the wait a variant that ran right after the previous one's files were deleted
 measured up to 4x faster than one that ran seconds later. A checkpoint minutes after the last one meets settled memory.
 
-    python benchmarks/bench_defaults.py [--ranks 2 4] [--mb 64 256 1024] [--rounds 3] [--dir /tmp] [--settle 3]
+    python benchmarks/bench_defaults.py [--ranks 2 4] [--mb 64 256 1024] [--rounds 3] [--dir /tmp] [--settle 3] [--cold]
 """
 
 from __future__ import annotations
@@ -91,6 +93,7 @@ WARN = legato.CheckpointPolicy(agree_every_steps=1, verify="warn")  # a stop tha
 ASYNC = legato.CheckpointPolicy(agree_every_steps=1, async_=True, every_steps=3)
 ASYNC_STEPS = 9  # periodic at steps 3 and 6 (9 is the final); the first one commits at step 4 or 5, between them
 FULL_BASE = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=2)  # the base of step 2 holds AdamW's moments too
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 PLAIN = "plain loop, no checkpoint"  # the memory rows' reference
 Save = Callable[[torch.nn.Module, torch.optim.Optimizer], None]  # how a plain loop saves at its stop
 STOPS = (  # row, run directory, policy of the stop-checkpoint variants
@@ -197,6 +200,19 @@ def session_restore(run_dir: Path, megabytes: int, settle: float) -> tuple[float
     return session.resumed.seconds, seconds
 
 
+def page_cache(path: Path, cold: bool) -> None:
+    """Every restore row starts from the same page cache: the files under `path` read once, so all of them are cached;
+    or (`cold`) every clean page dropped, as on a node that has never read the checkpoint."""
+    if cold:
+        os.sync()
+        DROP_CACHES.write_text("3")
+        return
+    for file in [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file()):
+        with open(file, "rb", buffering=0) as f:
+            while f.read(8 * 2**20):
+                pass
+
+
 def plain_loop(megabytes: int, save: Save | None) -> None:
     """The benchmark's DDP loop without legato up to the stop step, then `save(model, optimizer)` (None: no save)."""
     model, optimizer = make(megabytes)
@@ -230,7 +246,8 @@ def load_into(path: Path | None, model: torch.nn.Module, optimizer: torch.optim.
     optimizer.load_state_dict(loaded["optimizer"])
 
 
-def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, directory: str, out: dict) -> None:
+def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, cold: bool, directory: str,
+           out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -270,6 +287,12 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         time.sleep(settle)
         dist.barrier()
         return time.perf_counter()
+
+    def cache(path: Path) -> None:
+        """Before a restore row: its files in the page cache, or nothing there (`cold`), whatever the rows before left."""
+        if rank == 0:
+            page_cache(path, cold)
+        dist.barrier()
 
     def timed(fn, *args: object, **kwargs: object) -> float:
         start = go()
@@ -321,10 +344,13 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         staging = staged.clone()
         record("memory copy of the largest rank's share", timed(staging.copy_, staged))
         del staged, staging
+        cache(scratch / "noreplay")
         resumed, started = session_restore(scratch / "noreplay", megabytes, settle)
         record("legato resume, replay off (select, restore, verify)", resumed)
         record("legato Session start to first batch, resuming", started)
+        cache(scratch / "A.pt")
         record("torch.load + load_state_dict, rank 0", timed(load_into, scratch / "A.pt" if rank == 0 else None, model, optimizer))
+        cache(scratch / "A.pt")
         record("torch.load + load_state_dict, every rank", timed(load_into, scratch / "A.pt", model, optimizer))
         dist.barrier()
         if rank == 0:
@@ -344,20 +370,27 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--settle", type=float, default=SETTLE_S, help="seconds to wait before each timed part (0: none)")
+    parser.add_argument("--cold", action="store_true",
+                        help="start each restore row with the page cache dropped (root), not with its files cached")
     args = parser.parse_args()
+    if args.cold and not os.access(DROP_CACHES, os.W_OK):
+        print(f"--cold drops the page cache before each restore row, which takes writing {DROP_CACHES}: only root may. Run "
+              "the bench as root, or without --cold (each restore row then starts with its files cached).", file=sys.stderr)
+        sys.exit(2)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     # Every freed tensor goes back to the system at once (glibc otherwise raises its mmap threshold as large blocks are
     # freed, up to 32 MiB, and keeps the freed ones in per-thread arenas): each run's peak memory is then its own, not
     # lowered by what earlier runs left in the allocator. Tensors above 32 MiB (256 MiB states and up) are mapped anyway.
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians, {args.settle:g} s settle before each; "
-          "ratios against torch.save + fsync (plain A)")
+          f"ratios against torch.save + fsync (plain A); restores from {'disk (page cache dropped)' if args.cold else 'the page cache'}")
     for world in args.ranks:
         for megabytes in args.mb:
             directory = Path(tempfile.mkdtemp(prefix="legato-bench-", dir=args.dir))
             with mp.Manager() as manager:
                 out = manager.dict()
-                mp.spawn(worker, args=(world, free_port(), megabytes, args.rounds, args.settle, str(directory), out), nprocs=world)
+                mp.spawn(worker, nprocs=world,
+                         args=(world, free_port(), megabytes, args.rounds, args.settle, args.cold, str(directory), out))
                 results = dict(out)
             shutil.rmtree(directory, ignore_errors=True)
             anchor = results["control: torch.save + fsync, rank 0 (plain A)"]
