@@ -86,11 +86,13 @@ class Resumer:
         self._started = time.perf_counter()
         self._preloaded = None
         picked = self._pick(training, check_listed)
-        where = None if picked is None else loads(*picked)
-        if picked is None or where is None or not self._preload(*picked, where):
-            self._preloaded = None
-            picked = self._pick(training, None)
-        return picked
+        if picked is None:
+            return None
+        where = loads(*picked)
+        if where is not None and self._preload(*picked, where):
+            return picked
+        self._preloaded = None
+        return self._pick(training, None)
 
     def _pick(self, training: dict | None, check: Verifier | None) -> tuple[Path, dict] | None:
         """Rank 0 picks with `check` (None: every rank hashing its share of each candidate's files) and hands the pick to the others."""
