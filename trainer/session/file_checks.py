@@ -1,22 +1,27 @@
 """A checkpoint's files verified by every rank together, each hashing its share of the bytes.
 
 Choosing the checkpoint to resume is rank 0's (legato.store.manifest.newest_usable);
-verifying the files of each candidate is the longest part of it (a hash pass over
-every byte). Here rank 0's verifier hands each request to the other ranks, which
-wait in `serve` while rank 0 chooses: every rank hashes the files `assign`
+verifying its files (a hash pass over every byte: after the resume loaded them,
+or each candidate's before, where that failed) is the longest part of it. Here
+rank 0's verifier hands each request to the other ranks, which wait in `serve`
+while rank 0 works (`led` runs both sides): every rank hashes the files `assign`
 gives it (the biggest first, each to the rank with the fewest bytes so far),
 and the first problem in rank order is raised on rank 0 as its own verifier
-would raise it. Rank 0 ends the service with `done`, whatever the choice came
+would raise it. Rank 0 ends the service with `done`, whatever its work came
 to. This module must never decide which checkpoint is chosen, and never read
 anything but the files it is asked to verify.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from legato.dist.peers import Peers
-from legato.store.manifest import verify_listed
+from legato.store.manifest import Verifier, verify_listed
+
+T = TypeVar("T")
 
 
 def assign(files: dict, world_size: int) -> list[dict]:
@@ -41,6 +46,17 @@ class VerifiedTogether:
         mine = assign(files, self.peers.world_size)[0]  # malformed sizes are rank 0's error, raised before any rank is asked
         self.peers.from_leader((str(directory), files))
         self._check(directory, mine)
+
+    def led(self, work: Callable[[Verifier], T]) -> T | None:
+        """Collective: rank 0 runs `work` with `verify` as its verifier while the other ranks serve it; `work`'s result on
+        rank 0, None on the others."""
+        if self.peers.rank != 0:
+            self.serve()
+            return None
+        try:
+            return work(self.verify)
+        finally:
+            self.done()
 
     def done(self) -> None:
         """Rank 0: nothing more to verify; the other ranks leave `serve`."""

@@ -96,16 +96,8 @@ class Resumer:
 
     def _pick(self, training: dict | None, check: Verifier | None) -> tuple[Path, dict] | None:
         """Rank 0 picks with `check` (None: every rank hashing its share of each candidate's files) and hands the pick to the others."""
-        together = VerifiedTogether(self.peers)
-        picked = None
-        if self.peers.rank == 0:
-            try:
-                picked = pick(self.root, self.peers.world_size, training, self.reshard, check or together.verify)
-            finally:
-                together.done()
-        else:
-            together.serve()
-        picked = self.peers.from_leader(picked)
+        run = self.root, self.peers.world_size, training, self.reshard
+        picked = self.peers.from_leader(VerifiedTogether(self.peers).led(lambda verify: pick(*run, check or verify)))
         if isinstance(picked, str):
             raise UsageError(picked)
         return None if picked is None else (Path(picked[0]), picked[1])
@@ -125,19 +117,16 @@ class Resumer:
 
     def _verify_together(self, listed: list[tuple[Path, dict]]) -> str | None:
         """Collective: every rank hashes its share of each (directory, files); the first problem, on every rank, or None."""
-        together = VerifiedTogether(self.peers)
-        problem = None
-        if self.peers.rank == 0:
+
+        def first_problem(verify: Verifier) -> str | None:
             try:
                 for directory, files in listed:
-                    together.verify(directory, files)
+                    verify(directory, files)
             except (ValueError, KeyError, TypeError, OSError) as exc:
-                problem = str(exc)
-            finally:
-                together.done()
-        else:
-            together.serve()
-        return self.peers.from_leader(problem)
+                return str(exc)
+            return None
+
+        return self.peers.from_leader(VerifiedTogether(self.peers).led(first_problem))
 
     def restore(self, path: Path, manifest: dict) -> None:
         """Load checkpoint `path` itself, check its digests, and report the resume."""
