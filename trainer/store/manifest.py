@@ -136,7 +136,8 @@ def check_listed(directory: Path, files: dict) -> None:
     the page cache the load filled. Raises ValueError naming the first bad one, as `verify_listed` does."""
     for name, info in files.items():
         path = _listed_path(directory, name)
-        _check_size(path, info["bytes"], path.stat().st_size if path.is_file() and not path.is_symlink() else 0)
+        _check_present(path)
+        _check_size(path, info["bytes"], path.stat().st_size)
         _segments(path.name, info.get("segments", []), info["bytes"])
 
 
@@ -146,12 +147,16 @@ def _listed_path(directory: Path, name: object) -> Path:
     return directory / name
 
 
-def _check_size(path: Path, size: int, actual: int) -> None:
-    """A listed file is a plain file inside the run directory, of the size the manifest says."""
+def _check_present(path: Path) -> None:
+    """A listed file is a plain file inside the run directory."""
     if path.is_symlink():
         raise ValueError(f"{path.name} is a symlink (legato reads nothing outside the run directory)")
     if not path.is_file():
         raise ValueError(f"{path.name} is missing")
+
+
+def _check_size(path: Path, size: int, actual: int) -> None:
+    """A listed file has the size the manifest says."""
     if actual != size:
         raise ValueError(f"{path.name} does not match the manifest: it has {actual} bytes, the manifest says {size} (truncated)")
 
@@ -159,7 +164,7 @@ def _check_size(path: Path, size: int, actual: int) -> None:
 def _verify_file(path: Path, info: dict) -> None:
     """Recompute a file's hash region by region from its bytes (one hash pass over the mapped page cache: no copy) and compare."""
     size = info["bytes"]
-    _check_size(path, size, size)
+    _check_present(path)
     segments = _segments(path.name, info.get("segments", []), size)
     combined = xxhash.xxh3_128()
     with open(path, "rb") as f:
