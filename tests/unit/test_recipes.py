@@ -5,11 +5,8 @@ state (identical replicated model and AdamW state, per-rank batch-norm
 buffers, per-rank counters) with legato.store.layout, snapshots only its
 files (legato.state.snapshot.Snapshot, as the replay base and the staging of
 an asynchronous checkpoint do), and the shares of all ranks are completed as
-the leader completes the reports. A synchronous checkpoint takes the same
-shares from the live state without a copy (`live_share`): each tensor hashed
-once across the ranks. The same digests over real processes and disks:
-e2e/test_async_checkpoint_runs.py, e2e/test_spread_writes.py and the replay
-tests.
+the leader completes the reports. The same digests over real processes and
+disks: e2e/test_async_checkpoint_runs.py and the replay tests.
 """
 
 from __future__ import annotations
@@ -21,8 +18,8 @@ import torch
 
 from legato.state import recipes
 from legato.state.components import MODEL_FILE, RANK_FILE, TRAIN_STATE_FILE, Component
-from legato.state.hashing import Digests, digest
-from legato.state.snapshot import Snapshot, live_share
+from legato.state.hashing import digest
+from legato.state.snapshot import Snapshot
 from legato.store import commit, layout
 
 PER_RANK = {"norm.running_mean", "norm.running_var", "norm.num_batches_tracked"}
@@ -78,37 +75,6 @@ def snapshots(world: int) -> tuple[list[dict], list[Snapshot]]:
         states.append({name: digest(value) for name, value in parts.items()})
         snaps.append(snap)
     return states, snaps
-
-
-class CountingDigests(Digests):
-    """Digests that count the bytes they hash (a spy: the digests are Digests' own)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hashed = 0
-
-    def tensor(self, t: torch.Tensor) -> bytes:
-        self.hashed += t.nbytes
-        return super().tensor(t)
-
-
-def live_shares(world: int, drop: str | None = None) -> tuple[list[dict], list[dict], list[CountingDigests], list[dict]]:
-    """Every rank's digests computed whole, its live share, the Digests its share filled, and its files (`drop`: a file
-    name left out of rank 1's files, a planted fault)."""
-    base = trained()
-    states, shares, seens, all_files = [], [], [], []
-    for rank in range(world):
-        rows = rank_rows(base, rank)
-        parts = {c.name: c.obj.state_dict() for c in rows}
-        files = layout.files(rows, parts, rank, world_size=world)
-        if rank == 1 and drop is not None:
-            files.pop(drop)
-        seen = CountingDigests()
-        shares.append(live_share(parts, files, layout.for_everyone(files, rank), seen))
-        states.append({name: digest(value) for name, value in parts.items()})
-        seens.append(seen)
-        all_files.append(files)
-    return states, shares, seens, all_files
 
 
 def tensor_bytes(tree: object) -> int:
@@ -177,26 +143,3 @@ def test_reports_are_completed_for_the_state_and_the_replay_base_and_carry_no_sh
     done = commit.complete(reports)
     assert [d["components"] for d in done] == expected == [d["replay"]["components"] for d in done]
     assert all(recipes.SHARE not in d and recipes.SHARE not in d["replay"] and d["hash"] == d["replay"]["hash"] for d in done)
-
-
-@pytest.mark.parametrize("world", [2, 3, 4])
-def test_live_shares_complete_to_every_rank_s_digests_with_each_tensor_hashed_once(world: int) -> None:
-    expected, shares, seens, files = live_shares(world)
-    assert recipes.complete(shares) == expected
-    model, optimizer = trained()
-    buffers = sum(t.nbytes for name, t in model.state_dict().items() if name in PER_RANK)
-    whole = tensor_bytes(model.state_dict()) + tensor_bytes(optimizer.state_dict())
-    # The replicated state once across the ranks (not once a rank), plus each other rank's own buffers, and the counters.
-    assert sum(s.hashed for s in seens) == whole + (world - 1) * buffers + world * torch.arange(3).nbytes
-    assert max(s.hashed for s in seens) < whole
-    # The writer finds the digest of every tensor it writes in the same pass (no second hash of the bytes).
-    for seen, rank_files in zip(seens, files):
-        for t in layout._tensors(rank_files):
-            if t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes:
-                assert (t.untyped_storage().data_ptr(), t.nbytes) in seen.by_storage
-
-
-def test_a_live_share_missing_a_file_of_the_rank_is_an_error_at_the_meeting() -> None:
-    _, shares, _, _ = live_shares(2, drop=layout.share_file(1))
-    with pytest.raises(ValueError, match="no rank reported the digest of tensor"):
-        recipes.complete(shares)

@@ -38,7 +38,7 @@ from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import Digests, rank_hash
 from legato.state.sharded import local
-from legato.state.snapshot import Snapshot, batch_tensors, live_share
+from legato.state.snapshot import Snapshot, batch_tensors
 from legato.store import bases, layout
 from legato.store import checkpoint as ckpt
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
@@ -197,11 +197,7 @@ class Saver:
         parts = table.capture(self.components) if reason or hash_due else {}
         seen = Digests()
         staged = self._stage(parts) if background and step >= self.standing else None
-        # A synchronous checkpoint of several ranks: each tensor hashed once, by the rank whose share of the files holds it
-        # (the other ranks' digests complete this rank's at the commit). The trajectory's hash is this rank's own, whole.
-        whole = hash_due or (staged is None and self.peers.world_size == 1)
-        components = table.digests(parts, seen) if whole else {}
-        split = self._digest_share(parts, seen) if reason and staged is None and not whole and step >= self.standing else None
+        components = table.digests(parts, seen) if staged is None or hash_due else {}
         self.telemetry.record(step, epoch, loss, lr, components if hash_due else None)
         self.telemetry.progress(step, epoch, loss)
         if reason == "signal":
@@ -218,7 +214,7 @@ class Saver:
             else:
                 if self.background is not None:
                     self._committed(self.background.finish(), "periodic")
-                self._save(reason, parts, components, seen, split)
+                self._save(reason, parts, components, seen)
 
     def _hold(self, reason: str) -> None:
         """No checkpoint before the standing one (see `standing`); a stop leaves it to the next attempt."""
@@ -239,9 +235,7 @@ class Saver:
     def _meta(self, reason: str) -> dict[str, Any]:
         return {"reason": reason, "epoch": self.position.epoch, **self.meta, "threads": torch.get_num_threads()}
 
-    def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests, split: dict | None) -> None:
-        """Write the checkpoint due now (collective). `split`: this rank's share of the digests, when `components` were not
-        computed whole."""
+    def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests) -> None:
         self.telemetry.sync()
         rank, step = self.peers.rank, self.position.step
         by_replay = self._held_by_replay(reason)
@@ -250,10 +244,7 @@ class Saver:
         files.update(base_files)
         base = _share(rank, self.snapshot, self.window, at) if has_base else None
         seen_all = (seen,) if not base_files else (seen, self.snapshot.seen)
-        if split is None:
-            share = ckpt.RankShare(rank, files, components, rank_hash(components), replay=base, seen=seen_all)
-        else:
-            share = ckpt.RankShare(rank, files, {}, "", replay=base, seen=seen_all, share=split)
+        share = ckpt.RankShare(rank, files, components, rank_hash(components), replay=base, seen=seen_all)
         meta = {**self._meta(reason), bases.BY_REPLAY: True} if by_replay else self._meta(reason)
         committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, meta,
                                           self.policy.keep_last, self.kill)
@@ -268,11 +259,6 @@ class Saver:
         snap = self.snapshot
         has_base = snap is not None and snap.step is not None and snap.step < self.position.step
         return reason == "signal" and self.policy.verify != "warn" and has_base
-
-    def _digest_share(self, parts: dict[str, Any], seen: Digests) -> dict:
-        """This rank's share of the digests of the live state `parts` (legato.state.snapshot.live_share), its tensors'
-        digests kept in `seen` for the writer."""
-        return live_share(parts, *self._layout(parts), seen)
 
     def _stage(self, parts: dict[str, Any]) -> Snapshot:
         """The blocking part of an asynchronous checkpoint: copy this rank's share into the reused staging buffer."""

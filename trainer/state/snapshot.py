@@ -6,8 +6,7 @@ copies only what it writes (the files legato.store.layout gives it: its own
 state, and its share of the replicated state, which every rank holds alike),
 and keeps the recipes of every component's digest (legato.state.recipes), so
 the digests of the whole state are still known once the ranks' shares meet.
-A synchronous checkpoint takes the same share of the digests from the live
-state, without a copy (`live_share`). This module must never touch the disk or the process group, and never draw
+This module must never touch the disk or the process group, and never draw
 from an RNG.
 """
 
@@ -50,7 +49,14 @@ class Snapshot:
         # A tensor in both kinds of file (rank 0's per-rank buffers) is its own: each rank holds its own values of those.
         for name in sorted(files, key=lambda n: n in for_everyone):
             _pair(files[name], self.files[name], name in for_everyone, copies)
-        self._recipes, self._own, self._replicated = _recipes(parts, copies)
+        self._own, self._replicated = {}, {}
+
+        def found(key: str, live: torch.Tensor) -> None:
+            if id(live) in copies:  # else another rank writes it, and reports its digest
+                copy, everyone = copies[id(live)]
+                (self._replicated if everyone else self._own)[key] = copy
+
+        self._recipes = {name: recipes.record(name, value, found) for name, value in parts.items()}
         self.step = step
         self.copy_s = time.perf_counter() - start
 
@@ -61,35 +67,6 @@ class Snapshot:
             replicated = {key: self.seen.tensor(t) for key, t in self._replicated.items()}
             self._share = recipes.share(self._recipes, own, replicated)
         return self._share
-
-
-def live_share(parts: Mapping[str, Any], files: Mapping[str, Any], for_everyone: Collection[str], seen: Digests) -> dict[str, Any]:
-    """This rank's share of the digests of the live state `parts` (legato.state.recipes.share), without a copy.
-
-    `files`: this rank's files of `parts` (legato.store.layout's, holding the live tensors; `for_everyone`: those of
-    replicated state). Only their tensors are hashed, into `seen` for the writer; every other tensor is left to the rank
-    whose share it is, so across the ranks each tensor of the replicated state is hashed once.
-    """
-    tensors: dict[int, tuple[torch.Tensor, bool]] = {}
-    for name in sorted(files, key=lambda n: n in for_everyone):
-        _pair(files[name], files[name], name in for_everyone, tensors)
-    made, own, replicated = _recipes(parts, tensors)
-    return recipes.share(made, {key: seen.tensor(t) for key, t in own.items()}, {key: seen.tensor(t) for key, t in replicated.items()})
-
-
-def _recipes(parts: Mapping[str, Any], copies: Mapping[int, tuple[torch.Tensor, bool]]
-             ) -> tuple[dict[str, recipes.Recipe], dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """The recipes of `parts`' digests, and the copies this rank hashes by tensor key: its own, and those it holds for
-    every rank. `copies`: id(live tensor) -> (its copy, written for every rank), for the tensors this rank writes."""
-    own: dict[str, torch.Tensor] = {}
-    replicated: dict[str, torch.Tensor] = {}
-
-    def found(key: str, live: torch.Tensor) -> None:
-        if id(live) in copies:  # else another rank writes it, and reports its digest
-            copy, everyone = copies[id(live)]
-            (replicated if everyone else own)[key] = copy
-
-    return {name: recipes.record(name, value, found) for name, value in parts.items()}, own, replicated
 
 
 def _copy_into(dst: Any, src: Any) -> Any:

@@ -61,8 +61,6 @@ class RankShare:
     hash: str
     replay: dict | None = None  # the replay base: its step, digests and the records of the steps since
     seen: tuple[Digests, ...] = ()  # the tensor digests already computed over the memory of `files`
-    # This rank's share of the digests (legato.state.recipes), when `components` and `hash` are left to the ranks' meeting
-    share: dict | None = None
 
 
 @dataclass(frozen=True)
