@@ -246,3 +246,19 @@ def test_an_unknown_census_mode_is_refused(tmp_path: Path) -> None:
     model, optimizer = loop_parts()
     with pytest.raises(UsageError, match=r"census='loud'\) is not one of warn, strict, off"):
         legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=2, census="loud")
+
+
+def test_a_resume_names_unsaved_state_before_it_restores_and_leaves_no_scan_running(tmp_path: Path) -> None:
+    """At the start the census scans beside the resume's choice of checkpoint; it is still told before the resume is."""
+    model, optimizer = loop_parts()
+    run(legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=2, census="off"), model, optimizer)
+    model, optimizer = loop_parts()
+    ema = AveragedModel(model)
+    events: list[dict] = []
+    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=4, on_event=events.append,
+                             checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    run(session, model, optimizer)
+    kinds = [e["event"] for e in events if e["event"] in ("unsaved_state", "resumed")]
+    assert kinds == ["unsaved_state", "resumed"] and session.resumed is not None and session.resumed.match
+    assert not [t for t in threading.enumerate() if t.name.startswith("legato-census")]
+    del ema
