@@ -325,13 +325,12 @@ class Session:
 
     def _begin(self) -> None:
         self._begun = True
+        # Before the resume, so what legato does not save is named before a resume says it verified.
+        self._census.check(self.step, "start")
         if self.carried.used:
             # A batch carried before the loop: saved from now on, and restored into its tensors below.
             self.components.insert(next(i for i, c in enumerate(self.components) if c.name == "data"), Component(CARRIED, self.carried))
-        # The census of the start scans (the CPU) while the resume picks, reads and checks its files (the disk), and is told
-        # before anything is restored: what legato does not save is named before a resume says it verified.
-        with self._census.alongside(True, self.step, "start", sys._getframe()):
-            found = self._resumer.select(self.training, self._restores_first)
+        found = self._resumer.select(self.training, self._restores_first)
         resume_step = self._resumed_step = 0 if found is None else found[1]["step"]
         cannot = None if found is None or not held_by_replay(found[1]) else self._saving.unreplayable(found[1], self.total_steps)
         if cannot is not None and found[1]["world_size"] == self.world_size:

@@ -2,11 +2,10 @@
 
 The census (legato.state.census) runs when an attempt starts and at its first
 and last checkpoints, at the same steps on every rank (each run is one small
-exchange over the control group, so every rank reaches the same verdict). Its
-scan runs in a thread while the disk works: at the start while a resume picks,
-reads and checks its checkpoint (the exchange follows, before anything is
-restored), at a checkpoint while the checkpoint is written (the stop at the
-time limit does not wait for both in turn; the exchange follows the commit). A
+exchange over the control group, so every rank reaches the same verdict). At
+a checkpoint its scan runs in a thread while the checkpoint is written (the
+write waits on the disk, the scan on the CPU: the stop at the time limit does
+not wait for both in turn), and the exchange follows the commit. A
 finding is told once per attempt: a warning paragraph on rank 0 and an
 `UNSAVED_STATE` event; with `census="strict"` every rank then raises a
 UsageError (exit 2). This module must never change what is saved: it only
@@ -17,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import types
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -49,11 +49,17 @@ class Census:
         self.registered = registered
         self._told: set[tuple[str, str]] = set()
 
+    def check(self, step: int, when: str) -> None:
+        """Collective: find unsaved state on every rank; tell what is new; in strict mode refuse it on every rank."""
+        if self.mode == "off":
+            return
+        # The caller's frame: the user's loop is the next frame up that is not legato's.
+        self._settle(step, when, self._scan(sys._getframe(1)))
+
     @contextlib.contextmanager
     def alongside(self, due: bool, step: int, when: str, frame: types.FrameType) -> Iterator[None]:
-        """When `due`, the census that goes with the body (a resume's choice of checkpoint, a checkpoint's write; collective,
-        after the body): its scan runs in a thread while the body runs. `frame`: the caller's, live until the body has run
-        (the scan walks up from it)."""
+        """When `due`, the census of the checkpoint the body writes (collective, after the body): its scan runs in a thread
+        while the body runs. `frame`: the caller's, live until the body has run (the scan walks up from it)."""
         if not due or self.mode == "off":
             yield
             return
