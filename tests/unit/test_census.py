@@ -249,7 +249,7 @@ def test_an_unknown_census_mode_is_refused(tmp_path: Path) -> None:
 
 
 def test_a_resume_names_unsaved_state_before_it_restores_and_leaves_no_scan_running(tmp_path: Path) -> None:
-    """At the start the census scans beside the resume's choice of checkpoint; it is still told before the resume is."""
+    """The census of the start is told before the resume is: what legato does not save is named before "verified"."""
     model, optimizer = loop_parts()
     run(legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=2, census="off"), model, optimizer)
     model, optimizer = loop_parts()
