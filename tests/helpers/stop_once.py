@@ -8,7 +8,10 @@ a replay base every 4 steps, the trajectory hashed every step. Settings by envir
 - VERIFY: checkpoint.verify ("error", the default, or "warn");
 - REPLAY_STEPS: replay_steps (default 4); EVERY_STEPS: periodic checkpoints (default 0: none); KEEP_LAST (default 3);
 - FAULT=1: planted fault, the step made non-deterministic (noise from an unseeded generator) on every step of
-  this process, so a replay of the steps before a stop checkpoint diverges.
+  this process, so a replay of the steps before a stop checkpoint diverges;
+- ASYNC=1: periodic checkpoints written in the background (CheckpointPolicy(async_=True));
+- DIVERGE=1: planted fault, each rank scales its own (already averaged) gradients by 1 + rank / 8 before the step,
+  so the ranks' "replicated" parameters differ from the first step on.
 
 A refusal (UsageError) is one paragraph on stderr and exit 2; a failed resume verification exits 3.
 """
@@ -45,7 +48,9 @@ def main(out: Path) -> int:
     policy = legato.CheckpointPolicy(
         every_minutes=0, every_steps=int(env.get("EVERY_STEPS", "0")), keep_last=int(env.get("KEEP_LAST", "3")),
         verify=env.get("VERIFY", "error"), replay_steps=int(env.get("REPLAY_STEPS", "4")), hash_every_steps=1, agree_every_steps=1,
+        async_=True if env.get("ASYNC") == "1" else None,
     )
+    scale = 1 + rank / 8 if env.get("DIVERGE") == "1" else None
     noise = torch.Generator().manual_seed(int.from_bytes(os.urandom(4), "little")) if env.get("FAULT") == "1" else None
     session = legato.Session(out, model=net, optimizer=optimizer, loader=loader, total_steps=STEPS, checkpoint=policy)
     for x, y in session:
@@ -53,6 +58,9 @@ def main(out: Path) -> int:
             x = x + 1e-3 * torch.randn(x.shape, generator=noise)
         loss = F.mse_loss(net(x), y)
         loss.backward()
+        if scale is not None:
+            for p in model.parameters():
+                p.grad.mul_(scale)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         session.report(loss)

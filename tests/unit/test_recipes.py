@@ -21,6 +21,7 @@ from legato.state.components import MODEL_FILE, RANK_FILE, TRAIN_STATE_FILE, Com
 from legato.state.hashing import digest
 from legato.state.snapshot import Snapshot
 from legato.store import commit, layout
+from legato.store.manifest_schema import DIVERGED
 
 PER_RANK = {"norm.running_mean", "norm.running_var", "norm.num_batches_tracked"}
 
@@ -63,11 +64,15 @@ def rank_rows(base: tuple[torch.nn.Module, torch.optim.Optimizer], rank: int) ->
     ]
 
 
-def snapshots(world: int) -> tuple[list[dict], list[Snapshot]]:
+def snapshots(world: int, drift: int | None = None) -> tuple[list[dict], list[Snapshot]]:
+    """Each rank's true digests and its snapshot; rank `drift`'s replicated head weight is one ulp off the others'."""
     base = trained()
     states, snaps = [], []
     for rank in range(world):
         rows = rank_rows(base, rank)
+        if rank == drift:
+            with torch.no_grad():
+                rows[0].obj.head.weight[3, 5] = torch.nextafter(rows[0].obj.head.weight[3, 5], torch.tensor(1.0))
         parts = {c.name: c.obj.state_dict() for c in rows}
         files = layout.files(rows, parts, rank, world_size=world)
         snap = Snapshot()
@@ -77,6 +82,10 @@ def snapshots(world: int) -> tuple[list[dict], list[Snapshot]]:
     return states, snaps
 
 
+def digests(completed: list[recipes.Completed]) -> list[dict[str, str]]:
+    return [c.components for c in completed]
+
+
 def tensor_bytes(tree: object) -> int:
     return sum(t.nbytes for t in layout._tensors(tree))
 
@@ -84,7 +93,8 @@ def tensor_bytes(tree: object) -> int:
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
 def test_completed_shares_are_every_rank_s_digests_bit_for_bit(world: int) -> None:
     expected, snaps = snapshots(world)
-    assert recipes.complete([s.share() for s in snaps]) == expected
+    completed = recipes.complete([s.share() for s in snaps])
+    assert digests(completed) == expected and not any(c.diverged for c in completed)
     # Per-rank values make the ranks' digests differ where they should: the model (its buffers) and the counters.
     if world > 1:
         assert expected[0]["model"] != expected[1]["model"] and expected[0]["optimizer"] == expected[1]["optimizer"]
@@ -110,7 +120,7 @@ def test_the_share_is_of_the_step_taken_not_of_the_live_state_that_moved_on() ->
     snap.take(1, parts, files, layout.for_everyone(files, 0))
     with torch.no_grad():
         rows[0].obj.fc.weight.add_(1.0)
-    assert recipes.complete([snap.share()]) == [before]
+    assert digests(recipes.complete([snap.share()])) == [before]
 
 
 def test_a_reference_no_rank_filled_is_an_error_never_a_default() -> None:
@@ -126,7 +136,7 @@ def test_a_planted_wrong_digest_changes_the_completed_digest_and_two_writers_tha
     shares = [s.share() for s in snaps]
     key = next(iter(shares[1][recipes.REPLICATED]))
     planted = {**shares[1], recipes.REPLICATED: {**shares[1][recipes.REPLICATED], key: "00" * 16}}
-    completed = recipes.complete([shares[0], planted])
+    completed = digests(recipes.complete([shares[0], planted]))
     assert completed != expected
     assert completed[0][key.split(":")[0]] != expected[0][key.split(":")[0]]  # rank 0's digest names the fault too
     twice = {**shares[0], recipes.REPLICATED: {**shares[0][recipes.REPLICATED], key: "00" * 16}}
@@ -143,3 +153,28 @@ def test_reports_are_completed_for_the_state_and_the_replay_base_and_carry_no_sh
     done = commit.complete(reports)
     assert [d["components"] for d in done] == expected == [d["replay"]["components"] for d in done]
     assert all(recipes.SHARE not in d and recipes.SHARE not in d["replay"] and d["hash"] == d["replay"]["hash"] for d in done)
+
+
+def test_a_rank_whose_replicated_copy_differs_is_never_completed_with_the_writers_digest() -> None:
+    """Planted fault: rank 1's copy of the model (written by rank 0) is one ulp off in one value. Its completed model digest
+    must be neither its own (never hashed) nor rank 0's, the tensor is named with its writer, and the rest stays exact."""
+    truth, snaps = snapshots(2, drift=1)
+    writers_copy, _ = snapshots(2)
+    completed = recipes.complete([s.share() for s in snaps])
+    assert completed[0].components == truth[0] and not completed[0].diverged
+    head = [k for k in snaps[1].share()[recipes.SUMS] if k.startswith("model:")]
+    assert len(completed[1].diverged) == 1 and set(completed[1].diverged) <= set(head) and completed[1].writers == [0]
+    assert completed[1].components["model"] not in (truth[1]["model"], writers_copy[1]["model"])
+    assert {k: v for k, v in completed[1].components.items() if k != "model"} == {k: v for k, v in truth[1].items() if k != "model"}
+
+
+def test_a_diverged_rank_is_named_in_its_report_and_its_replay_base_entry() -> None:
+    _, snaps = snapshots(2, drift=1)
+    reports = [
+        commit.report(r, "", {}, {}, {"rank": r, "from_step": 9, recipes.SHARE: s.share(), "steps": []}, s.share())
+        for r, s in enumerate(snaps)
+    ]
+    done = commit.complete(reports)
+    assert DIVERGED not in done[0] and DIVERGED not in done[0]["replay"]
+    assert done[1][DIVERGED] == done[1]["replay"][DIVERGED]
+    assert done[1][DIVERGED]["writers"] == [0] and done[1][DIVERGED]["tensors"]

@@ -38,6 +38,7 @@ from legato.state.components import Component
 from legato.state.hashing import global_hash
 from legato.store import bases, layout, reshard
 from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable
+from legato.store.manifest_schema import DIVERGED
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,32 @@ def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[
         )
     if verdict is not None and not verdict.identical:
         problems.append(f"Resume verification failed at step {manifest['step']} ({path}): the {replay.describe(verdict)}.")
+    diverged = _diverged(manifest)
+    if problems and diverged:
+        problems.append(diverged)
     return " ".join(problems)
+
+
+def _diverged(manifest: dict) -> str:
+    """The cause, where the checkpoint recorded it: a rank's replicated state differed from the copy written for every rank."""
+    found: dict[int, tuple[set[str], set[int]]] = {}
+    for entry in [*manifest["ranks"], *manifest.get("replay", {}).get("ranks", [])]:
+        if DIVERGED in entry:
+            tensors, writers = found.setdefault(entry["rank"], (set(), set()))
+            tensors.update(entry[DIVERGED]["tensors"])
+            writers.update(entry[DIVERGED]["writers"])
+    if not found:
+        return ""
+    detail = "; ".join(f"rank {rank}: {', '.join(sorted(t)[:6])}{', ...' if len(t) > 6 else ''}, written by rank "
+                       f"{', '.join(map(str, sorted(w)))}" for rank, (t, w) in sorted(found.items()))
+    return (
+        f"The cause was recorded when this state was saved: these ranks' copies of replicated tensors differed from the copy "
+        f"written for every rank ({detail}), so their own values were never saved. Replicated state (a DDP model, its "
+        "optimizer) is saved once for all ranks, which needs every rank to hold the same values: a loop that changes one "
+        "rank's parameters, gradients or optimizer state alone (gradients scaled per rank, noise from a per-rank or unseeded "
+        "RNG) breaks that. Make those updates identical on every rank, or keep what must differ per rank in an extra "
+        "(state_dict/load_state_dict); no checkpoint written while the copies differed can continue those ranks exactly."
+    )
 
 
 def pick(root: Path, world_size: int, training: dict | None, reshard: bool = False,

@@ -13,16 +13,27 @@ references from its own digests first, then from the replicated digests of
 whichever rank wrote them, and feeds the same bytes into one XXH3-128: the
 result is `digest(value)` bit for bit (tests/unit/test_recipes.py).
 
+That completion holds only where a rank's replicated tensors equal the
+writer's. So every rank also reports the block sums (legato.state.checksum) of
+each replicated tensor, written or not, and `complete` compares each with the
+writer's: a rank whose copy differs (a loop that changed one rank's
+parameters alone) gets, for each component holding such a tensor, a digest
+that no state hashes to, and the references that differ are listed as
+`diverged`, so a resume from it fails its verification naming the rank and
+the cause instead of proving the writer's bytes for it.
+
 A share is plain data (hex strings), so it travels in a rank's report. This
 module must never read a tensor's bytes (hashing them is the copy owner's, in
 its own time) and never guess: a reference no rank filled, or filled twice
-with different digests, is an error, never a default.
+with different digests, is an error, never a default; a copy that differs
+from the writer's is never completed with the writer's digest.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -33,7 +44,7 @@ from legato.state.hashing import tensor_header
 
 # A recipe: hex of bytes fed as they are, or [key] where the 16-byte digest of tensor `key` goes.
 Recipe = list[Any]
-OWN, REPLICATED = "own", "replicated"
+OWN, REPLICATED, SUMS = "own", "replicated", "sums"
 SHARE = "share"  # the key of a share in a rank's report (and in its replay base)
 
 
@@ -76,36 +87,55 @@ def record(name: str, value: Any, on_tensor: Callable[[str, torch.Tensor], None]
     return recorder.done()
 
 
-def share(recipes: Mapping[str, Recipe], own: Mapping[str, bytes], replicated: Mapping[str, bytes]) -> dict[str, Any]:
-    """A rank's share as plain data: its recipes, the digests only it uses (its own files), and those it wrote for every rank."""
+@dataclass
+class Completed:
+    """One rank's component digests once the shares met, and its replicated tensors that differ from their writer's copy."""
+
+    components: dict[str, str]
+    diverged: list[str] = field(default_factory=list)  # tensor keys, `<component>:<n>`
+    writers: list[int] = field(default_factory=list)  # the ranks that wrote those tensors
+
+
+def share(recipes: Mapping[str, Recipe], own: Mapping[str, bytes], replicated: Mapping[str, bytes],
+          sums: Mapping[str, str]) -> dict[str, Any]:
+    """A rank's share as plain data: its recipes, the digests only it uses (its own files), those it wrote for every rank,
+    and the block sums of every replicated tensor it holds (legato.state.checksum)."""
     return {
         "recipes": dict(recipes),
         OWN: {key: d.hex() for key, d in own.items()},
         REPLICATED: {key: d.hex() for key, d in replicated.items()},
+        SUMS: dict(sums),
     }
 
 
-def complete(shares: list[Mapping[str, Any]]) -> list[dict[str, str]]:
+def complete(shares: list[Mapping[str, Any]]) -> list[Completed]:
     """Every rank's component digests (in the order of `shares`) once the ranks' shares meet."""
     pool: dict[str, str] = {}
+    writer: dict[str, int] = {}
     for rank, s in enumerate(shares):
         for key, d in s[REPLICATED].items():
             if pool.setdefault(key, d) != d:
                 raise ValueError(f"two ranks wrote tensor {key} with different digests (rank {rank}: {d}, before: {pool[key]}); "
                                  "the replicated state differs between the ranks")
-    return [_bake_all(rank, s, pool) for rank, s in enumerate(shares)]
+            writer.setdefault(key, rank)
+    return [_bake_all(rank, s, pool, writer, shares) for rank, s in enumerate(shares)]
 
 
-def _bake_all(rank: int, s: Mapping[str, Any], pool: Mapping[str, str]) -> dict[str, str]:
+def _bake_all(rank: int, s: Mapping[str, Any], pool: Mapping[str, str], writer: Mapping[str, int],
+              shares: list[Mapping[str, Any]]) -> Completed:
     own = s[OWN]
+    diverged = sorted(key for key, sums in s[SUMS].items() if key in writer and shares[writer[key]][SUMS][key] != sums)
 
     def lookup(key: str) -> bytes:
+        if key in diverged:  # its own bytes were never hashed: a digest no state hashes to, so a resume cannot prove it
+            return xxhash.xxh3_128_digest(f"legato: rank {rank} diverged from its writer at {key}".encode())
         d = own.get(key) or pool.get(key)
         if d is None:
             raise ValueError(f"no rank reported the digest of tensor {key}, which rank {rank}'s state holds")
         return bytes.fromhex(d)
 
-    return {name: _bake(recipe, lookup) for name, recipe in s["recipes"].items()}
+    components = {name: _bake(recipe, lookup) for name, recipe in s["recipes"].items()}
+    return Completed(components, diverged, sorted({writer[key] for key in diverged}))
 
 
 def _bake(recipe: Recipe, lookup: Callable[[str], bytes]) -> str:

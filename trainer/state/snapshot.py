@@ -6,6 +6,10 @@ copies only what it writes (the files legato.store.layout gives it: its own
 state, and its share of the replicated state, which every rank holds alike),
 and keeps the recipes of every component's digest (legato.state.recipes), so
 the digests of the whole state are still known once the ranks' shares meet.
+Of each replicated tensor it does not copy it takes the block sums
+(legato.state.checksum) while it blocks, and of each it copies the same sums
+later, from the copy, so that the meeting shows whether every rank held what
+the writer wrote.
 This module must never touch the disk or the process group, and never draw
 from an RNG.
 """
@@ -19,6 +23,7 @@ from typing import Any
 import torch
 
 from legato.state import recipes
+from legato.state.checksum import block_sums
 from legato.state.hashing import Digests
 
 
@@ -37,6 +42,7 @@ class Snapshot:
         self._recipes: dict[str, recipes.Recipe] = {}
         self._own: dict[str, torch.Tensor] = {}  # tensor key -> copy, in this rank's own files
         self._replicated: dict[str, torch.Tensor] = {}  # tensor key -> copy, written for every rank
+        self._sums: dict[str, str] = {}  # tensor key -> block sums of the live replicated tensors another rank writes
         self._share: dict[str, Any] | None = None
 
     def take(self, step: int, parts: Mapping[str, Any], files: Mapping[str, Any], for_everyone: Collection[str]) -> None:
@@ -49,12 +55,14 @@ class Snapshot:
         # A tensor in both kinds of file (rank 0's per-rank buffers) is its own: each rank holds its own values of those.
         for name in sorted(files, key=lambda n: n in for_everyone):
             _pair(files[name], self.files[name], name in for_everyone, copies)
-        self._own, self._replicated = {}, {}
+        self._own, self._replicated, self._sums = {}, {}, {}
 
         def found(key: str, live: torch.Tensor) -> None:
-            if id(live) in copies:  # else another rank writes it, and reports its digest
-                copy, everyone = copies[id(live)]
-                (self._replicated if everyone else self._own)[key] = copy
+            if id(live) not in copies:  # another rank writes it and reports its digest; this rank shows it holds the same
+                self._sums[key] = block_sums(live)
+                return
+            copy, everyone = copies[id(live)]
+            (self._replicated if everyone else self._own)[key] = copy
 
         self._recipes = {name: recipes.record(name, value, found) for name, value in parts.items()}
         self.step = step
@@ -65,7 +73,8 @@ class Snapshot:
         if self._share is None:
             own = {key: self.seen.tensor(t) for key, t in self._own.items()}
             replicated = {key: self.seen.tensor(t) for key, t in self._replicated.items()}
-            self._share = recipes.share(self._recipes, own, replicated)
+            sums = {**self._sums, **{key: block_sums(t) for key, t in self._replicated.items()}}
+            self._share = recipes.share(self._recipes, own, replicated, sums)
         return self._share
 
 

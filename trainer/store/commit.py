@@ -45,6 +45,7 @@ from legato.state.recipes import SHARE
 from legato.store import bases
 from legato.store.filehash import save_all
 from legato.store.manifest import FORMAT, check_contained, checkpoint_step, list_checkpoints, manifest_checksum
+from legato.store.manifest_schema import DIVERGED
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +138,17 @@ def complete(reports: list[dict]) -> list[dict]:
 def _completed(entries: list[dict]) -> list[dict]:
     if not any(SHARE in e for e in entries):
         return entries
-    digests = recipes.complete([e[SHARE] for e in entries])
-    return [{**{k: v for k, v in e.items() if k != SHARE}, "components": d, "hash": rank_hash(d)} for e, d in zip(entries, digests)]
+    out = []
+    for rank, (e, done) in enumerate(zip(entries, recipes.complete([e[SHARE] for e in entries]))):
+        entry = {**{k: v for k, v in e.items() if k != SHARE}, "components": done.components, "hash": rank_hash(done.components)}
+        if done.diverged:
+            entry[DIVERGED] = {"tensors": done.diverged, "writers": done.writers}
+            log.warning(
+                "rank %d's copy of the replicated state differs from the copy written for every rank by rank %s (tensors %s): its "
+                "own values were not saved, so a resume from this state will fail its verification on rank %d", rank,
+                ", ".join(map(str, done.writers)), ", ".join(done.diverged[:6]), rank)
+        out.append(entry)
+    return out
 
 
 def agree(own: dict, world_size: int, group: dist.ProcessGroup | None) -> list[dict]:
@@ -166,7 +176,7 @@ def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dic
         "torch_version": torch.__version__,
         "global_hash": ghash,
         # Who wrote what: a rank's missing file names the rank whose share is lost.
-        "ranks": [{"rank": r["rank"], "hash": r["hash"], "components": r["components"], "wrote": sorted(r["files"])} for r in reports],
+        "ranks": [_rank_entry(r) for r in reports],
         "files": {name: info for r in reports for name, info in r["files"].items()},
         "created_unix": time.time(),
         **meta,
@@ -187,6 +197,11 @@ def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dic
         shutil.rmtree(stale)
     os.replace(tmp, final)
     fsync_dir(root)
+
+
+def _rank_entry(report: dict) -> dict:
+    entry = {"rank": report["rank"], "hash": report["hash"], "components": report["components"], "wrote": sorted(report["files"])}
+    return {**entry, DIVERGED: report[DIVERGED]} if DIVERGED in report else entry
 
 
 def _clear_unlisted(tmp: Path, reports: list[dict]) -> None:

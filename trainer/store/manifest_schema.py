@@ -16,6 +16,9 @@ from typing import Any
 from legato.paths import CHECKPOINT_MANIFEST
 from legato.state.digest_rule import global_hash, rank_hash
 
+# In a rank's entry (and its replay base's): its replicated tensors that differed from the copy written for every rank.
+DIVERGED = "diverged"
+
 FILE_HASH_KEY = "xxh3_128"  # each file's XXH3-128, region by region
 # true: the checkpoint holds no state of its own at its step, only its replay base; a resume must replay to prove it
 BY_REPLAY = "state_by_replay"
@@ -74,12 +77,24 @@ def _ranks(where: str, ranks: Any, world_size: int) -> list[dict]:
         for name, value in components.items():
             if not isinstance(name, str) or not isinstance(value, str):
                 raise ValueError(_wrong_type(f"{at}.components[{_shown(name)}]", value, "str"))
+        if DIVERGED in entry:
+            _diverged(f"{at}.{DIVERGED}", entry[DIVERGED])
         if entry["hash"] != rank_hash(components):
             raise ValueError(
                 f"{CHECKPOINT_MANIFEST} states hash {_shown(entry['hash'])} for {at}, but its own component digests give "
                 f"{rank_hash(components)} (the manifest disagrees with itself: edited or corrupt)"
             )
     return ranks
+
+
+def _diverged(where: str, value: Any) -> None:
+    """A rank's replicated tensors that differed from their writer's copy (legato.state.recipes): names and writer ranks."""
+    if not isinstance(value, dict):
+        raise ValueError(_wrong_type(where, value, "dict"))
+    for key, kind in (("tensors", str), ("writers", int)):
+        items = _expect(value, key, list, where=where)
+        if not all(isinstance(i, kind) and not isinstance(i, bool) for i in items):
+            raise ValueError(f"{CHECKPOINT_MANIFEST}: {where}.{key} holds something other than {kind.__name__}s (not written by legato)")
 
 
 def _expect(holder: dict, key: str, kind: type, *, minimum: int | None = None, where: str = "") -> Any:
