@@ -31,6 +31,8 @@ def test_equal_bytes_agree_across_copies_layouts_and_thread_counts() -> None:
         torch.set_num_threads(threads)
     assert one == two
     assert block_sums(t.t()) == block_sums(t.t().contiguous())
+    unaligned = t.view(-1)[3:3 + 1000]  # starts 12 bytes into its storage: int64 words cannot start there
+    assert block_sums(unaligned) == block_sums(unaligned.clone())
 
 
 @pytest.mark.parametrize("index", [0, 1, 300 * 257 // 2, 300 * 257 - 2, 300 * 257 - 1])
@@ -61,3 +63,11 @@ def test_any_plain_tensor_has_sums_and_they_see_its_values(t: torch.Tensor) -> N
         other = t.clone()
         other.view(-1).view(torch.uint8)[0] ^= 1
         assert block_sums(other) != block_sums(t)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no GPU on this machine")
+def test_a_tensor_on_the_gpu_sums_as_its_host_copy_does() -> None:
+    """A rank sums its live GPU copy where the writer sums its staged host copy: the two must agree bit for bit."""
+    t = torch.randn(1000, 77, generator=torch.Generator().manual_seed(3))
+    assert block_sums(t.cuda()) == block_sums(t)
+    assert block_sums(one_ulp_up(t, 5).cuda()) != block_sums(t)
