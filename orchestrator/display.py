@@ -91,7 +91,7 @@ class LiveView:
             ),
             Kind.CHECKPOINT_COMMITTED: lambda: (
                 f"{tag}{e['reason']} checkpoint at step {e['step']} committed in {e['seconds']:.2f}s "
-                f"({_mb(e['bytes'])}), global hash {short(e['global_hash'])}"
+                f"({_mb(e['bytes'])}), global hash {short(e['global_hash'])}" + _diverged_words(e.get("diverged"))
             ),
             Kind.RESUMED: lambda: (
                 f"{tag}resumed at step {e['step']}: {resharded_label(e['resharded'])}" + _resume_time(e)
@@ -171,6 +171,15 @@ def _resume_time(e: dict) -> str:
     """The resume's total time (choosing, verifying and loading the checkpoint, and the replay); older ledgers lack it."""
     seconds = e.get("seconds")
     return "" if seconds is None else f"; resume took {seconds:.2f}s"
+
+
+def _diverged_words(diverged: dict[str, list[str]] | None) -> str:
+    """A checkpoint whose ranks held replicated state unlike the copy written for every rank: no resume from it verifies."""
+    if not diverged:
+        return ""
+    ranks = ", ".join(sorted(diverged, key=int))
+    return (f"; WARNING: rank(s) {ranks} held replicated state that differs from the copy saved for every rank, so a resume "
+            "from it will fail its verification (see the rank's log)")
 
 
 def _resume_problem(e: dict) -> str:

@@ -250,7 +250,13 @@ class StopSignal(_Attempt):
     at_start: bool
 
 
-class CheckpointCommitted(_Attempt):
+class _Diverged(TypedDict, total=False):
+    """Ranks whose replicated state differed from the copy written for every rank (legato.state.recipes)."""
+
+    diverged: dict[str, list[str]]  # rank -> its tensors that differed; a resume from the checkpoint cannot verify it
+
+
+class CheckpointCommitted(_Attempt, _Diverged):
     """The fields of a `CHECKPOINT_COMMITTED` record: the published checkpoint's step, hash, cost and reason."""
 
     step: int

@@ -7,7 +7,8 @@ averaged gradients by 1 + rank / 8, so the ranks' parameters and optimizer state
 its share of the optimizer state, rank 1 the rest of the optimizer state, so each rank holds tensors the other wrote.
 Checked:
 
-- the run warns at each checkpoint, and the manifests name each rank's diverged tensors and their writer, the other rank;
+- the run warns at each checkpoint, the manifests name each rank's diverged tensors and their writer, the other rank, and
+  the run's checkpoint_committed records name them too (what `legato status` and the supervisor show);
 - with the final checkpoint gone, the resume from the last asynchronous one exits 3 on both ranks, naming rank 1's model
   and the cause, with replay off (the state itself is verified) and on (the replay base is), and harms no saved byte;
 - the same run without the fault resumes verified from the same checkpoint, and its manifests name nothing.
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, manifest
+from helpers.cli import ledger
 from helpers.launches import reaped, start_ranks, stderr_tails
 
 pytestmark = pytest.mark.slow
@@ -53,6 +55,8 @@ def test_a_rank_whose_replicated_copy_differed_fails_its_resume_naming_the_cause
     assert [r["diverged"]["writers"] for r in m["ranks"]] == [[1], [0]]
     assert {t.split(":")[0] for t in m["ranks"][1]["diverged"]["tensors"]} == {"model", "optimizer"}
     assert {t.split(":")[0] for t in m["ranks"][0]["diverged"]["tensors"]} == {"optimizer"}
+    committed = {e["step"]: e["diverged"] for e in ledger(tmp_path) if e["event"] == "checkpoint_committed"}
+    assert committed[20] == {"0": m["ranks"][0]["diverged"]["tensors"], "1": m["ranks"][1]["diverged"]["tensors"]}
     shutil.rmtree(tmp_path / "checkpoints" / "step_24")
     before = saved(tmp_path)
     assert run(tmp_path, **env) == [3, 3], stderr_tails(tmp_path)
@@ -68,6 +72,7 @@ def test_the_same_run_without_the_fault_resumes_verified_from_the_same_checkpoin
     env = {**ASYNC, "REPLAY_STEPS": "0"}
     assert run(tmp_path, **env) == [0, 0], stderr_tails(tmp_path)
     assert all("diverged" not in r for r in manifest(tmp_path, 20)["ranks"])
+    assert [e.get("diverged") for e in ledger(tmp_path) if e["event"] == "checkpoint_committed"] == [None] * 6
     shutil.rmtree(tmp_path / "checkpoints" / "step_24")
     assert run(tmp_path, **env) == [0, 0], stderr_tails(tmp_path)
     assert "resumed at step 20" in stderr(tmp_path) and "verified" in stderr(tmp_path) and "differs from the copy" not in stderr(tmp_path)

@@ -123,3 +123,19 @@ def test_status_shows_the_replays_own_seconds_beside_its_steps(tmp_path: Path) -
     table = status_table(summary)
     assert "replay ✓ 6 steps in 0.52s" in table and "1.75" in table
     assert summary.to_json()["attempts"][1]["replay"]["seconds"] == 0.515
+
+
+def test_a_checkpoint_whose_ranks_held_differing_replicated_state_is_shown_with_a_warning() -> None:
+    """The supervisor's line for such a checkpoint names the ranks; a checkpoint without (and older ledgers) reads as before."""
+    import io
+
+    from legato.orchestrator.display import LiveView
+
+    view = LiveView(io.StringIO())
+    record = {"event": "checkpoint_committed", "time": 2, "job_id": "5", "restart": 0, "step": 20, "global_hash": "ab" * 16,
+              "seconds": 0.5, "bytes": 2**20, "reason": "periodic"}
+    plain = view.event_line(record)
+    flagged = view.event_line({**record, "diverged": {"1": ["model:0"], "0": ["optimizer:2"]}})
+    assert plain is not None and "WARNING" not in plain
+    assert flagged == plain + ("; WARNING: rank(s) 0, 1 held replicated state that differs from the copy saved for every rank, so a "
+                               "resume from it will fail its verification (see the rank's log)")

@@ -29,7 +29,7 @@ import os
 import shutil
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +66,15 @@ class RankShare:
 
 @dataclass(frozen=True)
 class Committed:
-    """A published checkpoint: its step, directory, global hash, how long it took and its size."""
+    """A published checkpoint: its step, directory, global hash, how long it took, its size, and the ranks whose replicated
+    state differed from the copy written for every rank (rank -> tensors; known to the ranks that hold the reports)."""
 
     step: int
     path: Path
     global_hash: str
     seconds: float
     bytes: int
+    diverged: dict[int, list[str]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -238,7 +240,8 @@ def prune(root: Path, keep_last: int, keep: int) -> None:
 def committed(root: Path, step: int, reports: list[dict], ghash: str, seconds: float) -> Committed:
     """What a driver returns once checkpoint `step` is published."""
     total = sum(f["bytes"] for r in reports for f in r["files"].values())
-    return Committed(step, step_dir(root, step), ghash, seconds, total)
+    diverged = {r["rank"]: sorted({t for e in (r, r["replay"] or {}) for t in e.get(DIVERGED, {}).get("tensors", [])}) for r in reports}
+    return Committed(step, step_dir(root, step), ghash, seconds, total, {rank: t for rank, t in diverged.items() if t})
 
 
 def barrier(group: dist.ProcessGroup | None) -> None:
