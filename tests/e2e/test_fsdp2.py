@@ -27,7 +27,7 @@ import torch
 from conftest import FAST_GPT, ROOT, codes, manifest, run_ranks, run_trainer, trajectory
 from helpers.cli import legato, wait_for
 from helpers.launches import catches_usr2, reaped, start_ranks, stderr_tails
-from helpers.port import PORT, UNSEEDED, launch, result
+from helpers.port import PORT, UNSEEDED, launch, plain_finished, result
 from test_port import changed_lines
 
 pytestmark = pytest.mark.slow
@@ -127,7 +127,8 @@ def stop_from_outside(script: Path, out: Path) -> None:
 def test_torchtitan_style_loop_ported_in_ten_lines_resumes_bitwise(tmp_path: Path) -> None:
     plain, ported = PORT / "fsdp2_plain.py", PORT / "fsdp2_legato.py"
     assert changed_lines(plain, ported) <= 10
-    assert codes(launch(plain, tmp_path / "plain")) == [0, 0]
+    problem = plain_finished(launch(plain, tmp_path / "plain"), tmp_path / "plain")
+    assert problem is None, problem
     same = launch(ported, tmp_path / "same")
     assert codes(same) == [0, 0], same[0].stderr[-3000:]
     for rank in range(2):

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import codes
-from helpers.port import PORT, UNSEEDED, assert_same_run, launch, result
+from helpers.port import PORT, UNSEEDED, assert_same_run, launch, plain_finished, result
 
 pytestmark = pytest.mark.slow
 
@@ -58,7 +58,8 @@ def run_port(
         edited = tmp_path / plain.name
         edited.write_text(plain.read_text().replace(*plain_edit))
         plain = edited
-    assert codes(launch(plain, tmp_path / "plain", *equal_args)) == [0, 0]
+    problem = plain_finished(launch(plain, tmp_path / "plain", *equal_args), tmp_path / "plain")
+    assert problem is None, problem
     same = launch(ported, tmp_path / "same", *equal_args)
     assert codes(same) == [0, 0], same[0].stderr[-3000:]
     for rank in range(2):

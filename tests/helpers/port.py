@@ -5,6 +5,7 @@ exactly; shared by e2e/test_port.py, e2e/test_torchrun.py and cluster/test_slurm
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,26 @@ UNSEEDED = ("rng.python", "rng.numpy")
 def launch(script: Path, out: Path, *args: str, **env: str) -> list[subprocess.CompletedProcess]:
     out.mkdir(parents=True, exist_ok=True)
     return run_ranks([sys.executable, str(script), str(out), *args], PYTHONPATH=str(ROOT), **env)
+
+
+# What a C++ thread ended from under it by Python's finalization prints before the process aborts (docs/hardening.md).
+FINALIZATION_ABORT = "terminate called without an active exception"
+
+
+def plain_finished(runs: list[subprocess.CompletedProcess], out: Path) -> str | None:
+    """None when every rank of a plain (legato-free) run finished, else what went wrong, with the ranks' stderr.
+
+    A rank finished when it exited 0, or when it wrote its result and then died of gloo's finalization abort: a gloo
+    worker that still holds the script's last collective when Python finalizes ends the process with SIGABRT after
+    the script's last line. legato's ranks have an exit hook against it (docs/hardening.md, "Clean exits"); the plain
+    originals do not, so that abort is torch's, and the result on disk is the run's. Anything else fails."""
+    def finished(rank: int, run: subprocess.CompletedProcess) -> bool:
+        aborted = run.returncode == -signal.SIGABRT and FINALIZATION_ABORT in run.stderr
+        return run.returncode == 0 or (aborted and (out / f"result_rank{rank}.json").exists())
+
+    if all(finished(rank, run) for rank, run in enumerate(runs)):
+        return None
+    return "\n".join(f"--- rank {rank}, exit {run.returncode}:\n{run.stderr[-2000:]}" for rank, run in enumerate(runs))
 
 
 def result(out: Path, rank: int) -> dict:
