@@ -9,9 +9,10 @@ Hashing those copies whole would cost the blocking part of the checkpoint what
 the shares saved, so each rank takes `block_sums` instead: the tensor's bytes
 read as int64 words, summed in 64 blocks (the last bytes that fill no word of
 every block summed one by one) with int64 arithmetic, which wraps and is
-therefore exact and independent of the reduction's order, threads and device. One read of the
-bytes, no copy to the host (on a GPU it runs on the device; 65 numbers
-travel), at about XXH3's speed on one CPU core and faster with torch's threads.
+therefore exact and independent of the reduction's order, threads and
+device. One read of the bytes, no copy to the host (on a GPU it runs on the
+device; 65 numbers travel), at about XXH3's speed on one CPU core and faster
+with torch's threads.
 
 It is a checksum, not a hash: a copy that differs from the writer's only by
 values exchanged within one block, or by differences that cancel modulo 2**64,
