@@ -214,15 +214,14 @@ def likely_cause(r: RankReport, from_step: int, loader: bool = True) -> str:
     )
 
 
-def describe(verdict: Verdict) -> str:
-    """One sentence for logs and errors."""
+def describe(verdict: Verdict, guess: bool = True) -> str:
+    """One sentence for logs and errors; without `guess` it stops before the likely cause (the caller knows the cause)."""
     span = f"steps {verdict.from_step + 1}..{verdict.from_step + verdict.steps}"
     if verdict.identical:
         return f"replay of {span} identical"
     d = verdict.first_divergence or {}
     bits = f" (loss {d['loss_bits'][0]} recorded, {d['loss_bits'][1]} replayed)" if d.get("loss_bits") else ""
     at_end = "; ".join(f"rank {r}: {', '.join(n)}" for r, n in verdict.differing_at_end.items()) or "none"
-    return (
-        f"replay of {span} diverged first at step {d.get('step')} on rank {d.get('rank')}{bits}; components differing at "
-        f"step {verdict.from_step + verdict.steps}: {at_end}. Likely cause: {d.get('cause')}"
-    )
+    found = (f"replay of {span} diverged first at step {d.get('step')} on rank {d.get('rank')}{bits}; components differing at "
+             f"step {verdict.from_step + verdict.steps}: {at_end}")
+    return f"{found}. Likely cause: {d.get('cause')}" if guess else found

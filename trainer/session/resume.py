@@ -227,6 +227,7 @@ class Resumer:
 
 def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None) -> str:
     problems = []
+    diverged = _diverged(manifest)
     if mismatches:
         detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
         where = "" if verdict is None else f" (its replay base, step {verdict.from_step})"
@@ -236,8 +237,9 @@ def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[
             "restore (an RNG drawn between restore and the first step is the usual cause)."
         )
     if verdict is not None and not verdict.identical:
-        problems.append(f"Resume verification failed at step {manifest['step']} ({path}): the {replay.describe(verdict)}.")
-    diverged = _diverged(manifest)
+        # A cause recorded at the save is known, not guessed: the replay's guess would name another one first.
+        problems.append(f"Resume verification failed at step {manifest['step']} ({path}): the "
+                        f"{replay.describe(verdict, guess=not diverged)}.")
     if problems and diverged:
         problems.append(diverged)
     return " ".join(problems)
