@@ -7,24 +7,29 @@ averaged gradients by 1 + rank / 8, so the ranks' parameters and optimizer state
 its share of the optimizer state, rank 1 the rest of the optimizer state, so each rank holds tensors the other wrote.
 Checked:
 
-- the run warns at each checkpoint, the manifests name each rank's diverged tensors and their writer, the other rank, and
-  the run's checkpoint_committed records name them too (what `legato status` and the supervisor show);
+- the run's leader warns at each checkpoint (the other rank does not repeat it), the manifests name each rank's diverged
+  tensors and their writer, the other rank, and the run's checkpoint_committed records name them too (what `legato
+  status` and the supervisor show);
 - with the final checkpoint gone, the resume from the last asynchronous one exits 3 on both ranks, naming rank 1's model
   and the recorded cause (and no guessed one), with replay off (the state itself is verified) and on (the replay base is),
   and harms no saved byte;
-- the same run without the fault resumes verified from the same checkpoint, and its manifests name nothing.
+- the same run without the fault resumes verified from the same checkpoint, and its manifests name nothing;
+- a synchronous stop checkpoint (SIGUSR2 to rank 1's pid) whose replay base, a share, diverged: the leader alone warns,
+  and the resume is refused.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, manifest
-from helpers.cli import ledger
-from helpers.launches import reaped, start_ranks, stderr_tails
+from helpers.cli import ledger, wait_for
+from helpers.launches import catches_usr2, reaped, start_ranks, stderr_tails, steps_done
 
 pytestmark = pytest.mark.slow
 
@@ -51,7 +56,9 @@ def stderr(out: Path) -> str:
 def test_a_rank_whose_replicated_copy_differed_fails_its_resume_naming_the_cause(tmp_path: Path, replay_steps: str) -> None:
     env = {**ASYNC, "DIVERGE": "1", "REPLAY_STEPS": replay_steps}
     assert run(tmp_path, **env) == [0, 0], stderr_tails(tmp_path)
-    assert "rank 1's copy of the replicated state differs from the copy written for every rank by rank 0" in stderr(tmp_path)
+    warned = (tmp_path / "rank0.stderr").read_text()
+    assert "rank 1's copy of the replicated state differs from the copy written for every rank by rank 0" in warned
+    assert "copy of the replicated state differs" not in (tmp_path / "rank1.stderr").read_text()  # the leader warns, once
     m = manifest(tmp_path, 20)
     assert [r["diverged"]["writers"] for r in m["ranks"]] == [[1], [0]]
     assert {t.split(":")[0] for t in m["ranks"][1]["diverged"]["tensors"]} == {"model", "optimizer"}
@@ -78,3 +85,23 @@ def test_the_same_run_without_the_fault_resumes_verified_from_the_same_checkpoin
     shutil.rmtree(tmp_path / "checkpoints" / "step_24")
     assert run(tmp_path, **env) == [0, 0], stderr_tails(tmp_path)
     assert "resumed at step 20" in stderr(tmp_path) and "verified" in stderr(tmp_path) and "differs from the copy" not in stderr(tmp_path)
+
+
+
+def test_a_synchronous_checkpoint_whose_replay_base_diverged_is_warned_of_once_and_refused(tmp_path: Path) -> None:
+    env = {"DIVERGE": "1", "REPLAY_STEPS": "4"}  # no periodic checkpoints: the stop's replay base is a share, not a checkpoint
+    with reaped(start_ranks(SCRIPT, tmp_path, 2, LEGATO_CHAOS_STEP_SLEEP_S="0.2", **env)) as procs:
+        wait_for(lambda: all(catches_usr2(p.pid) for p in procs), 300, "the Session's stop handler")
+        wait_for(lambda: steps_done(tmp_path) >= 6, 300, "six steps")
+        os.kill(procs[1].pid, signal.SIGUSR2)
+        assert [p.wait(timeout=300) for p in procs] == [75, 75], stderr_tails(tmp_path)
+    assert "rank 1's copy of the replicated state differs" in (tmp_path / "rank0.stderr").read_text()
+    assert "copy of the replicated state differs" not in (tmp_path / "rank1.stderr").read_text()
+    m = manifest(tmp_path)
+    assert "diverged" not in m["ranks"][1]  # a synchronous checkpoint hashes each rank's own state
+    assert m["replay"]["ranks"][1]["diverged"]["writers"] == [0]
+    before = saved(tmp_path)
+    assert run(tmp_path, **env) == [3, 3], stderr_tails(tmp_path)
+    err = (tmp_path / "rank0.stderr").read_text()
+    assert "Resume verification failed" in err and CAUSE in err and "Likely cause" not in err, err[-3000:]
+    assert saved(tmp_path) == before

@@ -192,6 +192,7 @@ class AsyncCheckpointer:
         reports = commit.complete(reports)
         ghash = commit.combined_hash(reports)
         if self.rank == commit.LEADER:
+            commit.warn_diverged(reports)
             commit.publish(self.root, tmp, step, self.world_size, reports, ghash, flight.job.meta, self.kill)
             commit.prune(self.root, self.keep_last, keep=step)
         seconds = time.perf_counter() - flight.started

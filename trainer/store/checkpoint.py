@@ -41,6 +41,7 @@ def write_checkpoint(
     commit.kill_point(kill, step, "after_shards")
     ghash = commit.combined_hash(reports)
     if share.rank == commit.LEADER:
+        commit.warn_diverged(reports)
         commit.publish(root, tmp, step, world_size, reports, ghash, meta, kill)
         commit.prune(root, keep_last, keep=step)
     commit.barrier(group)

@@ -141,16 +141,24 @@ def _completed(entries: list[dict]) -> list[dict]:
     if not any(SHARE in e for e in entries):
         return entries
     out = []
-    for rank, (e, done) in enumerate(zip(entries, recipes.complete([e[SHARE] for e in entries]))):
+    for e, done in zip(entries, recipes.complete([e[SHARE] for e in entries])):
         entry = {**{k: v for k, v in e.items() if k != SHARE}, "components": done.components, "hash": rank_hash(done.components)}
         if done.diverged:
             entry[DIVERGED] = {"tensors": done.diverged, "writers": done.writers}
-            log.warning(
-                "rank %d's copy of the replicated state differs from the copy written for every rank by rank %s (tensors %s): its "
-                "own values were not saved, so a resume from this state will fail its verification on rank %d", rank,
-                ", ".join(map(str, done.writers)), ", ".join(done.diverged[:6]), rank)
         out.append(entry)
     return out
+
+
+def warn_diverged(reports: list[dict]) -> None:
+    """Log each rank whose replicated state differed from the writer's copy (the leader calls it: one line a rank, not N)."""
+    for rank, entry in enumerate(reports):
+        diverged = entry.get(DIVERGED) or (entry["replay"] or {}).get(DIVERGED)
+        if diverged is None:
+            continue
+        log.warning(
+            "rank %d's copy of the replicated state differs from the copy written for every rank by rank %s (tensors %s): its "
+            "own values were not saved, so a resume from this state will fail its verification on rank %d", rank,
+            ", ".join(map(str, diverged["writers"])), ", ".join(diverged["tensors"][:6]), rank)
 
 
 def agree(own: dict, world_size: int, group: dist.ProcessGroup | None) -> list[dict]:
