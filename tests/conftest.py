@@ -113,9 +113,8 @@ def run_ranks(cmd: list[str], world_size: int = 2, timeout: float = 180, **env: 
     with contextlib.ExitStack() as files:
         logs = [files.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in range(world_size)]
         for rank in range(world_size):
-            # PYTHONFAULTHANDLER: a rank that hangs is sent SIGABRT at the timeout and prints every thread's stack.
             full = dict(os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                        MASTER_PORT=str(port), PYTHONWARNINGS="ignore", PYTHONFAULTHANDLER="1", **env)
+                        MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
             procs.append(subprocess.Popen(cmd, env=full, stderr=logs[rank], text=True))
         try:
             codes = [p.wait(timeout=timeout) for p in procs]
@@ -130,7 +129,7 @@ def run_ranks(cmd: list[str], world_size: int = 2, timeout: float = 180, **env: 
 
 def _hung(procs: list[subprocess.Popen], logs: list, timeout: float) -> str:
     """Why a world did not finish: which ranks still ran, and each rank's stderr tail, with the stacks of every thread of
-    the ones that hung (SIGABRT, which PYTHONFAULTHANDLER turns into a dump)."""
+    the ones that hung (SIGABRT, which PYTHONFAULTHANDLER, set above for every process, turns into a dump)."""
     hung = [rank for rank, p in enumerate(procs) if p.poll() is None]
     for rank in hung:
         procs[rank].send_signal(signal.SIGABRT)
