@@ -23,8 +23,10 @@ def short(h: str | None) -> str:
     return (h or "-")[:12]
 
 
-def _mb(n: int | None) -> str:
-    return f"{(n or 0) / 2**20:.1f} MiB"
+def _size(n: int | None) -> str:
+    """Bytes for people: KiB below a MiB (a checkpoint held by its replay writes a few step records)."""
+    n = n or 0
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def _duration(seconds: float | None) -> str:
@@ -91,7 +93,7 @@ class LiveView:
             ),
             Kind.CHECKPOINT_COMMITTED: lambda: (
                 f"{tag}{e['reason']} checkpoint at step {e['step']} committed in {e['seconds']:.2f}s "
-                f"({_mb(e['bytes'])}), global hash {short(e['global_hash'])}" + _diverged_words(e.get("diverged"))
+                f"({_committed_size(e)}), global hash {short(e['global_hash'])}" + _diverged_words(e.get("diverged"))
             ),
             Kind.RESUMED: lambda: (
                 f"{tag}resumed at step {e['step']}: {resharded_label(e['resharded'])}" + _resume_time(e)
@@ -171,6 +173,16 @@ def _resume_time(e: dict) -> str:
     """The resume's total time (choosing, verifying and loading the checkpoint, and the replay); older ledgers lack it."""
     seconds = e.get("seconds")
     return "" if seconds is None else f"; resume took {seconds:.2f}s"
+
+
+def _committed_size(e: dict) -> str:
+    """A checkpoint's size; one that holds its state as the replay of the steps since an earlier one says so, as it
+    writes the steps' records alone (often no file at all), which would otherwise read as an empty checkpoint."""
+    base = e.get("replays_from")
+    if base is None:
+        return _size(e["bytes"])
+    steps = e["step"] - base
+    return f"the state of step {base} and {steps} step{'s' if steps != 1 else ''} to replay from it; {_size(e['bytes'])} written"
 
 
 def _diverged_words(diverged: dict[str, list[str]] | None) -> str:

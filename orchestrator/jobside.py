@@ -157,7 +157,7 @@ class JobEvents:
             if event["reason"] == "final":
                 self.final_hash = event["global_hash"]
             fields = {k: event[k] for k in ("step", "global_hash", "seconds", "bytes", "reason")}
-            fields.update({"diverged": event["diverged"]} if event.get("diverged") else {})
+            fields.update({k: event[k] for k in ("diverged", "replays_from") if event.get(k) is not None})
             self.ledger.append(Kind.CHECKPOINT_COMMITTED, **self.ident.tag(), **fields)
         elif kind == Kind.RESUMED:
             fields = {k: event.get(k) for k in sorted(field_names(Kind.RESUMED) - JOB_TAG_FIELDS)}

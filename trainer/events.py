@@ -256,8 +256,15 @@ class _Diverged(TypedDict, total=False):
     diverged: dict[str, list[str]]  # rank -> its tensors that differed; a resume from the checkpoint cannot verify it
 
 
-class CheckpointCommitted(_Attempt, _Diverged):
-    """The fields of a `CHECKPOINT_COMMITTED` record: the published checkpoint's step, hash, cost and reason."""
+class _ReplaysFrom(TypedDict, total=False):
+    """A checkpoint that holds its state as the replay of the steps since an earlier checkpoint (a stop's, under verify
+    "error"): it writes only those steps' records, and its resume replays them from that one."""
+
+    replays_from: int  # the earlier checkpoint's step
+
+
+class CheckpointCommitted(_Attempt, _Diverged, _ReplaysFrom):
+    """The fields of a `CHECKPOINT_COMMITTED` record: the published checkpoint's step, hash, cost (bytes written) and reason."""
 
     step: int
     global_hash: str

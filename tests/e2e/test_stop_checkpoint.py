@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, manifest
-from helpers.cli import wait_for
+from helpers.cli import ledger, wait_for
 from helpers.launches import catches_usr2, reaped, start_ranks, steps_done
 
 pytestmark = pytest.mark.slow
@@ -95,6 +95,9 @@ def test_the_stop_checkpoint_holds_its_base_once_and_the_resume_replays_bitwise(
     both = stopped(warn, VERIFY="warn")
     assert "state_by_replay" not in both and any(not name.startswith("replay_") for name in both["files"])
     assert checkpoint_bytes(warn, both["step"]) > 1.8 * full  # its own state and its base: what the stop no longer writes
+    # The run's record of each stop says whether it holds its state as a replay, and from which step (the supervisor's line).
+    assert [e.get("replays_from") for e in ledger(out) if e["event"] == "checkpoint_committed"] == [base]
+    assert [e.get("replays_from") for e in ledger(warn) if e["event"] == "checkpoint_committed"] == [None]
 
     assert run(out) == [0, 0], stderr(out)[-3000:]
     assert f"resumed at step {step}" in stderr(out) and f"verified by a replay of {step - base} steps from step {base}" in stderr(out)
@@ -112,6 +115,9 @@ def test_a_base_on_disk_is_referred_to_and_kept_while_referred(tmp_path: Path, r
     assert stop["state_by_replay"] is True and stop["files"] == {}
     assert stop["replay"]["base"]["dir"] == f"step_{base}" and stop["replay"]["base"]["prefix"] == ""
     assert (out / "checkpoints" / f"step_{base}" / "manifest.json").is_file()  # keep_last 1, yet kept: it is referred to
+    committed = [e for e in ledger(out) if e["event"] == "checkpoint_committed"]
+    assert committed[-1]["step"] == step and committed[-1]["replays_from"] == base and committed[-1]["bytes"] == 0
+    assert all(e.get("replays_from") is None for e in committed[:-1])  # the periodic checkpoints hold their own state
     assert run(out, EVERY_STEPS="4", KEEP_LAST="1") == [0, 0], stderr(out)[-3000:]
     assert f"verified by a replay of {step - base} steps from step {base}" in stderr(out)
     assert manifest(out, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]

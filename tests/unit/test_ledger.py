@@ -139,3 +139,20 @@ def test_a_checkpoint_whose_ranks_held_differing_replicated_state_is_shown_with_
     assert plain is not None and "WARNING" not in plain
     assert flagged == plain + ("; WARNING: rank(s) 0, 1 held replicated state that differs from the copy saved for every rank, so a "
                                "resume from it will fail its verification (see the rank's log)")
+
+
+def test_a_checkpoint_held_by_its_replay_says_so_and_its_size_in_kib() -> None:
+    """A stop checkpoint that holds its state as the replay from an earlier checkpoint writes a few records: its line names
+    that checkpoint and the steps to replay, so that "0.0 MiB" does not read as an empty checkpoint."""
+    import io
+
+    from legato.orchestrator.display import LiveView
+
+    view = LiveView(io.StringIO())
+    record = {"event": "checkpoint_committed", "time": 2, "job_id": "5", "restart": 0, "step": 41, "global_hash": "ab" * 16,
+              "seconds": 0.08, "bytes": 12 * 2**10, "reason": "signal"}
+    assert "(12 KiB)" in view.event_line(record)
+    line = view.event_line({**record, "replays_from": 40})
+    assert "(the state of step 40 and 1 step to replay from it; 12 KiB written)" in line, line
+    assert "3 steps to replay" in view.event_line({**record, "step": 43, "replays_from": 40})
+    assert "(1.5 MiB)" in view.event_line({**record, "bytes": 3 * 2**19})

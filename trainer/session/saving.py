@@ -18,6 +18,7 @@ once. This module must never call back into the Session and never restore anythi
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from contextlib import AbstractContextManager
@@ -248,6 +249,8 @@ class Saver:
         meta = {**self._meta(reason), bases.BY_REPLAY: True} if by_replay else self._meta(reason)
         committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, meta,
                                           self.policy.keep_last, self.kill)
+        if by_replay:
+            committed = dataclasses.replace(committed, replays_from=self.snapshot.step)
         self.last_save_time = time.monotonic()
         log.info("rank %d: %s checkpoint step %d committed in %.3fs, global hash %s", rank, reason, step, committed.seconds,
                  committed.global_hash)

@@ -70,9 +70,11 @@ class Telemetry:
 
     def committed(self, committed: Committed, reason: str) -> None:
         """A published checkpoint."""
-        diverged = {"diverged": {str(r): t for r, t in committed.diverged.items()}} if committed.diverged else {}
+        optional: dict[str, Any] = {"diverged": {str(r): t for r, t in committed.diverged.items()}} if committed.diverged else {}
+        if committed.replays_from is not None:
+            optional["replays_from"] = committed.replays_from
         self.emit(Kind.CHECKPOINT_COMMITTED, reason=reason, step=committed.step, global_hash=committed.global_hash,
-                  seconds=committed.seconds, bytes=committed.bytes, **diverged)
+                  seconds=committed.seconds, bytes=committed.bytes, **optional)
 
     def stop_agreed(self, step: int, received_at: float | None, **extra: Any) -> None:
         """The ranks agreed to stop after `step`."""

@@ -66,8 +66,9 @@ class RankShare:
 
 @dataclass(frozen=True)
 class Committed:
-    """A published checkpoint: its step, directory, global hash, how long it took, its size, and the ranks whose replicated
-    state differed from the copy written for every rank (rank -> tensors; known to the ranks that hold the reports)."""
+    """A published checkpoint: its step, directory, global hash, how long it took, its size (the bytes it wrote), the ranks
+    whose replicated state differed from the copy written for every rank (rank -> tensors; known to the ranks that hold the
+    reports), and, for a checkpoint that holds its state as the replay of the steps since an earlier one, that one's step."""
 
     step: int
     path: Path
@@ -75,6 +76,7 @@ class Committed:
     seconds: float
     bytes: int
     diverged: dict[int, list[str]] = field(default_factory=dict)
+    replays_from: int | None = None
 
 
 @dataclass(frozen=True)
