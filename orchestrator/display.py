@@ -12,7 +12,7 @@ import time
 from typing import TextIO
 
 from legato.events import Kind, resharded_label
-from legato.orchestrator.status import RunSummary
+from legato.orchestrator.status import RunSummary, counted
 from legato.slurm.pending import describe
 
 PLAIN_PROGRESS_EVERY_S = 5.0
@@ -165,7 +165,7 @@ def _replay_words(replay: dict | None) -> str:
         return ""
     if replay["identical"]:
         took = f" in {replay['seconds']:.2f}s" if isinstance(replay.get("seconds"), (int, float)) else ""
-        return f"replay ✓ {replay['steps']} steps from step {replay['from_step']}{took}, "
+        return f"replay ✓ {counted(replay['steps'], 'step')} from step {replay['from_step']}{took}, "
     return f"replay ✗ diverged at step {replay['first_divergence']['step']}, "
 
 
@@ -181,8 +181,7 @@ def _committed_size(e: dict) -> str:
     base = e.get("replays_from")
     if base is None:
         return _size(e["bytes"])
-    steps = e["step"] - base
-    return f"the state of step {base} and {steps} step{'s' if steps != 1 else ''} to replay from it; {_size(e['bytes'])} written"
+    return f"the state of step {base} and {counted(e['step'] - base, 'step')} to replay from it; {_size(e['bytes'])} written"
 
 
 def _diverged_words(diverged: dict[str, list[str]] | None) -> str:

@@ -60,8 +60,13 @@ class Attempt:
         if r.get("identical"):
             # The replay's own time; ledgers before it was recorded lack it.
             took = f" in {r['seconds']:.2f}s" if isinstance(r.get("seconds"), (int, float)) else ""
-            return f"replay ✓ {r['steps']} steps{took}"
+            return f"replay ✓ {counted(r['steps'], 'step')}{took}"
         return f"replay ✗ at step {(r.get('first_divergence') or {}).get('step')}"
+
+
+def counted(n: int, noun: str) -> str:
+    """"1 step", "4 steps": a count and its noun, for people."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 @dataclass

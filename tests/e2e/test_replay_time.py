@@ -23,6 +23,7 @@ from conftest import ROOT, codes, run_ranks
 from helpers.cli import legato, status, wait_for
 from helpers.launches import reaped, steps_done
 
+from legato.orchestrator.status import counted
 from legato.runtime.launch import free_port
 
 pytestmark = pytest.mark.slow
@@ -96,4 +97,4 @@ def test_slow_steps_bound_the_replay_by_time_agreed_on_every_rank_and_the_resume
     assert resumed["replay"]["steps"] == stop - base and resumed["replay"]["identical"]
     assert resumed["replay"]["seconds"] > 0 and resumed["resume_seconds"] >= resumed["replay"]["seconds"]
     table = legato("status", str(run))
-    assert table.returncode == 0 and f"replay ✓ {stop - base} steps in " in table.stdout, table.stdout
+    assert table.returncode == 0 and f"replay ✓ {counted(stop - base, 'step')} in " in table.stdout, table.stdout

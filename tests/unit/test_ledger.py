@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import multiprocessing
 from pathlib import Path
@@ -127,7 +128,6 @@ def test_status_shows_the_replays_own_seconds_beside_its_steps(tmp_path: Path) -
 
 def test_a_checkpoint_whose_ranks_held_differing_replicated_state_is_shown_with_a_warning() -> None:
     """The supervisor's line for such a checkpoint names the ranks; a checkpoint without (and older ledgers) reads as before."""
-    import io
 
     from legato.orchestrator.display import LiveView
 
@@ -144,7 +144,6 @@ def test_a_checkpoint_whose_ranks_held_differing_replicated_state_is_shown_with_
 def test_a_checkpoint_held_by_its_replay_says_so_and_its_size_in_kib() -> None:
     """A stop checkpoint that holds its state as the replay from an earlier checkpoint writes a few records: its line names
     that checkpoint and the steps to replay, so that "0.0 MiB" does not read as an empty checkpoint."""
-    import io
 
     from legato.orchestrator.display import LiveView
 
@@ -156,3 +155,15 @@ def test_a_checkpoint_held_by_its_replay_says_so_and_its_size_in_kib() -> None:
     assert "(the state of step 40 and 1 step to replay from it; 12 KiB written)" in line, line
     assert "3 steps to replay" in view.event_line({**record, "step": 43, "replays_from": 40})
     assert "(1.5 MiB)" in view.event_line({**record, "bytes": 3 * 2**19})
+
+
+def test_a_replay_of_one_step_reads_as_one_step() -> None:
+    from legato.orchestrator.display import LiveView
+    from legato.orchestrator.status import counted
+
+    assert (counted(1, "step"), counted(0, "step"), counted(4, "step")) == ("1 step", "0 steps", "4 steps")
+    view = LiveView(io.StringIO())
+    replay = {"identical": True, "steps": 1, "from_step": 20, "first_divergence": None, "seconds": 0.05}
+    line = view.event_line({"event": "resumed", "time": 2, "job_id": "5", "restart": 1, "step": 21, "expected_hash": "ab" * 16,
+                            "recomputed_hash": "ab" * 16, "match": True, "mismatches": {}, "replay": replay, "seconds": 0.12})
+    assert "replay ✓ 1 step from step 20 in 0.05s" in line, line
