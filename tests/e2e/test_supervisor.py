@@ -42,6 +42,9 @@ def test_two_signals_three_attempts_every_resume_verified(tmp_path: Path) -> Non
         None, (4, 4, True), (16, 4, True)
     ]
     assert "replay ✓ 4 steps from step 4" in proc.stdout
+    # Each stop held its state as its base (written with it) and the steps since: its line says so.
+    assert "signal checkpoint at step 8 committed in" in proc.stdout
+    assert "(the state of step 4 and 4 steps to replay from it; " in proc.stdout, proc.stdout[-3000:]
     assert [a["ended"] for a in attempts] == ["requeued", "requeued", "finished"]
     assert data["final_global_hash"] == reference_hash(tmp_path)
 
