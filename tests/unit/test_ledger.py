@@ -7,8 +7,9 @@ import json
 import multiprocessing
 from pathlib import Path
 
+from legato.orchestrator.display import LiveView, status_table
 from legato.orchestrator.ledger import Ledger
-from legato.orchestrator.status import summarize
+from legato.orchestrator.status import counted, summarize
 
 
 def test_torn_last_line_is_ignored_and_the_next_append_starts_fresh(tmp_path: Path) -> None:
@@ -81,7 +82,6 @@ def test_summary_marks_unverified_resume_and_resubmission(tmp_path: Path) -> Non
 
 
 def test_summary_status_table_and_json_show_each_attempts_replay(tmp_path: Path) -> None:
-    from legato.orchestrator.display import status_table
 
     tag = {"job_id": "5", "time": 2, "hosts": ["a"], "world_size": 2}
     identical = {"from_step": 4, "steps": 4, "identical": True, "first_divergence": None, "differing_at_end": {}}
@@ -108,7 +108,6 @@ def test_summary_status_table_and_json_show_each_attempts_replay(tmp_path: Path)
 
 def test_status_shows_the_replays_own_seconds_beside_its_steps(tmp_path: Path) -> None:
     """The replay's own time (the Session's verdict carries it) is shown with its steps; older ledgers lack it."""
-    from legato.orchestrator.display import status_table
 
     tag = {"job_id": "5", "time": 2, "hosts": ["a"], "world_size": 2}
     replay = {"from_step": 20, "steps": 6, "identical": True, "first_divergence": None, "differing_at_end": {}, "seconds": 0.515}
@@ -128,9 +127,6 @@ def test_status_shows_the_replays_own_seconds_beside_its_steps(tmp_path: Path) -
 
 def test_a_checkpoint_whose_ranks_held_differing_replicated_state_is_shown_with_a_warning() -> None:
     """The supervisor's line for such a checkpoint names the ranks; a checkpoint without (and older ledgers) reads as before."""
-
-    from legato.orchestrator.display import LiveView
-
     view = LiveView(io.StringIO())
     record = {"event": "checkpoint_committed", "time": 2, "job_id": "5", "restart": 0, "step": 20, "global_hash": "ab" * 16,
               "seconds": 0.5, "bytes": 2**20, "reason": "periodic"}
@@ -144,9 +140,6 @@ def test_a_checkpoint_whose_ranks_held_differing_replicated_state_is_shown_with_
 def test_a_checkpoint_held_by_its_replay_says_so_and_its_size_in_kib() -> None:
     """A stop checkpoint that holds its state as the replay from an earlier checkpoint writes a few records: its line names
     that checkpoint and the steps to replay, so that "0.0 MiB" does not read as an empty checkpoint."""
-
-    from legato.orchestrator.display import LiveView
-
     view = LiveView(io.StringIO())
     record = {"event": "checkpoint_committed", "time": 2, "job_id": "5", "restart": 0, "step": 41, "global_hash": "ab" * 16,
               "seconds": 0.08, "bytes": 12 * 2**10, "reason": "signal"}
@@ -158,9 +151,6 @@ def test_a_checkpoint_held_by_its_replay_says_so_and_its_size_in_kib() -> None:
 
 
 def test_a_replay_of_one_step_reads_as_one_step() -> None:
-    from legato.orchestrator.display import LiveView
-    from legato.orchestrator.status import counted
-
     assert (counted(1, "step"), counted(0, "step"), counted(4, "step")) == ("1 step", "0 steps", "4 steps")
     view = LiveView(io.StringIO())
     replay = {"identical": True, "steps": 1, "from_step": 20, "first_divergence": None, "seconds": 0.05}
