@@ -12,7 +12,8 @@ import time
 from typing import TextIO
 
 from legato.events import Kind, resharded_label
-from legato.orchestrator.status import RunSummary, counted
+from legato.orchestrator.status import RunSummary
+from legato.session.voice import counted
 from legato.slurm.pending import describe
 
 PLAIN_PROGRESS_EVERY_S = 5.0

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from legato.events import JOB_SUBMISSIONS, SCRIPT_EXECUTOR, TERMINAL, Kind
 from legato.paths import RunPaths
+from legato.session.voice import counted
 
 SUBMITTED = Kind.SUBMITTED.value  # the run's state from `legato run` until its first attempt starts
 
@@ -62,11 +63,6 @@ class Attempt:
             took = f" in {r['seconds']:.2f}s" if isinstance(r.get("seconds"), (int, float)) else ""
             return f"replay ✓ {counted(r['steps'], 'step')}{took}"
         return f"replay ✗ at step {(r.get('first_divergence') or {}).get('step')}"
-
-
-def counted(n: int, noun: str) -> str:
-    """"1 step", "4 steps": a count and its noun, for people."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 @dataclass

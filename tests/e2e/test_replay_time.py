@@ -23,8 +23,8 @@ from conftest import ROOT, codes, run_ranks
 from helpers.cli import legato, status, wait_for
 from helpers.launches import reaped, steps_done
 
-from legato.orchestrator.status import counted
 from legato.runtime.launch import free_port
+from legato.session.voice import counted
 
 pytestmark = pytest.mark.slow
 
@@ -88,7 +88,7 @@ def test_slow_steps_bound_the_replay_by_time_agreed_on_every_rank_and_the_resume
     last = run_ranks(command(run))
     assert codes(last) == [0, 0], last[0].stderr[-3000:]
     assert f"resumed at step {stop}" in last[0].stderr
-    assert f"verified by a replay of {stop - base} steps from step {base}" in last[0].stderr
+    assert f"verified by a replay of {counted(stop - base, 'step')} from step {base}" in last[0].stderr
     assert manifests(run)[STEPS]["global_hash"] == manifests(reference)[STEPS]["global_hash"]
     for rank in range(2):
         assert records(run, rank) == records(reference, rank)

@@ -30,6 +30,8 @@ from conftest import ROOT, manifest
 from helpers.cli import ledger, wait_for
 from helpers.launches import catches_usr2, reaped, start_ranks, steps_done
 
+from legato.session.voice import counted
+
 pytestmark = pytest.mark.slow
 
 SCRIPT = ROOT / "tests" / "helpers" / "stop_once.py"
@@ -100,7 +102,8 @@ def test_the_stop_checkpoint_holds_its_base_once_and_the_resume_replays_bitwise(
     assert [e.get("replays_from") for e in ledger(warn) if e["event"] == "checkpoint_committed"] == [None]
 
     assert run(out) == [0, 0], stderr(out)[-3000:]
-    assert f"resumed at step {step}" in stderr(out) and f"verified by a replay of {step - base} steps from step {base}" in stderr(out)
+    assert f"resumed at step {step}" in stderr(out)
+    assert f"verified by a replay of {counted(step - base, 'step')} from step {base}" in stderr(out)
     assert manifest(out, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]
     for rank in range(2):
         assert records(out, rank) == records(reference, rank)
@@ -119,7 +122,7 @@ def test_a_base_on_disk_is_referred_to_and_kept_while_referred(tmp_path: Path, r
     assert committed[-1]["step"] == step and committed[-1]["replays_from"] == base and committed[-1]["bytes"] == 0
     assert all(e.get("replays_from") is None for e in committed[:-1])  # the periodic checkpoints hold their own state
     assert run(out, EVERY_STEPS="4", KEEP_LAST="1") == [0, 0], stderr(out)[-3000:]
-    assert f"verified by a replay of {step - base} steps from step {base}" in stderr(out)
+    assert f"verified by a replay of {counted(step - base, 'step')} from step {base}" in stderr(out)
     assert manifest(out, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]
 
 

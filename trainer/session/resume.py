@@ -32,7 +32,7 @@ from legato.session.chaos import Chaos
 from legato.session.feed import Feed
 from legato.session.file_checks import VerifiedTogether
 from legato.session.telemetry import Telemetry
-from legato.session.voice import refuse
+from legato.session.voice import counted, refuse
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
@@ -208,7 +208,8 @@ class Resumer:
             resharded=None,
         )
         if self.resumed.match:
-            how = "" if verdict is None else f" by a replay of {verdict.steps} steps from step {verdict.from_step} ({verdict.seconds:.2f}s)"
+            how = ("" if verdict is None else
+                   f" by a replay of {counted(verdict.steps, 'step')} from step {verdict.from_step} ({verdict.seconds:.2f}s)")
             self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (%.2fs)", self.peers.rank, step, path,
                                recomputed, how, seconds)
             return

@@ -27,6 +27,11 @@ def _voice() -> logging.Logger:
     return voice
 
 
+def counted(n: int, noun: str) -> str:
+    """"1 step", "4 steps": a count and its noun, for people (the CLI's lines and the ranks' say the same)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def say(logger: logging.Logger, rank: int, message: str, *args: object) -> None:
     """Log `message` at INFO; on rank 0, to stderr as well when logging would not show it."""
     if rank != 0 or (logger.isEnabledFor(logging.INFO) and logger.hasHandlers()):
