@@ -19,7 +19,10 @@ of a collective variant being the slowest rank's:
   it also runs the census of unsaved state and allocates the staging buffer) and the next (step 6, once the first
   is written and committed: the blocking part of every later one, the staging copy; the commit, rank 0 publishing
   the manifest at an agreed step after the write, is in neither); a snapshot's step is not counted as a normal
-  step. Their MiB column is what the checkpoint wrote;
+  step. Their MiB column is what the checkpoint wrote. The second one's background write (the worker thread's hash,
+  write, fsync and report of the rank's share, from the end of the staging copy, while the loop trains on) is a row
+  of its own, and so is a third checkpoint's (step 9), whose write the loop waits for: the write alone. Their ratios
+  to the raw write of a share are printed under the table;
 - DCP `save` and `async_save` (blocking part, and total until durable);
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank
   at once (the disk's floor for a spread write), and of the whole state by one rank, in 256 KiB writes (one write of
@@ -56,8 +59,10 @@ measured up to 4x faster than one that ran seconds later. A checkpoint minutes a
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
 import json
+import math
 import os
 import shutil
 import signal
@@ -66,6 +71,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,10 +97,14 @@ DEFAULTS = legato.CheckpointPolicy(agree_every_steps=1)
 NO_REPLAY = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=0)
 WARN = legato.CheckpointPolicy(agree_every_steps=1, verify="warn")  # a stop that writes its own state and its base: 2x
 ASYNC = legato.CheckpointPolicy(agree_every_steps=1, async_=True, every_steps=3)
-ASYNC_STEPS = 9  # periodic at steps 3 and 6 (9 is the final); the first one commits at step 4 or 5, between them
+ASYNC_STEPS = 12  # periodic at steps 3, 6 and 9 (12 is the final); the first one commits at step 4 or 5, between them
+WAITED = 9  # the periodic checkpoint whose write the loop waits for before it trains on: the write's own time
 FULL_BASE = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=2)  # the base of step 2 holds AdamW's moments too
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 PLAIN = "plain loop, no checkpoint"  # the memory rows' reference
+BACKGROUND = "legato Session async_=True, background write"
+BACKGROUND_ALONE = "  the same, the loop waiting (the write alone)"
+RAW_SHARE = "raw write + fsync, each rank its share"
 Save = Callable[[torch.nn.Module, torch.optim.Optimizer], None]  # how a plain loop saves at its stop
 STOPS = (  # row, run directory, policy of the stop-checkpoint variants
     ("legato Session, defaults (stop checkpoint)", "legato", DEFAULTS),
@@ -128,17 +138,28 @@ def largest(number: float) -> float:
     return float(value[0])
 
 
-def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, settle: float) -> tuple[float, int]:
+@dataclass
+class Checkpointed:
+    """One checkpoint of a live Session as the bench saw it."""
+
+    seconds: float  # what the loop saw of its step, less the median other step
+    written: int  # bytes of its own files
+    background: float | None = None  # async: this rank's write after the staging copy (hash, write, fsync, report)
+
+
+def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, settle: float) -> Checkpointed:
     """What the loop sees of the checkpoint step of a live Session, less its median other step; and the bytes it wrote."""
     return checkpoint_steps(run_dir, megabytes, policy, stop, settle)[0]
 
 
 def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, settle: float,
-                     total: int = STEPS) -> list[tuple[float, int]]:
+                     total: int = STEPS, waited: int | None = None) -> list[Checkpointed]:
     """What the loop sees of each checkpoint step of a live Session (the stop's, or every periodic one), less its median
     other step, and the bytes each wrote. An asynchronous checkpoint's write is waited for outside the timed steps (a
     private attribute: the Session tells no one), so that the next one's step is its own blocking part, not a wait for
-    the previous write, which checkpoints minutes apart never have."""
+    the previous write, which checkpoints minutes apart never have; the write's own time, from the end of the staging
+    copy until the worker thread's future is done, is kept as `background`. After step `waited` the loop waits for that
+    write before it trains on, so its `background` is the write alone, with no training beside it."""
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     chaos = legato.Chaos(signal_rank=dist.get_world_size() - 1, signal_at_steps=(STOP_AFTER - 1,)) if stop else legato.Chaos()
@@ -146,6 +167,7 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
                              ignore=ANCHORS)
     due = {STOP_AFTER} if stop else set(range(policy.every_steps, total, policy.every_steps))
     gaps, it = [], iter(session)
+    writes: dict[int, float] = {}  # step -> its asynchronous write's seconds after the staging copy
     while True:
         if len(gaps) in due:
             time.sleep(settle)
@@ -156,8 +178,14 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
             gaps.append(time.perf_counter() - start)
             break
         gaps.append(time.perf_counter() - start)
-        session.report(train_step(ddp, optimizer))
         background = session._saving.background
+        flight = None if background is None else background.in_flight
+        if flight is not None and flight.job.step not in writes:
+            writes[flight.job.step] = math.nan
+            flight.future.add_done_callback(functools.partial(_stamp, writes, flight.job.step, flight.started + flight.job.blocking_s))
+            if flight.job.step == waited:
+                flight.future.exception()
+        session.report(train_step(ddp, optimizer))
         while background is not None and background.flags()["writing_local"]:
             time.sleep(0.01)
     steps = [session.last_checkpoint.step] if stop and session.last_checkpoint is not None else list(
@@ -165,7 +193,11 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
     # gaps[i] ends step i (gaps[0] is the start-up); the checkpoints are at `steps`; a step that took a snapshot is no normal step.
     snapshots = {i for i in range(len(gaps)) if policy.replay_steps and i % policy.replay_steps == 0}
     others = [g for i, g in enumerate(gaps[1:], start=1) if i not in steps and i < len(gaps) - 1 and i not in snapshots] or [0.0]
-    return [(gaps[step] - statistics.median(others), written_by(run_dir, step)) for step in steps]
+    return [Checkpointed(gaps[step] - statistics.median(others), written_by(run_dir, step), writes.get(step)) for step in steps]
+
+
+def _stamp(writes: dict[int, float], step: int, since: float, _: object) -> None:
+    writes[step] = time.perf_counter() - since
 
 
 def manifest_of(run_dir: Path, step: int) -> dict:
@@ -260,9 +292,9 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         times.setdefault(name, []).append(largest(seconds))  # the slowest rank's
         gc.collect()
 
-    def record_session(name: str, measured: tuple[float, int]) -> None:
-        record(name, measured[0])
-        written[name] = measured[1]
+    def record_session(name: str, measured: Checkpointed) -> None:
+        record(name, measured.seconds)
+        written[name] = measured.written
 
     def peak(name: str, fn: Callable[..., Any], *args: object) -> Any:
         """Run `fn` (a whole run: its model, its steps and its checkpoints) and keep the largest rank's peak memory."""
@@ -323,10 +355,12 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         peak("plain loop, DCP save at the stop", plain_loop, megabytes, saved_by_dcp(scratch / "peak_dcp"))
         for name, run, policy in STOPS:
             record_session(name, peak(name, session_checkpoint, scratch / run, megabytes, policy, True, settle))
-        first, later = peak("legato Session async_=True (two periodic, final)", checkpoint_steps, scratch / "async", megabytes,
-                            ASYNC, False, settle, ASYNC_STEPS)
+        first, later, alone = peak("legato Session async_=True (three periodic, final)", checkpoint_steps, scratch / "async",
+                                   megabytes, ASYNC, False, settle, ASYNC_STEPS, WAITED)
         record_session("legato Session async_=True, first periodic", first)
         record_session("legato Session async_=True, blocking (periodic)", later)
+        record(BACKGROUND, later.background)
+        record(BACKGROUND_ALONE, alone.background)
         record("DCP save", timed(dcp.save, state, checkpoint_id=str(scratch / "dcp")))
         start = go()
         future = dcp.async_save(state, checkpoint_id=str(scratch / "dcp_async"))
@@ -334,7 +368,7 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         future.result()
         record("DCP async_save, blocking", blocking)
         record("DCP async_save, total", time.perf_counter() - start)
-        record("raw write + fsync, each rank its share", timed(raw_write, scratch / f"raw{rank}", share_bytes))
+        record(RAW_SHARE, timed(raw_write, scratch / f"raw{rank}", share_bytes))
         whole = timed(raw_write, scratch / "raw", all_bytes) if rank == 0 else timed(lambda: None)
         record("raw write + fsync, the whole state, rank 0", whole)
         record("memory copy of the state", timed(lambda: [c.copy_(t) for c, t in zip(copies, tensors)]))
@@ -401,6 +435,9 @@ def main() -> None:
             for name, seconds in results.items():
                 mib = f"{written[name] / 2**20:11.1f}" if name in written else " " * 11
                 print(f"| {name:<50} | {seconds:7.3f} | {seconds / anchor:5.2f} | {mib} |")
+            print(f"async background write / raw write + fsync of a share: {results[BACKGROUND] / results[RAW_SHARE]:.2f}x beside "
+                  f"training, {results[BACKGROUND_ALONE] / results[RAW_SHARE]:.2f}x alone (the slowest rank's hash, write, fsync "
+                  "and report of its share after the staging copy; the writer thread runs at nice 19)")
             print_peaks(peaks, state)
     sys.stdout.flush()
 
