@@ -22,10 +22,12 @@ of a collective variant being the slowest rank's:
   step. Their MiB column is what the checkpoint wrote. The second one's background write (the worker thread's hash,
   write, fsync and report of the rank's share, from the end of the staging copy, while the loop trains on) is a row
   of its own, and so is a third checkpoint's (step 9), whose write the loop waits for: the write alone. Their ratios
-  to the raw write of a share are printed under the table;
+  to a raw write of the bytes each rank wrote in it are printed under the table;
 - DCP `save` and `async_save` (blocking part, and total until durable);
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank
-  at once (the disk's floor for a spread write), and of the whole state by one rank, in 256 KiB writes (one write of
+  at once (the disk's floor for a spread write), of as many bytes as each rank wrote in the async run's waited
+  checkpoint (the floor of its background write: the spread goes by whole tensors), and of the whole state by one rank,
+  in 256 KiB writes (one write of
   a whole buffer costs 4-5x on a VM that gives freed memory back to its host: docs/benchmarks.md, "Writes in pieces");
 - a memory copy of the state, of one rank's share of it (state / ranks), and of the largest share a rank wrote in the
   async run (the spread goes by whole tensors, so one rank may stage more than state / ranks): the floors of a
@@ -105,6 +107,7 @@ PLAIN = "plain loop, no checkpoint"  # the memory rows' reference
 BACKGROUND = "legato Session async_=True, background write"
 BACKGROUND_ALONE = "  the same, the loop waiting (the write alone)"
 RAW_SHARE = "raw write + fsync, each rank its share"
+RAW_WRITTEN = "raw write + fsync, each rank the bytes it wrote async"
 Save = Callable[[torch.nn.Module, torch.optim.Optimizer], None]  # how a plain loop saves at its stop
 STOPS = (  # row, run directory, policy of the stop-checkpoint variants
     ("legato Session, defaults (stop checkpoint)", "legato", DEFAULTS),
@@ -159,7 +162,8 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
     private attribute: the Session tells no one), so that the next one's step is its own blocking part, not a wait for
     the previous write, which checkpoints minutes apart never have; the write's own time, from the end of the staging
     copy until the worker thread's future is done, is kept as `background`. After step `waited` the loop waits for that
-    write before it trains on, so its `background` is the write alone, with no training beside it."""
+    write, and every rank for every other's, before it trains on, so its `background` is the write alone, with no training
+    beside it."""
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     chaos = legato.Chaos(signal_rank=dist.get_world_size() - 1, signal_at_steps=(STOP_AFTER - 1,)) if stop else legato.Chaos()
@@ -185,6 +189,7 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
             flight.future.add_done_callback(functools.partial(_stamp, writes, flight.job.step, flight.started + flight.job.blocking_s))
             if flight.job.step == waited:
                 flight.future.exception()
+                dist.barrier()  # no rank trains on beside another's write
         session.report(train_step(ddp, optimizer))
         while background is not None and background.flags()["writing_local"]:
             time.sleep(0.01)
@@ -208,6 +213,13 @@ def largest_share(run_dir: Path, step: int) -> int:
     """The bytes of the files the rank that wrote the most of `step`'s checkpoint wrote: what that rank stages."""
     manifest = manifest_of(run_dir, step)
     return max(sum(manifest["files"][f]["bytes"] for f in r["wrote"]) for r in manifest["ranks"])
+
+
+def share_written(run_dir: Path, step: int, rank: int) -> int:
+    """The bytes of the files rank `rank` wrote for `step`'s checkpoint."""
+    manifest = manifest_of(run_dir, step)
+    entry = next(r for r in manifest["ranks"] if r["rank"] == rank)
+    return sum(manifest["files"][f]["bytes"] for f in entry["wrote"])
 
 
 def written_by(run_dir: Path, step: int) -> int:
@@ -369,6 +381,10 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         record("DCP async_save, blocking", blocking)
         record("DCP async_save, total", time.perf_counter() - start)
         record(RAW_SHARE, timed(raw_write, scratch / f"raw{rank}", share_bytes))
+        # The background write's floor: each rank's own bytes of that checkpoint, written at once by every rank.
+        own = memoryview(bytearray(share_written(scratch / "async", WAITED, rank)))
+        record(RAW_WRITTEN, timed(raw_write, scratch / f"raw_own{rank}", own))
+        del own
         whole = timed(raw_write, scratch / "raw", all_bytes) if rank == 0 else timed(lambda: None)
         record("raw write + fsync, the whole state, rank 0", whole)
         record("memory copy of the state", timed(lambda: [c.copy_(t) for c, t in zip(copies, tensors)]))
@@ -435,9 +451,10 @@ def main() -> None:
             for name, seconds in results.items():
                 mib = f"{written[name] / 2**20:11.1f}" if name in written else " " * 11
                 print(f"| {name:<50} | {seconds:7.3f} | {seconds / anchor:5.2f} | {mib} |")
-            print(f"async background write / raw write + fsync of a share: {results[BACKGROUND] / results[RAW_SHARE]:.2f}x beside "
-                  f"training, {results[BACKGROUND_ALONE] / results[RAW_SHARE]:.2f}x alone (the slowest rank's hash, write, fsync "
-                  "and report of its share after the staging copy; the writer thread runs at nice 19)")
+            floor = results[RAW_WRITTEN]
+            print(f"async background write / raw write + fsync of the bytes each rank wrote: {results[BACKGROUND] / floor:.2f}x "
+                  f"beside training, {results[BACKGROUND_ALONE] / floor:.2f}x alone (the slowest rank's hash, write, fsync and "
+                  "report of its share after the staging copy; the writer thread runs at nice 19)")
             print_peaks(peaks, state)
     sys.stdout.flush()
 
