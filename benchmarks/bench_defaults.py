@@ -24,11 +24,10 @@ of a collective variant being the slowest rank's:
   of its own, and so is a third checkpoint's (step 9), whose write the loop waits for: the write alone. Their ratios
   to a raw write of the bytes each rank wrote in it are printed under the table;
 - DCP `save` and `async_save` (blocking part, and total until durable);
-- raw write + fsync of the bytes of one rank's share (state / ranks), every rank
-  at once (the disk's floor for a spread write), of as many bytes as each rank wrote in the async run's waited
-  checkpoint (the floor of its background write: the spread goes by whole tensors), and of the whole state by one rank,
-  in 256 KiB writes (one write of
-  a whole buffer costs 4-5x on a VM that gives freed memory back to its host: docs/benchmarks.md, "Writes in pieces");
+- raw write + fsync of the bytes of one rank's share (state / ranks), every rank at once (the disk's floor for a spread
+  write), of as many bytes as each rank wrote in the async run's waited checkpoint (the floor of its background write:
+  the spread goes by whole tensors), and of the whole state by one rank, in 256 KiB writes (one write of a whole
+  buffer costs 4-5x on a VM that gives freed memory back to its host: docs/benchmarks.md, "Writes in pieces");
 - a memory copy of the state, of one rank's share of it (state / ranks), and of the largest share a rank wrote in the
   async run (the spread goes by whole tensors, so one rank may stage more than state / ranks): the floors of a
   blocking part;
