@@ -54,6 +54,7 @@ def reaped(procs: list[subprocess.Popen]) -> Iterator[list[subprocess.Popen]]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+            _STDERR.pop(p.pid, None)  # the pid may be reused by a later process
 
 
 def _stacks_of_the_running(procs: list[subprocess.Popen]) -> str:
