@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from legato.errors import UsageError
+from legato.state.trees import DESCEND, rebuilt
 
 MARK = "dtensor"  # the key of a DTensor's record: {"dtensor": {"local": ..., "shape": ..., ...}}
 
@@ -101,26 +102,17 @@ def _record(t: Any) -> dict:
 
 def to_plain(value: Any) -> Any:
     """`value` with every DTensor replaced by its record (this rank's shard and its chunk metadata)."""
-    if is_dtensor(value):
-        return _record(value)
-    if isinstance(value, Mapping):
-        return {k: to_plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        items = [to_plain(v) for v in value]
-        return items if isinstance(value, list) else tuple(items)
-    return value
+    return rebuilt(value, lambda node, _: _record(node) if is_dtensor(node) else DESCEND)
 
 
 def from_plain(value: Any, meshes: list[Any], where: str = "") -> Any:
     """`value` with every record turned back into a DTensor on the live mesh of the same ranks."""
-    if isinstance(value, Mapping):
-        if set(value) == {MARK} and isinstance(value[MARK], Mapping):
-            return _rebuild(value[MARK], meshes, where)
-        return {k: from_plain(v, meshes, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        items = [from_plain(v, meshes, f"{where}[{i}]") for i, v in enumerate(value)]
-        return items if isinstance(value, list) else tuple(items)
-    return value
+    return rebuilt(value, lambda node, path: _rebuild(node[MARK], meshes, path) if is_record(node) else DESCEND, where)
+
+
+def is_record(node: Any) -> bool:
+    """Whether `node` is a DTensor's record, as `to_plain` writes it."""
+    return isinstance(node, Mapping) and set(node) == {MARK} and isinstance(node[MARK], Mapping)
 
 
 def _rebuild(record: dict, meshes: list[Any], where: str) -> Any:

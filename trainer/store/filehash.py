@@ -24,6 +24,7 @@ import xxhash
 from torch.utils.serialization import config as serialization_config
 
 from legato.files import write_in_pieces
+from legato.state.trees import leaves
 from legato.store.manifest import HASH_KEY, region_record
 
 SEGMENT_MIN_BYTES = 4096  # smaller writes are hashed as part of the region around them
@@ -122,16 +123,12 @@ def load_file(path: Path, own: bool = True) -> Any:
 def _own_memory(tree: Any, copies: dict[tuple[int, int], torch.UntypedStorage]) -> None:
     """Move every tensor in `tree` (dicts, lists, tuples) onto a copy of its storage, in place: the containers, their
     types and attributes (a state dict's `_metadata`) stay as torch.load built them."""
-    if isinstance(tree, torch.Tensor):
-        storage = tree.untyped_storage()
+    for leaf in leaves(tree):
+        if not isinstance(leaf, torch.Tensor):
+            continue
+        storage = leaf.untyped_storage()
         key = (storage.data_ptr(), storage.nbytes())
         if key not in copies:
             copies[key] = storage.clone()
         with torch.no_grad():  # a saved Parameter is a leaf that requires grad
-            tree.set_(copies[key], tree.storage_offset(), tree.size(), tree.stride())
-    elif isinstance(tree, dict):
-        for value in tree.values():
-            _own_memory(value, copies)
-    elif isinstance(tree, (list, tuple)):
-        for value in tree:
-            _own_memory(value, copies)
+            leaf.set_(copies[key], leaf.storage_offset(), leaf.size(), leaf.stride())

@@ -31,6 +31,7 @@ import torch
 
 from legato.errors import UsageError
 from legato.state.components import MODEL_FILE, RANK_FILE, SHARD_FILE, Component
+from legato.state.trees import DESCEND, leaves, rebuilt
 from legato.store.filehash import load_file
 
 PER_RANK_SUFFIX = "_buffers"
@@ -111,14 +112,7 @@ def _nbytes(tree: Any) -> int:
 
 
 def _tensors(tree: Any) -> Iterable[torch.Tensor]:
-    if isinstance(tree, torch.Tensor):
-        yield tree
-    elif isinstance(tree, Mapping):
-        for value in tree.values():
-            yield from _tensors(value)
-    elif isinstance(tree, (list, tuple)):
-        for value in tree:
-            yield from _tensors(value)
+    return (leaf for leaf in leaves(tree) if isinstance(leaf, torch.Tensor))
 
 
 def _spread(contents: dict[str, Any], world_size: int, preload: int) -> tuple[dict[str, Any], list[dict[int, torch.Tensor]]]:
@@ -137,19 +131,14 @@ def _spread(contents: dict[str, Any], world_size: int, preload: int) -> tuple[di
         owner[id(big[index])] = (rank, index)
     shares: list[dict[int, torch.Tensor]] = [{} for _ in range(world_size)]
 
-    def mark(tree: Any) -> Any:
-        if isinstance(tree, torch.Tensor) and id(tree) in owner:
-            rank, index = owner[id(tree)]
-            shares[rank][index] = tree
-            return (SHARE_MARK, rank, index)
-        if isinstance(tree, Mapping):
-            return {k: mark(v) for k, v in tree.items()}
-        if isinstance(tree, (list, tuple)):
-            items = [mark(v) for v in tree]
-            return items if isinstance(tree, list) else tuple(items)
-        return tree
+    def mark(node: Any, _: str) -> Any:
+        if not (isinstance(node, torch.Tensor) and id(node) in owner):
+            return DESCEND
+        rank, index = owner[id(node)]
+        shares[rank][index] = node
+        return (SHARE_MARK, rank, index)
 
-    return {file: mark(content) for file, content in contents.items()}, shares
+    return {file: rebuilt(content, mark) for file, content in contents.items()}, shares
 
 
 def _is_mark(value: Any) -> bool:
@@ -158,19 +147,17 @@ def _is_mark(value: Any) -> bool:
 
 def _fill(tree: Any, shares: Mapping[int, Mapping[int, torch.Tensor]], where: Path) -> Any:
     """`tree` with every marker replaced by its tensor from the shares read back."""
-    if _is_mark(tree):
-        _, rank, index = tree
+
+    def tensor(node: Any, _: str) -> Any:
+        if not _is_mark(node):
+            return DESCEND
+        _, rank, index = node
         if rank not in shares or index not in shares[rank]:
             raise UsageError(f"The checkpoint {where} lacks rank {rank}'s share ({share_file(rank)}) of the replicated state; "
                              "resume from another checkpoint (move this one away).")
         return shares[rank][index]
-    if isinstance(tree, Mapping):
-        return {k: _fill(v, shares, where) for k, v in tree.items()}
-    if isinstance(tree, list):
-        return [_fill(v, shares, where) for v in tree]
-    if isinstance(tree, tuple):
-        return tuple(_fill(v, shares, where) for v in tree)
-    return tree
+
+    return rebuilt(tree, tensor)
 
 
 def load(table: Iterable[Component], path: Path, rank: int, prefix: str = "") -> dict[str, Any]:

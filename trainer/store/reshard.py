@@ -29,7 +29,7 @@ import torch
 
 from legato.errors import UsageError
 from legato.state.components import MODEL_FILE, Component
-from legato.state.sharded import MARK
+from legato.state.sharded import MARK, is_record
 from legato.store import layout
 from legato.store.manifest_schema import BY_REPLAY
 
@@ -70,7 +70,7 @@ def _merge(trees: list[Any], base: int, rank: int, new: int, where: str) -> Any:
     """Old rank `base`'s tree with every DTensor record replaced by new rank `rank`'s chunk cut from all old ranks' records."""
     tree = trees[base]
     if isinstance(tree, dict):
-        if set(tree) == {MARK} and isinstance(tree[MARK], dict):
+        if is_record(tree):
             return {MARK: _chunk([t[MARK] for t in trees], rank, new, where)}
         return {k: _merge([t[k] for t in trees], base, rank, new, f"{where}.{k}") for k in tree}
     if isinstance(tree, (list, tuple)):
