@@ -98,7 +98,8 @@ class Resumer:
     def _pick(self, training: dict | None, check: Verifier | None) -> tuple[Path, dict] | None:
         """Rank 0 picks with `check` (None: every rank hashing its share of each candidate's files) and hands the pick to the others."""
         run = self.root, self.peers.world_size, training, self.reshard
-        picked = self.peers.from_leader(VerifiedTogether(self.peers).led(lambda verify: pick(*run, check or verify)))
+        capabilities = tuple(self.peers.gather(torch.backends.cpu.get_cpu_capability()))
+        picked = self.peers.from_leader(VerifiedTogether(self.peers).led(lambda verify: pick(*run, check or verify, capabilities)))
         if isinstance(picked, str):
             raise UsageError(picked)
         return None if picked is None else (Path(picked[0]), picked[1])
@@ -269,11 +270,14 @@ def _diverged(manifest: dict) -> str:
 
 
 def pick(root: Path, world_size: int, training: dict | None, reshard: bool = False,
-         verify: Verifier | None = None) -> tuple[str, dict] | str | None:
+         verify: Verifier | None = None, cpu_capabilities: tuple[str, ...] | None = None) -> tuple[str, dict] | str | None:
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank.
 
-    `verify` verifies the files of each candidate (`verify_listed` by default)."""
-    run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), strict_determinism(training), reshard)
+    `verify` verifies the files of each candidate (`verify_listed` by default); `cpu_capabilities`: every rank's torch
+    CPU capability, in rank order (this process's alone by default)."""
+    capabilities = cpu_capabilities or (torch.backends.cpu.get_cpu_capability(),)
+    run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), strict_determinism(training), reshard,
+                   capabilities)
     try:
         found = newest_usable(root, run, strict=True, verify=verify)
     except UsageError as exc:

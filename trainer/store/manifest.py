@@ -14,7 +14,7 @@ import json
 import logging
 import mmap
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +24,7 @@ import xxhash
 
 from legato.errors import UsageError
 from legato.paths import CHECKPOINT_MANIFEST, STEP_PREFIX, TMP_STEP_PREFIX
-from legato.store.manifest_schema import FILE_HASH_KEY, check_manifest
+from legato.store.manifest_schema import CPU_CAPABILITY_KEY, FILE_HASH_KEY, check_manifest
 from legato.treediff import changed_leaves
 
 log = logging.getLogger(__name__)
@@ -231,6 +231,7 @@ class RunShape:
     threads: int | None = None
     strict: bool = True
     reshard: bool = False  # checkpoint.reshard: another world size continues resharded (FSDP2 only), not bitwise
+    cpu_capabilities: tuple[str, ...] | None = None  # each rank's torch CPU capability, in rank order; None where unknown
 
 
 def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = False, verify: Verifier | None = None) -> Found | None:
@@ -253,7 +254,8 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
             log.warning("skipping checkpoint %s: its state is held by its replay, and %s", path, unusable)
             continue
         if run is not None:
-            check_compatible(found.manifest, path, run.world_size, run.training, run.torch_version, run.threads, run.strict, run.reshard)
+            check_compatible(found.manifest, path, run.world_size, run.training, run.torch_version, run.threads, run.strict, run.reshard,
+                             run.cpu_capabilities)
         return found
     if strict and candidates:
         raise UsageError(
@@ -278,11 +280,12 @@ def installed_torch_version() -> str:
 
 def check_compatible(
     manifest: dict, path: Path, world_size: int, training: dict | None, torch_version: str, threads: int | None = None, strict: bool = True,
-    reshard: bool = False,
+    reshard: bool = False, cpu_capabilities: Sequence[str] | None = None,
 ) -> None:
     """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit (or, opted into by `reshard`, resharded).
 
-    A different torch thread count is refused when `strict`, and only warned about otherwise.
+    A different torch thread count, or a rank whose CPU kernels use another instruction set (`cpu_capabilities`, each
+    rank's in rank order), is refused when `strict`, and only warned about otherwise.
     """
     if manifest["world_size"] != world_size:
         _check_reshard(manifest, path, world_size, reshard)
@@ -293,6 +296,7 @@ def check_compatible(
             "RNG state layouts and kernels differ between versions; resume with the torch that wrote it, or start a new run directory."
         )
     _check_threads(manifest, path, threads, strict, by_config=training is not None)
+    _check_cpu_capability(manifest, path, cpu_capabilities, strict, by_config=training is not None)
     saved = manifest.get("training")
     if saved is None or saved == training:
         return
@@ -359,6 +363,27 @@ def _check_threads(manifest: dict, path: Path, threads: int | None, strict: bool
         f"Checkpoint {path} was written with {saved} torch threads per rank, but this run has {threads}. CPU kernels "
         "split their sums by thread count, so the run would continue on another trajectory. Give the job the "
         f"allocation it had ({saved} CPUs per task: {allocation})"
+    )
+    mode = "determinism.mode" if by_config else "the determinism mode (seed_everything(mode=...))"
+    if strict:
+        fix = "set determinism.mode: fast" if by_config else "call seed_everything(seed, rank, mode=\"fast\")"
+        raise UsageError(f"{message}, or {fix} to continue with a warning.")
+    log.warning("%s. Continuing because %s is fast: the resumed run is not bitwise the uninterrupted one.", message, mode)
+
+
+def _check_cpu_capability(manifest: dict, path: Path, live: Sequence[str] | None, strict: bool, by_config: bool) -> None:
+    """Refuse (strict) or warn about ranks whose torch CPU kernels use another instruction set than the checkpoint's writer."""
+    saved = manifest.get(CPU_CAPABILITY_KEY)
+    ranks = [rank for rank, capability in enumerate(live or ()) if capability != saved]
+    if saved is None or not ranks:
+        return
+    found = ", ".join(sorted({live[rank] for rank in ranks}))
+    message = (
+        f"Checkpoint {path} was written by ranks whose torch CPU kernels used {saved}, but rank {', '.join(map(str, ranks))} of "
+        f"this run use {found} (torch.backends.cpu.get_cpu_capability()): this node's CPU is of another kind. Kernels for another "
+        "instruction set round differently, so the run would continue on another trajectory. Run every rank with "
+        f"ATEN_CPU_CAPABILITY={saved.lower()} in its environment (export it before the job starts; a CPU runs any lower set), "
+        "or keep the job on nodes of the CPU kind that wrote it (sbatch --constraint)"
     )
     mode = "determinism.mode" if by_config else "the determinism mode (seed_everything(mode=...))"
     if strict:

@@ -22,6 +22,8 @@ DIVERGED = "diverged"
 FILE_HASH_KEY = "xxh3_128"  # each file's XXH3-128, region by region
 # true: the checkpoint holds no state of its own at its step, only its replay base; a resume must replay to prove it
 BY_REPLAY = "state_by_replay"
+# torch.backends.cpu.get_cpu_capability() of the writer (AVX2, AVX512, ...): the instruction set its CPU kernels used
+CPU_CAPABILITY_KEY = "cpu_capability"
 SHOWN_CHARS = 40
 
 
@@ -32,6 +34,7 @@ def check_manifest(manifest: dict) -> None:
     _expect(manifest, "torch_version", str)
     _expect(manifest, "global_hash", str)
     _optional(manifest, "threads", int)
+    _optional(manifest, CPU_CAPABILITY_KEY, str)
     _optional(manifest, "training", dict)
     ranks = _ranks("ranks", manifest.get("ranks"), world_size)
     files = _expect(manifest, "files", dict)
