@@ -1,6 +1,6 @@
-"""The instruction set of torch's CPU kernels, in one process: a resume by ranks whose kernels use another set than the
-checkpoint's writer is refused in strict mode and warned of in fast. Real processes, the set recorded in every
-checkpoint and pinned with ATEN_CPU_CAPABILITY: e2e/test_cpu_kind_resume.py."""
+"""The instruction set of torch's CPU kernels, in one process: a resume by ranks whose kernels use another set than
+when they wrote the checkpoint is refused in strict mode and warned of in fast, rank by rank. Real processes, the set
+recorded in every checkpoint and pinned with ATEN_CPU_CAPABILITY: e2e/test_cpu_kind_resume.py."""
 
 from __future__ import annotations
 
@@ -13,28 +13,42 @@ from legato.store.manifest import check_compatible
 
 PATH = Path("/r/checkpoints/step_5")
 TRAINING = {"determinism": {"mode": "strict"}}
-SAVED = {"world_size": 2, "torch_version": "2.13.0", "threads": 1, "training": TRAINING, "cpu_capability": "AVX512"}
+
+
+def saved(*capabilities: str | None) -> dict:
+    """A manifest's fields the check reads: each rank's capability as it wrote (None: an older legato's entry)."""
+    ranks = [{"rank": r} if c is None else {"rank": r, "cpu_capability": c} for r, c in enumerate(capabilities)]
+    return {"world_size": len(ranks), "torch_version": "2.13.0", "threads": 1, "training": TRAINING, "ranks": ranks}
+
+
+def check(manifest: dict, live: tuple[str, ...] | None, strict: bool = True, training: dict | None = TRAINING) -> None:
+    check_compatible(manifest, PATH, manifest["world_size"], training, "2.13.0", threads=1, strict=strict, cpu_capabilities=live)
 
 
 def test_another_capability_on_any_rank_is_refused_in_strict_naming_the_ranks_the_sets_and_the_fix() -> None:
     with pytest.raises(UsageError) as info:
-        check_compatible(SAVED, PATH, 2, TRAINING, "2.13.0", threads=1, strict=True, cpu_capabilities=("AVX512", "AVX2"))
+        check(saved("AVX512", "AVX512", "AVX512"), ("AVX512", "AVX2", "AVX2"))
     text = str(info.value)
-    assert "kernels used AVX512, but rank 1 of this run use AVX2" in text
+    assert "ranks 1, 2: AVX512 when written, AVX2 now" in text and "rank 0" not in text
     assert "ATEN_CPU_CAPABILITY=avx512" in text and "--constraint" in text and "determinism.mode: fast" in text
 
 
-def test_fast_mode_warns_and_the_same_set_or_an_older_manifest_passes(caplog: pytest.LogCaptureFixture) -> None:
-    check_compatible(SAVED, PATH, 2, TRAINING, "2.13.0", threads=1, strict=False, cpu_capabilities=("AVX2", "AVX2"))
-    assert "rank 0, 1 of this run use AVX2" in caplog.text and "Continuing because determinism.mode is fast" in caplog.text
-    check_compatible(SAVED, PATH, 2, TRAINING, "2.13.0", threads=1, strict=True, cpu_capabilities=("AVX512", "AVX512"))
-    older = {k: v for k, v in SAVED.items() if k != "cpu_capability"}
-    check_compatible(older, PATH, 2, TRAINING, "2.13.0", threads=1, strict=True, cpu_capabilities=("AVX2", "AVX2"))
-    check_compatible(SAVED, PATH, 2, TRAINING, "2.13.0", threads=1, strict=True)  # the launcher's check: ranks unknown
+def test_a_mixed_allocation_resumes_on_the_same_mix_and_is_refused_on_another() -> None:
+    mixed = saved("AVX512", "AVX2")
+    check(mixed, ("AVX512", "AVX2"))
+    with pytest.raises(UsageError, match="rank 0: AVX512 when written, AVX2 now; rank 1: AVX2 when written, AVX512 now") as info:
+        check(mixed, ("AVX2", "AVX512"))
+    assert "set to the set each wrote with" in str(info.value)
+
+
+def test_fast_mode_warns_and_an_older_manifest_or_an_unknown_run_passes(caplog: pytest.LogCaptureFixture) -> None:
+    check(saved("AVX512", "AVX512"), ("AVX2", "AVX2"), strict=False)
+    assert "ranks 0, 1: AVX512 when written, AVX2 now" in caplog.text and "Continuing because determinism.mode is fast" in caplog.text
+    check(saved(None, None), ("AVX2", "AVX2"))
+    check(saved("AVX512", "AVX512"), None)  # the launcher's check, before any rank runs: not known there
 
 
 def test_a_script_without_a_config_is_told_the_api_fix() -> None:
     with pytest.raises(UsageError) as info:
-        check_compatible({**SAVED, "training": None}, PATH, 2, None, "2.13.0", strict=True, cpu_capabilities=("AVX2",))
+        check({**saved("AVX512"), "training": None}, ("AVX2",), training=None)
     assert 'seed_everything(seed, rank, mode="fast")' in str(info.value) and "determinism.mode" not in str(info.value)
-

@@ -108,6 +108,7 @@ def test_wrong_types_inside_ranks_and_files_are_named(tmp_path: Path) -> None:
         (lambda m: m["ranks"][0].update(diverged={"tensors": ["model:0"], "writers": ["1"]}),
          "ranks[0].diverged.writers holds something other than ints"),
         (lambda m: m["ranks"][0].update(diverged={"writers": [1]}), "has no ranks[0].diverged.tensors"),
+        (lambda m: m["ranks"][0].update(cpu_capability=512), "ranks[0].cpu_capability is an int (512), not a str"),
     ]
     original = (newest / "manifest.json").read_text()
     for plant, needle in plants:

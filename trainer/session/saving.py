@@ -44,7 +44,6 @@ from legato.store import bases, layout
 from legato.store import checkpoint as ckpt
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
 from legato.store.commit import Committed, KillPoint
-from legato.store.manifest_schema import CPU_CAPABILITY_KEY
 
 log = logging.getLogger(__name__)
 
@@ -235,8 +234,7 @@ class Saver:
             self.background.close()
 
     def _meta(self, reason: str) -> dict[str, Any]:
-        return {"reason": reason, "epoch": self.position.epoch, **self.meta, "threads": torch.get_num_threads(),
-                CPU_CAPABILITY_KEY: torch.backends.cpu.get_cpu_capability()}
+        return {"reason": reason, "epoch": self.position.epoch, **self.meta, "threads": torch.get_num_threads()}
 
     def _save(self, reason: str, parts: dict[str, Any], components: dict[str, str], seen: Digests) -> None:
         self.telemetry.sync()

@@ -45,7 +45,7 @@ from legato.state.recipes import SHARE
 from legato.store import bases
 from legato.store.filehash import save_all
 from legato.store.manifest import FORMAT, check_contained, checkpoint_step, list_checkpoints, manifest_checksum
-from legato.store.manifest_schema import DIVERGED
+from legato.store.manifest_schema import CPU_CAPABILITY_KEY, DIVERGED
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,8 @@ def report(rank: int, state_hash: str, components: dict[str, str], written: dict
            share: dict | None = None) -> dict:
     """One rank's report of its written share: what `agree` exchanges and `publish` turns into the manifest. With `share`
     (a staged copy's share of the digests, legato.state.recipes) the digests and hash are left to `complete`."""
-    out = {"rank": rank, "hash": state_hash, "components": components, "files": written, "replay": replay}
+    out = {"rank": rank, "hash": state_hash, "components": components, "files": written, "replay": replay,
+           CPU_CAPABILITY_KEY: torch.backends.cpu.get_cpu_capability()}
     return out if share is None else {**out, SHARE: share}
 
 
@@ -212,7 +213,8 @@ def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dic
 
 
 def _rank_entry(report: dict) -> dict:
-    entry = {"rank": report["rank"], "hash": report["hash"], "components": report["components"], "wrote": sorted(report["files"])}
+    entry = {"rank": report["rank"], "hash": report["hash"], "components": report["components"], "wrote": sorted(report["files"]),
+             CPU_CAPABILITY_KEY: report[CPU_CAPABILITY_KEY]}
     return {**entry, DIVERGED: report[DIVERGED]} if DIVERGED in report else entry
 
 

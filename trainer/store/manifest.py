@@ -372,21 +372,36 @@ def _check_threads(manifest: dict, path: Path, threads: int | None, strict: bool
 
 
 def _check_cpu_capability(manifest: dict, path: Path, live: Sequence[str] | None, strict: bool, by_config: bool) -> None:
-    """Refuse (strict) or warn about ranks whose torch CPU kernels use another instruction set than the checkpoint's writer."""
-    saved = manifest.get(CPU_CAPABILITY_KEY)
-    ranks = [rank for rank, capability in enumerate(live or ()) if capability != saved]
-    if saved is None or not ranks:
+    """Refuse (strict) or warn about ranks whose torch CPU kernels use another instruction set than when they wrote `path`.
+
+    Rank by rank: an allocation of mixed CPU kinds that wrote the checkpoint resumes on the same mix."""
+    saved = [entry.get(CPU_CAPABILITY_KEY) for entry in manifest.get("ranks", [])]
+    if not live or len(live) != len(saved):
+        return  # not known here (the launcher's check), or resharded: not bitwise anyway
+    changed: dict[tuple[str, str], list[int]] = {}
+    for rank, (then, now) in enumerate(zip(saved, live)):
+        if then is not None and then != now:
+            changed.setdefault((then, now), []).append(rank)
+    if not changed:
         return
-    found = ", ".join(sorted({live[rank] for rank in ranks}))
+    sets = "; ".join(f"{_ranks_named(ranks)}: {then} when written, {now} now" for (then, now), ranks in changed.items())
+    pins = sorted({then for then, _ in changed})
+    pin = f"ATEN_CPU_CAPABILITY={pins[0].lower()}" if len(pins) == 1 else "ATEN_CPU_CAPABILITY set to the set each wrote with"
     message = (
-        f"Checkpoint {path} was written by ranks whose torch CPU kernels used {saved}, but rank {', '.join(map(str, ranks))} of "
-        f"this run use {found} (torch.backends.cpu.get_cpu_capability()): this node's CPU is of another kind. Kernels for another "
-        "instruction set round differently, so the run would continue on another trajectory. Run every rank with "
-        f"ATEN_CPU_CAPABILITY={saved.lower()} in its environment (export it before the job starts; a CPU runs any lower set), "
-        "or keep the job on nodes of the CPU kind that wrote it (sbatch --constraint)"
+        f"Checkpoint {path} was written by CPU kernels of another instruction set than this run's ranks use "
+        f"(torch.backends.cpu.get_cpu_capability(); {sets}): the job runs on CPUs of another kind. Kernels for another "
+        f"instruction set round differently, so the run would continue on another trajectory. Run the ranks with {pin} in "
+        "their environment (export it before the job starts; a CPU runs any lower set), or keep the job on nodes of the CPU "
+        "kind that wrote it (sbatch --constraint)"
     )
     mode = "determinism.mode" if by_config else "the determinism mode (seed_everything(mode=...))"
     if strict:
         fix = "set determinism.mode: fast" if by_config else "call seed_everything(seed, rank, mode=\"fast\")"
         raise UsageError(f"{message}, or {fix} to continue with a warning.")
     log.warning("%s. Continuing because %s is fast: the resumed run is not bitwise the uninterrupted one.", message, mode)
+
+
+def _ranks_named(ranks: list[int], most: int = 8) -> str:
+    """`rank 3`, `ranks 0, 1`, `ranks 0, 1, ... and 56 more`."""
+    shown = ", ".join(map(str, ranks[:most])) + (f" and {len(ranks) - most} more" if len(ranks) > most else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"

@@ -22,7 +22,7 @@ DIVERGED = "diverged"
 FILE_HASH_KEY = "xxh3_128"  # each file's XXH3-128, region by region
 # true: the checkpoint holds no state of its own at its step, only its replay base; a resume must replay to prove it
 BY_REPLAY = "state_by_replay"
-# torch.backends.cpu.get_cpu_capability() of the writer (AVX2, AVX512, ...): the instruction set its CPU kernels used
+# In a rank's entry: torch.backends.cpu.get_cpu_capability() as it wrote (AVX2, AVX512, ...), its CPU kernels' instruction set
 CPU_CAPABILITY_KEY = "cpu_capability"
 SHOWN_CHARS = 40
 
@@ -34,7 +34,6 @@ def check_manifest(manifest: dict) -> None:
     _expect(manifest, "torch_version", str)
     _expect(manifest, "global_hash", str)
     _optional(manifest, "threads", int)
-    _optional(manifest, CPU_CAPABILITY_KEY, str)
     _optional(manifest, "training", dict)
     ranks = _ranks("ranks", manifest.get("ranks"), world_size)
     files = _expect(manifest, "files", dict)
@@ -76,6 +75,8 @@ def _ranks(where: str, ranks: Any, world_size: int) -> list[dict]:
         if "rank" in entry and _expect(entry, "rank", int, where=at) != index:
             raise ValueError(f"{CHECKPOINT_MANIFEST}: {at} says rank {entry['rank']} (not written by legato)")
         _expect(entry, "hash", str, where=at)
+        if entry.get(CPU_CAPABILITY_KEY) is not None:
+            _expect(entry, CPU_CAPABILITY_KEY, str, where=at)
         components = _expect(entry, "components", dict, where=at)
         for name, value in components.items():
             if not isinstance(name, str) or not isinstance(value, str):
