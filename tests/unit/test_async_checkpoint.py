@@ -92,6 +92,7 @@ def test_async_and_sync_checkpoints_hold_the_same_state_in_process(tmp_path: Pat
         sync, background = runs[False][name], runs[True][name]
         assert background["global_hash"] == sync["global_hash"]
         assert background["ranks"] == sync["ranks"] and background.get("replay") == sync.get("replay")
+        assert [e["cpu_capability"] for e in background["ranks"]] == [torch.backends.cpu.get_cpu_capability()]
 
 
 def test_unset_async_is_off_for_a_model_on_the_cpu(tmp_path: Path) -> None:
