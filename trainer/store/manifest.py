@@ -364,11 +364,7 @@ def _check_threads(manifest: dict, path: Path, threads: int | None, strict: bool
         "split their sums by thread count, so the run would continue on another trajectory. Give the job the "
         f"allocation it had ({saved} CPUs per task: {allocation})"
     )
-    mode = "determinism.mode" if by_config else "the determinism mode (seed_everything(mode=...))"
-    if strict:
-        fix = "set determinism.mode: fast" if by_config else "call seed_everything(seed, rank, mode=\"fast\")"
-        raise UsageError(f"{message}, or {fix} to continue with a warning.")
-    log.warning("%s. Continuing because %s is fast: the resumed run is not bitwise the uninterrupted one.", message, mode)
+    _refuse_or_warn(message, strict, by_config)
 
 
 def _check_cpu_capability(manifest: dict, path: Path, live: Sequence[str] | None, strict: bool, by_config: bool) -> None:
@@ -394,14 +390,20 @@ def _check_cpu_capability(manifest: dict, path: Path, live: Sequence[str] | None
         "their environment (export it before the job starts; a CPU runs any lower set), or keep the job on nodes of the CPU "
         "kind that wrote it (sbatch --constraint)"
     )
+    _refuse_or_warn(message, strict, by_config)
+
+
+def _ranks_named(ranks: list[int], most: int = 8) -> str:
+    """`rank 3`, `ranks 0, 1`, `ranks 0, 1, 2, 3, 4, 5, 6, 7 and 56 more`."""
+    shown = ", ".join(map(str, ranks[:most])) + (f" and {len(ranks) - most} more" if len(ranks) > most else "")
+    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
+
+
+def _refuse_or_warn(message: str, strict: bool, by_config: bool) -> None:
+    """What a resume that would leave the trajectory does: a UsageError under strict determinism (its fix worded for a
+    config, or for a script's own Session), a warning under fast."""
     mode = "determinism.mode" if by_config else "the determinism mode (seed_everything(mode=...))"
     if strict:
         fix = "set determinism.mode: fast" if by_config else "call seed_everything(seed, rank, mode=\"fast\")"
         raise UsageError(f"{message}, or {fix} to continue with a warning.")
     log.warning("%s. Continuing because %s is fast: the resumed run is not bitwise the uninterrupted one.", message, mode)
-
-
-def _ranks_named(ranks: list[int], most: int = 8) -> str:
-    """`rank 3`, `ranks 0, 1`, `ranks 0, 1, ... and 56 more`."""
-    shown = ", ".join(map(str, ranks[:most])) + (f" and {len(ranks) - most} more" if len(ranks) > most else "")
-    return f"rank {shown}" if len(ranks) == 1 else f"ranks {shown}"
