@@ -30,7 +30,7 @@ def test_another_capability_on_any_rank_is_refused_in_strict_naming_the_ranks_th
         check(saved("AVX512", "AVX512", "AVX512"), ("AVX512", "AVX2", "AVX2"))
     text = str(info.value)
     assert "ranks 1, 2: AVX512 when written, AVX2 now" in text and "rank 0" not in text
-    assert "ATEN_CPU_CAPABILITY=avx512" in text and "--constraint" in text and "determinism.mode: fast" in text
+    assert "ATEN_CPU_CAPABILITY=avx512" in text and "slurm.extra_sbatch: {constraint:" in text and "determinism.mode: fast" in text
 
 
 def test_a_mixed_allocation_resumes_on_the_same_mix_and_is_refused_on_another() -> None:
@@ -51,4 +51,20 @@ def test_fast_mode_warns_and_an_older_manifest_or_an_unknown_run_passes(caplog: 
 def test_a_script_without_a_config_is_told_the_api_fix() -> None:
     with pytest.raises(UsageError) as info:
         check({**saved("AVX512"), "training": None}, ("AVX2",), training=None)
-    assert 'seed_everything(seed, rank, mode="fast")' in str(info.value) and "determinism.mode" not in str(info.value)
+    text = str(info.value)
+    assert 'seed_everything(seed, rank, mode="fast")' in text and "#SBATCH --constraint" in text
+    assert "determinism.mode" not in text and "slurm." not in text
+
+
+def test_the_pin_reaches_the_ranks_from_every_launcher_only_as_the_user_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from legato.config import load_config
+    from legato.orchestrator.redact import Redactor
+    from legato.runtime.launch_env import determinism_environ
+    from legato.slurm.submission import slurm_parameters
+
+    assert "ATEN_CPU_CAPABILITY" not in determinism_environ({})
+    assert determinism_environ({"ATEN_CPU_CAPABILITY": "avx2"})["ATEN_CPU_CAPABILITY"] == "avx2"
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    # Into the job script as well: a cluster whose sbatch exports no environment still hands the pin to the ranks.
+    assert "export ATEN_CPU_CAPABILITY=avx2" in slurm_parameters(load_config(None, ["executor=slurm"]), ())["setup"]
+    assert Redactor().environ({"ATEN_CPU_CAPABILITY": "avx2"}) == {"ATEN_CPU_CAPABILITY": "avx2"}, "captured by value"

@@ -383,12 +383,13 @@ def _check_cpu_capability(manifest: dict, path: Path, live: Sequence[str] | None
     sets = "; ".join(f"{_ranks_named(ranks)}: {then} when written, {now} now" for (then, now), ranks in changed.items())
     pins = sorted({then for then, _ in changed})
     pin = f"ATEN_CPU_CAPABILITY={pins[0].lower()}" if len(pins) == 1 else "ATEN_CPU_CAPABILITY set to the set each wrote with"
+    constraint = "slurm.extra_sbatch: {constraint: <feature>}" if by_config else "#SBATCH --constraint=<feature>"
     message = (
         f"Checkpoint {path} was written by CPU kernels of another instruction set than this run's ranks use "
         f"(torch.backends.cpu.get_cpu_capability(); {sets}): the job runs on CPUs of another kind. Kernels for another "
         f"instruction set round differently, so the run would continue on another trajectory. Run the ranks with {pin} in "
         "their environment (export it before the job starts; a CPU runs any lower set), or keep the job on nodes of the CPU "
-        "kind that wrote it (sbatch --constraint)"
+        f"kind that wrote it ({constraint}, with a feature of those nodes that `sinfo -o %f` lists)"
     )
     _refuse_or_warn(message, strict, by_config)
 
