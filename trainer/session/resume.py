@@ -218,8 +218,8 @@ class Resumer:
         if bases.held_by_replay(manifest):
             message += (f" The checkpoint holds its state at step {manifest['step']} only as its replay, so there is no saved state to "
                         "fall back to, and the run does not continue unproven (under checkpoint.verify: warn too). Undo what changed "
-                        "since the run that wrote it (code, data, settings, a non-deterministic step) and run the same command again: "
-                        "the checkpoint is unharmed.")
+                        "since the run that wrote it (code, data, settings, libraries, the GPU model, a non-deterministic step) and run "
+                        "the same command again: the checkpoint is unharmed.")
         elif self.verify == "warn":
             log.warning("%s Continuing because checkpoint.verify is 'warn' (CheckpointPolicy(verify=\"warn\")).", message)
             return
