@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from legato.state.trees import DESCEND, leaves, rebuilt
@@ -20,8 +20,11 @@ plain = st.recursive(
     | st.dictionaries(st.text(max_size=3), inner, max_size=4),
     max_leaves=30,
 )
+# No deadline or speed check: on a loaded CI machine a slow example is not a failure; fixed examples, no database.
+STEADY = settings(deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+@STEADY
 @given(plain)
 def test_a_walk_that_replaces_nothing_gives_back_an_equal_tree_of_the_same_container_types(tree) -> None:
     copy = rebuilt(tree, lambda node, path: DESCEND)
@@ -29,6 +32,7 @@ def test_a_walk_that_replaces_nothing_gives_back_an_equal_tree_of_the_same_conta
     assert _shape(copy) == _shape(tree)
 
 
+@STEADY
 @given(plain)
 def test_leaves_are_every_non_container_in_order(tree) -> None:
     assert list(leaves(tree)) == list(_leaves(tree))
@@ -44,18 +48,21 @@ def test_a_marker_shaped_like_a_container_is_replaced_whole_and_named_by_its_pat
             return f"tensor {node[1]}.{node[2]}"
         return DESCEND
 
-    out = rebuilt(tree, replace)
+    out = rebuilt(tree, replace, "")
     assert out == {"state": {0: {"exp_avg": "tensor 1.7", "step": 3}}, "groups": [{"lr": 0.1}, "tensor 0.2"]}
     assert seen == {"state.0.exp_avg": ("marker", 1, 7), "groups[1]": ("marker", 0, 2)}
     assert tree["state"][0]["exp_avg"] == ("marker", 1, 7), "the tree walked is left as it was"
 
 
-def test_any_mapping_comes_back_a_plain_dict_and_the_root_path_is_the_one_given() -> None:
+def test_any_mapping_comes_back_a_plain_dict_and_paths_start_from_the_root_given() -> None:
     out = rebuilt(OrderedDict(a=[1, (2, 3)]), lambda node, path: DESCEND)
     assert type(out) is dict and out == {"a": [1, (2, 3)]}
     paths = []
     rebuilt({"w": [5]}, lambda node, path: paths.append(path) or DESCEND, "model")
     assert paths == ["model", "model.w", "model.w[0]"]
+    unnamed = []
+    rebuilt({"w": [5]}, lambda node, path: unnamed.append(path) or DESCEND)
+    assert unnamed == [None, None, None], "without a root path none is built"
 
 
 @pytest.mark.parametrize("planted", ["list as tuple", "dropped leaf"])

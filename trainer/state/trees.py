@@ -15,19 +15,26 @@ DESCEND = object()
 """What a `rebuilt` replacer returns for a node it leaves to the walk: a container is walked into, a leaf kept."""
 
 
-def rebuilt(tree: Any, replace: Callable[[Any, str], Any], where: str = "") -> Any:
+def rebuilt(tree: Any, replace: Callable[[Any, str | None], Any], where: str | None = None) -> Any:
     """`tree` copied, with every node for which `replace(node, path)` returns something other than `DESCEND`
     replaced by that. `replace` sees each container before its contents, so a marker shaped like a dict or a tuple
-    can be replaced whole. `path` names the node (`model.layer.weight`, `state[0]`) from `where`."""
+    can be replaced whole. `path` names the node (`model.layer.weight`, `state[0]`) from `where`; without `where`
+    it is None and no path is built (the walks on the training path name nothing)."""
     out = replace(tree, where)
     if out is not DESCEND:
         return out
     if isinstance(tree, Mapping):
-        return {k: rebuilt(v, replace, f"{where}.{k}" if where else str(k)) for k, v in tree.items()}
+        return {k: rebuilt(v, replace, _key_path(where, k)) for k, v in tree.items()}
     if isinstance(tree, (list, tuple)):
-        items = [rebuilt(v, replace, f"{where}[{i}]") for i, v in enumerate(tree)]
+        items = [rebuilt(v, replace, None if where is None else f"{where}[{i}]") for i, v in enumerate(tree)]
         return items if isinstance(tree, list) else tuple(items)
     return tree
+
+
+def _key_path(where: str | None, key: Any) -> str | None:
+    if where is None:
+        return None
+    return f"{where}.{key}" if where else str(key)
 
 
 def leaves(tree: Any) -> Iterator[Any]:

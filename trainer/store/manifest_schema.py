@@ -75,8 +75,7 @@ def _ranks(where: str, ranks: Any, world_size: int) -> list[dict]:
         if "rank" in entry and _expect(entry, "rank", int, where=at) != index:
             raise ValueError(f"{CHECKPOINT_MANIFEST}: {at} says rank {entry['rank']} (not written by legato)")
         _expect(entry, "hash", str, where=at)
-        if entry.get(CPU_CAPABILITY_KEY) is not None:
-            _expect(entry, CPU_CAPABILITY_KEY, str, where=at)
+        _optional(entry, CPU_CAPABILITY_KEY, str, where=at)
         components = _expect(entry, "components", dict, where=at)
         for name, value in components.items():
             if not isinstance(name, str) or not isinstance(value, str):
@@ -114,9 +113,9 @@ def _expect(holder: dict, key: str, kind: type, *, minimum: int | None = None, w
     return value
 
 
-def _optional(holder: dict, key: str, kind: type) -> Any:
+def _optional(holder: dict, key: str, kind: type, where: str = "") -> Any:
     """`holder[key]` when present and not null, checked like `_expect`; else None."""
-    return None if holder.get(key) is None else _expect(holder, key, kind)
+    return None if holder.get(key) is None else _expect(holder, key, kind, where=where)
 
 
 def _wrong_type(name: str, value: Any, expected: str) -> str:
