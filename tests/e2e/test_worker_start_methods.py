@@ -125,6 +125,37 @@ def test_a_run_resumes_bitwise_under_every_start_method(tmp_path: Path) -> None:
         assert [seen(resumed, rank) for rank in range(2)] == [seen(reference, rank) for rank in range(2)], method
 
 
+@pytest.mark.slow
+def test_persistent_workers_resume_bitwise_mid_epoch_and_at_an_epoch_boundary(tmp_path: Path) -> None:
+    """helpers/loader_loops.py's epochs loop (3 epochs of 6 steps, augmentation from the global RNGs in the workers,
+    dropout) over a DataLoader with persistent_workers=True and 2 workers a rank: the Session draws the samples in the
+    plain loop's order (their augmentation differs: the plain loop has no per-sample seeding), and a run stopped after
+    step 8 (mid-epoch 1) and after step 12 (the end of epoch 1) resumes verified each time, and ends bit for bit where the
+    uninterrupted run ends: every batch's bytes, every loss, the parameters."""
+    loops = ROOT / "tests" / "helpers" / "loader_loops.py"
+
+    def launch(run_dir: Path, *extra: str, **env: str) -> list[subprocess.CompletedProcess]:
+        args = [sys.executable, str(loops), str(run_dir), "--loop", "epochs", "--workers", "2", "--persistent", *extra]
+        return run_ranks(args, timeout=300, **env)
+
+    def seen(run_dir: Path, rank: int) -> tuple:
+        return (run_dir / f"batches_rank{rank}.jsonl").read_text(), (run_dir / f"params_rank{rank}.txt").read_text()
+
+    def samples(run_dir: Path, rank: int) -> list:
+        return [json.loads(line)["samples"] for line in (run_dir / f"batches_rank{rank}.jsonl").read_text().splitlines()]
+
+    plain, reference, resumed = tmp_path / "plain", tmp_path / "reference", tmp_path / "resumed"
+    assert codes(done := launch(plain, "--plain")) == [0, 0], done[0].stderr[-3000:]
+    assert codes(done := launch(reference)) == [0, 0], done[0].stderr[-3000:]
+    assert [samples(reference, rank) for rank in range(2)] == [samples(plain, rank) for rank in range(2)]
+    attempts = [launch(resumed, LEGATO_CHAOS_SIGNAL_AT="7,11", LEGATO_CHAOS_SIGNAL_RANK="1") for _ in range(3)]
+    assert [codes(a) for a in attempts] == [[75, 75], [75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
+    for attempt, step in ((attempts[1], 8), (attempts[2], 12)):
+        assert f"resumed at step {step} " in attempt[0].stderr and "verified" in attempt[0].stderr, attempt[0].stderr[-3000:]
+    assert [seen(resumed, rank) for rank in range(2)] == [seen(reference, rank) for rank in range(2)]
+    assert [r["loss_hex"] for r in trajectory(resumed, 0)] == [r["loss_hex"] for r in trajectory(reference, 0)]
+
+
 def test_the_rank_harness_reads_a_rank_that_logs_more_than_a_pipe_holds() -> None:
     """The fork-started run that hung: ranks' stderr went to pipes read only after they exited, so a rank that logged more
     than 64 KiB blocked in write() holding its logging lock (its other threads then waited on that lock) until the

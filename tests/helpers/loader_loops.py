@@ -1,7 +1,7 @@
 """One rank of loops over users' loaders, recording every batch they see (launch one process per rank, gloo).
 
     python tests/helpers/loader_loops.py RUN_DIR --loop stateful-map|stateful-iterable|cycle|epochs
-        [--workers N] [--start-method fork|forkserver|spawn] [--plain]
+        [--workers N] [--start-method fork|forkserver|spawn] [--persistent] [--plain]
 
 - `stateful-map`: torchdata's StatefulDataLoader over a map-style dataset with
   torch's DistributedSampler; augmentation drawn from the global torch and
@@ -16,7 +16,8 @@
 - `epochs`: the epoch form with the loop's own `sampler.set_epoch(epoch)` and
   `enumerate(session.batches(), start=session.step_in_epoch)`.
 
-`--plain` runs the same loop without legato (`cycle` and `epochs` only). Each
+`--persistent` keeps the workers of torch's DataLoader from one epoch to the
+next (`persistent_workers=True`; `cycle` and `epochs` only). `--plain` runs the same loop without legato (`cycle` and `epochs` only). Each
 rank appends one line per batch to RUN_DIR/batches_rank<R>.jsonl (step, the
 loop's own index, the batch's sha256 and sample indices; nothing while a resume replays) and
 writes its final parameter digest to RUN_DIR/params_rank<R>.txt.
@@ -110,7 +111,8 @@ def build_loader(args: argparse.Namespace, rank: int, world: int):
         return StatefulDataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, seed=2), num_workers=args.workers,
                                   **context)
     dataset = Augmented(48)
-    return DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, seed=2), num_workers=args.workers, **context)
+    return DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, seed=2), num_workers=args.workers,
+                      persistent_workers=args.persistent, **context)
 
 
 def train_step(net: DDP, optimizer: torch.optim.Optimizer, batch, sync: bool, scale: float) -> torch.Tensor:
@@ -171,6 +173,7 @@ def main() -> int:
     parser.add_argument("--loop", choices=("stateful-map", "stateful-iterable", "cycle", "epochs"), required=True)
     parser.add_argument("--workers", type=int, default=0)
     parser.add_argument("--start-method", choices=("fork", "forkserver", "spawn"))
+    parser.add_argument("--persistent", action="store_true")
     parser.add_argument("--plain", action="store_true")
     args = parser.parse_args()
     args.run_dir.mkdir(parents=True, exist_ok=True)

@@ -53,7 +53,9 @@ REFUSED = {
     "sampler": (lambda: DataLoader(_dataset(), batch_size=2, sampler=Unordered(16)), "has no set_epoch(epoch)"),
     "batch_sampler": (lambda: DataLoader(_dataset(), batch_sampler=Pairs()), "its own batch_sampler (Pairs)"),
     "iterable": (lambda: DataLoader(Stateless(), batch_size=2), "has no state_dict()/load_state_dict()"),
-    "persistent": (lambda: DataLoader(_dataset(), batch_size=2, num_workers=1, persistent_workers=True), "persistent_workers=True"),
+    "persistent_iterable": (lambda: DataLoader(Stateless(), batch_size=2, num_workers=1, persistent_workers=True),
+                            "persistent_workers=True, and it reads an IterableDataset (Stateless)"),
+    "persistent_stateful": (lambda: _shuffled_loader(_dataset(), "stateful-persistent"), "and it is a StatefulDataLoader"),
     "not_a_loader": (lambda: [torch.zeros(2)], "is not a torch DataLoader"),
 }
 
@@ -135,7 +137,7 @@ def test_misuse_is_refused_in_one_paragraph(tmp_path: Path, monkeypatch: pytest.
             late.carry(torch.zeros(1))
 
 
-def _shuffled_run(run_dir: Path | None, stop_after: int | None = None, kind: str = "torch") -> list[str]:
+def _shuffled_run(run_dir: Path | None, stop_after: int | None = None, kind: str = "torch", replay_steps: int = 0) -> list[str]:
     """A loop over DataLoader(shuffle=True) (RandomSampler seeded from the global RNG as each epoch starts) and dropout;
     with `run_dir` None the plain loop, else the Session's. Returns every step's loss bits. `kind`: "torch", or torchdata's
     StatefulDataLoader with shuffle=True ("stateful": its own RandomSampler, seeded once from the global RNG) or with torch's
@@ -163,20 +165,23 @@ def _shuffled_run(run_dir: Path | None, stop_after: int | None = None, kind: str
         return losses
     chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
     session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=loader, total_epochs=3, chaos=chaos,
-                             checkpoint=legato.CheckpointPolicy(replay_steps=0))
+                             checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps))
     for batch in session:
         session.report(train(batch))
     return losses
 
 
 def _shuffled_loader(data: TensorDataset, kind: str) -> DataLoader:
+    """`kind`, and "-persistent" after it: one worker that lives from the first epoch to the last."""
+    kind, persistent = kind.removesuffix("-persistent"), kind.endswith("-persistent")
+    workers = {"num_workers": 1, "persistent_workers": True} if persistent else {}
     if kind == "torch":
-        return DataLoader(data, batch_size=4, shuffle=True)
+        return DataLoader(data, batch_size=4, shuffle=True, **workers)
     from torchdata.stateful_dataloader import StatefulDataLoader
 
     if kind == "stateful":
-        return StatefulDataLoader(data, batch_size=4, shuffle=True)
-    return StatefulDataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data))
+        return StatefulDataLoader(data, batch_size=4, shuffle=True, **workers)
+    return StatefulDataLoader(data, batch_size=4, sampler=torch.utils.data.RandomSampler(data), **workers)
 
 
 @pytest.mark.parametrize("kind", ["torch", "stateful", "stateful-torch-sampler"])
@@ -189,6 +194,43 @@ def test_a_random_sampler_seeded_from_the_global_rng_keeps_its_order_and_resumes
     first = _shuffled_run(tmp_path / "resumed", stop_after=14, kind=kind)  # epoch 1, batch 4 of 10
     rest = _shuffled_run(tmp_path / "resumed", kind=kind)
     assert first + rest == plain
+
+
+def test_persistent_workers_resume_mid_epoch_and_at_an_epoch_boundary(tmp_path: Path) -> None:
+    """The loader draws its worker's base seed from the global RNG once, as the first epoch opens, and only the sampler's
+    seed at later openings; the resumed process starts its worker from the first opening's states, loading nothing, then
+    replays its epoch's opening. Stops in epoch 0 at batch 4 of 10 (step 4: the opening that started the worker is
+    replayed as it was), in epoch 1 at batch 4 (step 14) and after its last batch (step 20); and at step 14 with a replay
+    from step 8, whose base lies in epoch 0."""
+    kind = "torch-persistent"
+    plain = _shuffled_run(None, kind=kind)
+    assert plain != _shuffled_run(None, kind="torch"), "persistence changes what the global RNG gives"
+    assert _shuffled_run(tmp_path / "same", kind=kind) == plain
+    for stop in (4, 14, 20):
+        first = _shuffled_run(tmp_path / f"stop{stop}", stop_after=stop, kind=kind)
+        rest = _shuffled_run(tmp_path / f"stop{stop}", kind=kind)
+        assert first + rest == plain, stop
+    _shuffled_run(tmp_path / "replayed", stop_after=14, kind=kind, replay_steps=8)
+    replayed_and_rest = _shuffled_run(tmp_path / "replayed", kind=kind, replay_steps=8)
+    assert replayed_and_rest == plain[8:], "steps 9..14 replayed from the base at step 8, then the rest"
+
+
+def test_a_resume_that_started_persistent_workers_at_its_own_opening_would_diverge(tmp_path: Path,
+                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted fault: without `_start_workers` the resumed loader draws a base seed where the plain loop drew none."""
+    from legato.state.loaders import TorchSource
+
+    plain = _shuffled_run(None, kind="torch-persistent")
+    first = _shuffled_run(tmp_path, stop_after=14, kind="torch-persistent")
+    monkeypatch.setattr(TorchSource, "_start_workers", lambda self, epoch: None)
+    assert first + _shuffled_run(tmp_path, kind="torch-persistent") != plain
+
+
+def test_a_resume_that_changes_persistent_workers_is_refused(tmp_path: Path) -> None:
+    _shuffled_run(tmp_path, stop_after=14, kind="torch")
+    with pytest.raises(legato.UsageError, match=r"persistent_workers=False, this one has persistent_workers=True") as caught:
+        _shuffled_run(tmp_path, kind="torch-persistent")
+    assert "\n" not in str(caught.value)
 
 
 def test_a_stateful_dataloaders_own_state_does_not_resume_torchs_random_sampler_which_is_why_legato_positions_it() -> None:
@@ -243,23 +285,44 @@ class _GlobalAugment(torch.utils.data.Dataset):
 
 def test_per_sample_seeding_makes_a_samples_randomness_independent_of_load_order() -> None:
     """What a worker does to its dataset copy, done here in-process (the global RNGs are put back afterwards)."""
+    import numpy as np
+
     from legato.state import rng
     from legato.state.worker_rng import _reseeding
 
     saved = rng.capture()
     try:
         ds = _GlobalAugment()
-        _reseeding(ds, seed=5, epoch=1)
+        _reseeding(ds, seed=5, epoch=np.array(1))
         forward = [ds[i] for i in range(6)]
         backward = [ds[i] for i in reversed(range(6))][::-1]
         assert forward == backward
         other_epoch = _GlobalAugment()
-        _reseeding(other_epoch, seed=5, epoch=2)
+        _reseeding(other_epoch, seed=5, epoch=np.array(2))
         assert [other_epoch[i] for i in range(6)] != forward
         plain = _GlobalAugment()
         assert [plain[i] for i in range(6)] != [plain[i] for i in range(6)], "the unseeded dataset is what the seeding fixes"
     finally:
         rng.restore(saved)
+
+
+def test_persistent_workers_seed_each_sample_from_the_epoch_they_are_loading() -> None:
+    """The epoch lives in memory shared with the workers: a persistent worker started in epoch 0 seeds epoch 1's samples
+    with epoch 1, as the fresh workers of a non-persistent loader do."""
+    from legato.state.worker_rng import SeedPerSample
+
+    def epochs(persistent: bool) -> list[list[float]]:
+        seeding = SeedPerSample(7, None)
+        loader = DataLoader(_GlobalAugment(), batch_size=3, num_workers=2, worker_init_fn=seeding, persistent_workers=persistent)
+        seen = []
+        for epoch in range(2):
+            seeding.epoch = epoch
+            seen.append([x for batch in loader for column in batch for x in column.tolist()])
+        return seen
+
+    persistent = epochs(True)
+    assert persistent == epochs(False)
+    assert persistent[0] != persistent[1]
 
 
 class _Counted(torch.utils.data.Sampler[int]):

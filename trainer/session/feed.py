@@ -61,16 +61,25 @@ class Feed:
         self._batches = self._open(resuming=True) if self.position.mid_epoch and self.source is not None else None
 
     def drop(self) -> None:
-        """Let this epoch's iterator go with its workers, as the plain loop does when the epoch ends.
+        """Let this epoch's iterator go with its workers, as the plain loop does when the epoch ends; persistent workers
+        stay with their loader until `close`.
 
         The workers are shut down here rather than whenever the iterator is collected: a reference cycle can keep it
         past the interpreter's exit handlers, and multiprocessing's handler then joins workers that ignore SIGTERM
         (legato's worker setup keeps stop signals for the rank) forever.
         """
         batches, self._batches = self._batches, None
+        if self.source is not None and self.source.keeps_workers:
+            return
         shutdown = getattr(batches, "_shutdown_workers", None)  # torch's and torchdata's multi-process iterators
         if shutdown is not None:
             shutdown()
+
+    def close(self) -> None:
+        """The Session ends: every worker goes, persistent ones included."""
+        self.drop()
+        if self.source is not None:
+            self.source.close()
 
     def _open(self, resuming: bool) -> Iterator[Any]:
         return self.source.open(self.position.epoch, self.position.step_in_epoch, resuming)

@@ -435,7 +435,7 @@ class Session:
         self._saving.close()
         self._agreement.close()
         self._flag.uninstall()
-        self._feed.drop()
+        self._feed.close()
         self._telemetry.close()
         if orderly:
             self._peers.close()

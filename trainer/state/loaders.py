@@ -33,13 +33,20 @@ exactly. A source opens an epoch's iterator at a position, and its
   `DataLoader` over an `IterableDataset` with state and no workers): its own
   state is saved; only it knows where each worker's stream stands.
 
-`persistent_workers=True` is refused (see `_refuse_persistent`). This module
-must never draw from an RNG except inside the `iter(loader)` call the plain
-loop makes too, and then only from the state that loop saw.
+Persistent workers (`persistent_workers=True`) are kept for torch's own
+`DataLoader` over a map-style dataset: the plain loop starts them once, drawing
+their base seed as the first epoch opens, and later epochs draw only the
+sampler's seed. A resumed process starts its workers from the RNG states of
+that first opening, loading nothing, before it replays its own epoch's opening
+(`TorchSource._start_workers`); other loaders with persistent workers are
+refused (`_refuse_persistent`). This module must never draw from an RNG except
+inside the `iter(loader)` calls the plain loop makes too, and then only from
+the states that loop saw.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Iterator
 from typing import Any
@@ -80,6 +87,7 @@ class Source:
     """Where batches come from; the Session keeps (epoch, step_in_epoch) and asks the source to open there."""
 
     steps_per_epoch: int | None = None  # None: an epoch ends when its iterator does
+    keeps_workers = False  # whether the loader keeps its workers from one epoch to the next (persistent_workers=True)
     generators: dict[str, torch.Generator]
 
     @property
@@ -95,6 +103,9 @@ class Source:
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """The Session ends: shut down workers the loader keeps between epochs (none unless `keeps_workers`)."""
 
 
 class LegatoSource(Source):
@@ -171,6 +182,7 @@ class _Positioned:
         self.skip = 0
         self._last: _Skipping | None = None
         self._started: _Skipping | None = None
+        self._hollow = False
 
     def at(self, skip: int) -> None:
         """The next epoch's iteration starts after `skip` indices."""
@@ -184,7 +196,18 @@ class _Positioned:
         else:
             self._last.start()
 
+    @contextlib.contextmanager
+    def hollow(self) -> Iterator[None]:
+        """Iterations started inside yield no index and draw nothing: an iterator that only starts its workers."""
+        self._hollow = True
+        try:
+            yield
+        finally:
+            self._hollow = False
+
     def __iter__(self) -> Iterator[int]:
+        if self._hollow:
+            return iter(())
         started, self._started = self._started, None
         self._last = started if started is not None else _Skipping(self)
         return self._last
@@ -222,6 +245,8 @@ class TorchSource(Source):
                              "rank). Lower the batch size.")
         self._opened: dict[str, torch.Tensor] = {}
         self._opened_epoch: Any = None  # the sampler's own epoch when this epoch's iterator opened
+        self.keeps_workers = loader.persistent_workers and loader.num_workers > 0
+        self._born: dict[str, Any] | None = None  # persistent workers: the epoch and RNG states of the opening that started them
         # The sampler's own seed where it has one (DistributedSampler), else this process's torch seed; saved either way.
         seed = getattr(self.user_sampler, "seed", None)
         self.seeding = _seed_workers(loader, seed if isinstance(seed, int) else torch.initial_seed()) if worker_rng else None
@@ -241,27 +266,68 @@ class TorchSource(Source):
         if not resuming:
             self._opened = self._rng_states()
             self._opened_epoch = getattr(self.user_sampler, "epoch", None)
-            return iter(self.loader)
-        # Replay the opening exactly as the interrupted run made it, the sampler's epoch included (the loop may set it
-        # after the batches, or never); the Session restores the RNGs afterwards.
-        if self._opened_epoch is not None and getattr(self.user_sampler, "epoch", None) != self._opened_epoch:
+        elif self._opened_epoch is not None and getattr(self.user_sampler, "epoch", None) != self._opened_epoch:
+            # Replay the opening exactly as the interrupted run made it, the sampler's epoch included (the loop may set it
+            # after the batches, or never); the Session restores the RNGs afterwards.
             _set_epoch(self.user_sampler, self._opened_epoch)
+        self._start_workers(epoch)
         self._set_rng_states(self._opened)
         batches = iter(self.loader)
-        self.positioned.prime()
+        if resuming:
+            self.positioned.prime()
         return batches
+
+    def _start_workers(self, epoch: int) -> None:
+        """Persistent workers that this process lacks: start them as the run first did, without loading a sample.
+
+        The plain loop's loader starts them at the first epoch's opening, drawing their base seed there before the
+        sampler's seed, and keeps them: later openings draw only the sampler's seed. A resumed process in a later epoch
+        starts them from that first opening's RNG states with no index to load; the epoch's own opening then follows as
+        a later epoch's does. (Where the loop iterated the loader before the Session, the workers ran already: resumed
+        ones get another base seed, which per-sample seeding keeps away from the samples.)
+        """
+        if not self.keeps_workers:
+            return
+        # torch's loader caches the iterator that owns the persistent workers in `_iterator`.
+        running = getattr(self.loader, "_iterator", None) is not None
+        if self._born is None:
+            self._born = {"epoch": None if running else epoch, "states": self._opened}
+            return
+        if running or self._born["epoch"] == epoch:
+            return  # they run, or this opening is the one that starts them, as in the plain loop
+        self._set_rng_states(self._born["states"])
+        with self.positioned.hollow():
+            iter(self.loader)
 
     def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
         seed = None if self.seeding is None else self.seeding.seed
         return {"epoch": epoch, "step_in_epoch": step_in_epoch, "opened": dict(self._opened), "worker_seed": seed,
-                "sampler_epoch": self._opened_epoch}
+                "sampler_epoch": self._opened_epoch, "persistent_workers": self.keeps_workers,
+                "workers_born": self._born}
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
+        saved = bool(state.get("persistent_workers", False))
+        if saved != self.keeps_workers:
+            raise UsageError(
+                f"The checkpoint's DataLoader had persistent_workers={saved}, this one has persistent_workers={self.keeps_workers}. "
+                "Persistent workers draw their base seed from the RNG once, other workers at every epoch, so the run would go on "
+                f"differently from the one that wrote the checkpoint. Set persistent_workers={saved} until this run ends."
+            )
         self._opened = dict(state["opened"])
         self._opened_epoch = state.get("sampler_epoch")
+        self._born = state.get("workers_born")
         if self.seeding is not None and state["worker_seed"] is not None:
             self.seeding.seed = state["worker_seed"]
         return state["epoch"], state["step_in_epoch"]
+
+    def close(self) -> None:
+        """Shut down the persistent workers and let the loader start new ones if iterated again. Done here, not left to
+        interpreter exit, where multiprocessing's handler would wait forever on workers that ignore SIGTERM."""
+        if not self.keeps_workers:
+            return
+        iterator, self.loader._iterator = self.loader._iterator, None
+        if iterator is not None:
+            iterator._shutdown_workers()
 
 
 class StatefulSource(Source):
@@ -334,24 +400,25 @@ def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
             "StatefulDataLoader has them), or pass no loader and draw batches in the loop, registering any batch "
             "you keep between steps with session.carry()."
         )
-    _refuse_persistent(loader)
     if isinstance(loader.sampler, ResumableDistributedSampler):
+        _refuse_persistent(loader, "has legato.resumable_loader()'s sampler")
         return LegatoSource(loader)
     if isinstance(loader.dataset, IterableDataset):
+        _refuse_persistent(loader, f"reads an IterableDataset ({type(loader.dataset).__name__})")
         return _iterable(loader, worker_rng)
     if _stateful(loader) and not isinstance(loader.batch_sampler, BatchSampler):
+        _refuse_persistent(loader, "has its own batch sampler")
         return StatefulSource(loader, loader, worker_rng)
     return _map_style(loader, worker_rng)
 
 
-def _refuse_persistent(loader: DataLoader) -> None:
+def _refuse_persistent(loader: DataLoader, what: str) -> None:
     if loader.persistent_workers and loader.num_workers > 0:
         raise UsageError(
-            "The DataLoader has persistent_workers=True. Its workers then live from one epoch into the next: they keep "
-            "the dataset copies, RNG streams and per-sample seeding epoch of the epoch that started them, and the loader "
-            "draws the workers' base seed only once, so a run resumed in a later epoch (with new workers) would draw and "
-            "load differently from the uninterrupted run. Set persistent_workers=False; the workers then restart at "
-            "every epoch, as the resumed run's do."
+            f"The DataLoader has persistent_workers=True, and it {what}. Persistent workers live from one epoch into the "
+            "next, and legato restarts them exactly only for torch's own DataLoader over a map-style dataset with sampler= "
+            "(or shuffle=) and batch_size=; with this loader a run resumed in a later epoch would load differently from "
+            "the uninterrupted run. Set persistent_workers=False, or use such a loader."
         )
 
 
@@ -390,6 +457,9 @@ def _map_style(loader: DataLoader, worker_rng: bool) -> Source:
             f"The DataLoader uses {what}, which legato cannot position in the middle of an epoch. Pass sampler= and "
             "batch_size= instead, or give the loader state_dict()/load_state_dict() (torchdata's StatefulDataLoader)."
         )
+    if _stateful(loader):
+        # torchdata's StatefulDataLoader starts a persistent iterator's sampler twice as it opens its first epoch.
+        _refuse_persistent(loader, f"is a {type(loader).__name__}")
     sampler = batches.sampler.sampler if isinstance(batches.sampler, _Positioned) else batches.sampler
     if not (callable(getattr(sampler, "set_epoch", None)) or _rng_ordered(sampler)):
         raise UsageError(

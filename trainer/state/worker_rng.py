@@ -7,8 +7,9 @@ with every sample the worker happened to load, so after a mid-epoch resume
 worker's copy of the dataset gets a `__getitem__` that first seeds all three
 from (seed, epoch, index): a sample's randomness then depends on nothing but
 which sample of which epoch it is. The user's own `worker_init_fn` still runs,
-after this setup. This must never touch the main process's RNGs: everything
-here runs inside the workers.
+after this setup. The epoch lives in memory shared with the workers, because
+persistent workers (`persistent_workers=True`) load many epochs. This must
+never touch the main process's RNGs: everything here runs inside the workers.
 """
 
 from __future__ import annotations
@@ -42,8 +43,18 @@ class SeedPerSample:
     def __init__(self, seed: int, user_fn: Callable[[int], None] | None) -> None:
         self.seed = seed
         self.rank_pid = os.getpid()  # built in the rank; workers get a copy, whatever their start method
-        self.epoch = 0  # set before each epoch's iterator starts its workers, which take a copy of this object
+        # Shared, not copied into the workers: persistent workers see the epoch change under them.
+        self._epoch = torch.zeros((), dtype=torch.int64).share_memory_()
         self.user_fn = user_fn
+
+    @property
+    def epoch(self) -> int:
+        """The epoch whose samples the workers load; set before each epoch's iterator asks them for a sample."""
+        return int(self._epoch)
+
+    @epoch.setter
+    def epoch(self, value: int) -> None:
+        self._epoch.fill_(value)
 
     def __call__(self, worker_id: int) -> None:
         from legato.runtime.lifeline import die_with_parent, die_with_process
@@ -58,7 +69,7 @@ class SeedPerSample:
         info = torch.utils.data.get_worker_info()
         # An IterableDataset's samples have no index: its randomness is its own (saved by its state_dict), not per sample.
         if info is not None and not isinstance(info.dataset, torch.utils.data.IterableDataset):
-            _reseeding(info.dataset, self.seed, self.epoch)
+            _reseeding(info.dataset, self.seed, self._epoch.numpy())
         if self.user_fn is not None:
             self.user_fn(worker_id)
 
@@ -73,13 +84,14 @@ def _expected_parent(rank_pid: int) -> int:
     return rank_pid
 
 
-def _reseeding(dataset: Any, seed: int, epoch: int) -> None:
-    """Swap this worker's dataset copy to a subclass that seeds before every sample it loads."""
+def _reseeding(dataset: Any, seed: int, epoch: np.ndarray) -> None:
+    """Swap this worker's dataset copy to a subclass that seeds before every sample it loads, from the epoch `epoch` holds
+    as it loads it (a view of the rank's shared cell)."""
     base = type(dataset)
     namespace: dict[str, Any] = {"__module__": base.__module__, "__qualname__": base.__qualname__}
 
     def __getitem__(self: Any, index: Any) -> Any:
-        seed_globals(seed, epoch, index)
+        seed_globals(seed, int(epoch), index)
         return base.__getitem__(self, index)
 
     namespace["__getitem__"] = __getitem__
@@ -87,7 +99,7 @@ def _reseeding(dataset: Any, seed: int, epoch: int) -> None:
 
         def __getitems__(self: Any, indices: list) -> Any:
             # A batched fetch: one seed for the whole call, from its first index.
-            seed_globals(seed, epoch, ("batch", indices[0] if indices else None))
+            seed_globals(seed, int(epoch), ("batch", indices[0] if indices else None))
             return base.__getitems__(self, indices)
 
         namespace["__getitems__"] = __getitems__
