@@ -94,6 +94,25 @@ def test_every_kind_planted_is_found_where_it_lives() -> None:
     assert found([model, optimizer, ema, manual, second, scheduler, scaler, trainer]) == {}
 
 
+def test_a_loader_with_persistent_workers_drawing_from_the_global_rng_is_named() -> None:
+    """Only a loader that draws its workers' seed from the global RNG once, at its first iteration; none starts a worker here."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    data = TensorDataset(torch.zeros(8, 3))
+    val_loader = DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True)
+    own_generator = DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True, generator=torch.Generator())
+    restarting = DataLoader(data, batch_size=4, num_workers=2)
+    stateful = StatefulDataLoader(data, batch_size=4)
+    train_loader = DataLoader(data, batch_size=4, num_workers=2, persistent_workers=True)
+    assert found([train_loader]) == {
+        "val_loader": ("DataLoader with persistent workers", "torch.utils.data.dataloader.DataLoader"),
+        "stateful": ("object with state_dict", "torchdata.stateful_dataloader.stateful_dataloader.StatefulDataLoader"),
+    }
+    [finding] = [f for f in find_unsaved([train_loader, stateful], frame=sys._getframe()) if f.kind != "object with state_dict"]
+    assert finding.size == "2 workers, no generator"
+    del val_loader, own_generator, restarting
+
+
 def test_a_finding_names_its_frame_and_size() -> None:
     model = net()
     ema = AveragedModel(model)
@@ -236,10 +255,62 @@ def test_strict_refuses_to_start(tmp_path: Path) -> None:
     model, optimizer = loop_parts()
     ema = AveragedModel(model)
     session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=2, census="strict")
-    with pytest.raises(UsageError, match=r"AveragedModel \(module.*refuses to train until each is registered or ignored"):
+    with pytest.raises(UsageError, match=r"AveragedModel \(module.*refuses to train until each is registered, changed or ignored"):
         run(session, model, optimizer)
     assert session.step == 0 and not list((tmp_path / "checkpoints").glob("step_*"))
     del ema
+
+
+def _validated_run(run_dir: Path, own_generator: bool, stop_after: int | None = None,
+                   events: list | None = None) -> list[str]:
+    """A loop with dropout that validates after each epoch over a loader with one persistent worker; the loss bits of
+    each step it trains (a resume replays from a base in the stopped epoch, after the validation that started the
+    worker)."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(40, 3, generator=torch.Generator().manual_seed(1)),
+                         torch.randn(40, 1, generator=torch.Generator().manual_seed(2)))
+    val_loader = DataLoader(data, batch_size=8, num_workers=1, persistent_workers=True,
+                            generator=torch.Generator() if own_generator else None)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
+    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=DataLoader(data, batch_size=4, shuffle=True),
+                             total_epochs=4, chaos=chaos, checkpoint=legato.CheckpointPolicy(replay_steps=4),
+                             on_event=(events if events is not None else []).append)
+    losses = []
+    for _ in session.epochs():
+        for x, y in session.batches():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item().hex())
+            session.report(loss)
+        if session.stopped:
+            break
+        with torch.no_grad():
+            for x, _ in val_loader:
+                model(x)
+    return losses
+
+
+def test_the_persistent_validation_loader_it_names_would_diverge_a_verified_resume_and_its_own_generator_does_not(
+        tmp_path: Path) -> None:
+    """Why the census names such a loader: stopped in epoch 2 (step 25) and resumed, verified by a replay from step 24,
+    the run validates at the end of epoch 2 over a loader it iterates for the first time, draws its worker's seed from
+    the global RNG once more than the uninterrupted run did, and epoch 3's dropout differs. With generator= it does not."""
+    for own_generator in (False, True):
+        name = "own" if own_generator else "global"
+        events: list[dict] = []
+        uninterrupted = _validated_run(tmp_path / f"{name}-reference", own_generator, events=events)
+        named = [o["kind"] for e in events if e["event"] == "unsaved_state" for o in e["objects"]]
+        assert named == ([] if own_generator else ["DataLoader with persistent workers"])
+        first = _validated_run(tmp_path / name, own_generator, stop_after=25)
+        events = []
+        rest = _validated_run(tmp_path / name, own_generator, events=events)
+        assert [(e["step"], e["match"], e["replay"]["identical"]) for e in events if e["event"] == "resumed"] == [(25, True, True)]
+        assert rest[:25 - 24] == uninterrupted[24:25], "the replay of step 25"
+        assert (first + rest[1:] == uninterrupted) is own_generator, name
 
 
 def test_an_unknown_census_mode_is_refused(tmp_path: Path) -> None:

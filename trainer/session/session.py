@@ -286,7 +286,7 @@ class Session:
         return batch
 
     def ignore(self, *objects: Any) -> None:
-        """Mark objects as needing no saving (a frozen teacher, a validation loader): the census of unsaved state skips them."""
+        """Mark objects as needing no saving (a frozen teacher, a validation StatefulDataLoader): the census of unsaved state skips them."""
         self._ignored.extend(objects)
 
     # -- internals -------------------------------------------------------

@@ -88,7 +88,7 @@ class Census:
         self.telemetry.emit(Kind.UNSAVED_STATE, step=step, when=when, objects=new, strict=strict)
         if strict:
             raise UsageError(text + " Strict mode (determinism.mode: strict, Session(census=\"strict\")) refuses to train until each "
-                             "is registered or ignored.")
+                             "is registered, changed or ignored.")
         if self.peers.rank == 0:
             at = "the start of this attempt" if when == "start" else f"the {when} checkpoint of step {step}"
             log.warning("%s (Found at %s.)", text, at)

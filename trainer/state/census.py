@@ -22,6 +22,12 @@ itself (torch's default generators, `random`'s global instance). A module is
 covered when every parameter and buffer it has is. Only the outermost of
 nested findings is named (an `AveragedModel`, not the copy inside it).
 
+The walk also names a DataLoader other than the Session's with persistent
+workers and no generator of its own (a validation loader): not unsaved state,
+but a hidden draw. It takes its workers' base seed from the global torch RNG
+at its first iteration only, so a resumed process draws once more than the
+uninterrupted run and the training's random numbers go on differently.
+
 This module must never call `state_dict()` on what it finds (some take a
 collective), never draw from an RNG, never touch the disk or the process group,
 and never keep a reference to what it found.
@@ -48,6 +54,7 @@ import torch
 
 MODULE, OPTIMIZER, SCHEDULER, SCALER = "module", "optimizer", "LR scheduler", "GradScaler"
 TORCH_GENERATOR, NUMPY_GENERATOR, PYTHON_RANDOM, STATEFUL = "torch.Generator", "numpy Generator", "random.Random", "object with state_dict"
+LOADER = "DataLoader with persistent workers"  # only one that draws its workers' seed from the global RNG
 SWEPT = (MODULE, OPTIMIZER, SCHEDULER, SCALER)  # the kinds the garbage-collector sweep looks for; RNGs only as user variables
 MAX_DEPTH = 3  # a root (a variable) is depth 0: trainer.ema.module is as deep as the walk goes
 MAX_NODES = 50_000  # bounds the walk's cost in a process holding big containers
@@ -131,15 +138,31 @@ def _inner(found: dict[int, tuple[Any, str, str]]) -> set[int]:
 
 
 def describe(findings: list[Finding]) -> str:
-    """One paragraph for people: what was found, and how to register it or mark it ignored."""
-    items = "; ".join(f"{f.type} ({f.kind}, {f.size}) found as {f.where}" for f in findings)
-    return (
-        f"legato does not save {len(findings)} stateful object(s) of this process: {items}. A resumed run restores "
-        "only registered state, so these would silently restart from whatever the script rebuilds while the resume "
-        "reports itself verified. Register each one that changes during training, e.g. Session(..., extras={'ema': ema}) "
-        "(any object with state_dict()/load_state_dict(), a torch/numpy Generator or a random.Random), or mark it as "
-        "needing no saving with Session(..., ignore=[obj]) or session.ignore(obj) before the loop."
-    )
+    """One paragraph for people: what was found, and how to register it, change it or mark it ignored."""
+    state = [f for f in findings if f.kind != LOADER]
+    loaders = [f for f in findings if f.kind == LOADER]
+    parts = []
+    if state:
+        parts.append(
+            f"legato does not save {len(state)} stateful object(s) of this process: {_items(state)}. A resumed run restores "
+            "only registered state, so these would silently restart from whatever the script rebuilds while the resume "
+            "reports itself verified. Register each one that changes during training, e.g. Session(..., extras={'ema': ema}) "
+            "(any object with state_dict()/load_state_dict(), a torch/numpy Generator or a random.Random)."
+        )
+    if loaders:
+        parts.append(
+            f"{len(loaders)} DataLoader(s) besides the Session's have persistent workers and no generator= of their own: "
+            f"{_items(loaders)}. Such a loader draws its workers' base seed from the global torch RNG at its first iteration "
+            "only; a resumed process iterates it for the first time again, one draw more than the uninterrupted run, so the "
+            "training's random numbers (dropout, augmentation) go on differently while the resume reports itself verified. "
+            "Give it generator=torch.Generator() or persistent_workers=False (a training loader: pass it as loader=)."
+        )
+    parts.append("Mark an object that needs none of this with Session(..., ignore=[obj]) or session.ignore(obj) before the loop.")
+    return " ".join(parts)
+
+
+def _items(findings: list[Finding]) -> str:
+    return "; ".join(f"{f.type} ({f.kind}, {f.size}) found as {f.where}" for f in findings)
 
 
 # -- what is an object --------------------------------------------------------
@@ -150,6 +173,10 @@ def kind_of(obj: Any) -> str | None:
     if isinstance(obj, (type, types.ModuleType, torch.Tensor)):
         return None
     kind = _hashable_kind(type(obj))
+    if kind == LOADER:
+        if obj.persistent_workers and obj.num_workers > 0 and obj.generator is None:
+            return LOADER
+        kind = None  # any other loader is no finding, unless it has a state_dict (torchdata's StatefulDataLoader)
     if kind == SCALER and not obj.is_enabled():
         return None
     if kind == MODULE and next(iter((*obj.parameters(), *obj.buffers())), None) is None:
@@ -170,6 +197,7 @@ def _kind_of_type(cls: type) -> str | None:
         (torch.Generator, TORCH_GENERATOR),
         (np.random.Generator, NUMPY_GENERATOR),
         (random.Random, PYTHON_RANDOM),
+        (torch.utils.data.DataLoader, LOADER),
     )
     return next((kind for base, kind in kinds if issubclass(cls, base)), None)
 
@@ -335,6 +363,8 @@ def _size(obj: Any, kind: str, covered: Covered) -> str:
         return f"{type(obj.bit_generator).__name__} state"
     if kind == PYTHON_RANDOM:
         return "Mersenne Twister state"
+    if kind == LOADER:
+        return f"{obj.num_workers} workers, no generator"
     return "state of unknown size"
 
 
