@@ -400,6 +400,12 @@ def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
             "StatefulDataLoader has them), or pass no loader and draw batches in the loop, registering any batch "
             "you keep between steps with session.carry()."
         )
+    if loader.num_workers > 0 and not getattr(loader, "in_order", True):
+        raise UsageError(
+            "The DataLoader has in_order=False: its workers hand over batches as they finish them, so which batch comes at "
+            "which step depends on timing, and no run, interrupted or not, can be repeated or its resume proved. Set "
+            "in_order=True (the default); the workers still load ahead."
+        )
     if isinstance(loader.sampler, ResumableDistributedSampler):
         _refuse_persistent(loader, "has legato.resumable_loader()'s sampler")
         return LegatoSource(loader)
