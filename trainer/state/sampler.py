@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from legato.errors import UsageError
 from legato.state.determinism import derive_seed
 
 
@@ -89,11 +90,21 @@ def worker_init(worker_id: int) -> None:
     np.random.seed(seed % 2**32)
 
 
+_SET_BY_RESUMABLE_LOADER = frozenset({"sampler", "batch_sampler", "drop_last", "worker_init_fn", "generator", "persistent_workers"})
+
+
 def resumable_loader(
     dataset: Any, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, shuffle: bool = True,
     **kwargs: Any
 ) -> DataLoader:
-    """A DataLoader whose position the Session can save and restore exactly."""
+    """A DataLoader whose position the Session can save and restore exactly; `kwargs` go to the DataLoader, except what it sets itself."""
+    fixed = sorted(kwargs.keys() & _SET_BY_RESUMABLE_LOADER)
+    if fixed:
+        raise UsageError(
+            f"legato.resumable_loader() sets {', '.join(fixed)} itself: its sampler, generator and worker setup make the "
+            "order and the workers' seeds a function of (seed, epoch). Leave them out, or build your own torch DataLoader "
+            "and pass it as Session(loader=...), which also resumes with persistent_workers=True."
+        )
     sampler = ResumableDistributedSampler(len(dataset), rank, world_size, seed, shuffle=shuffle)
     return DataLoader(
         dataset,
