@@ -236,6 +236,74 @@ def test_a_resume_that_changes_persistent_workers_is_refused(tmp_path: Path) -> 
     assert "\n" not in str(caught.value)
 
 
+class _Curriculum(torch.utils.data.Dataset):
+    """A dataset whose samples follow the epoch the loop sets on it (`set_epoch`), read by the workers' copies."""
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.x = torch.randn(40, 3, generator=torch.Generator().manual_seed(1))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i] * (1 + self.epoch), self.x[i].sum(0, keepdim=True)
+
+
+def _curriculum_run(run_dir: Path, stop_after: int | None = None, replay_steps: int = 0) -> list[str]:
+    """The loop sets the dataset's epoch first thing in each epoch, then trains on one worker's batches; its loss bits."""
+    torch.manual_seed(0)
+    dataset = _Curriculum()
+    loader = DataLoader(dataset, batch_size=4, shuffle=True, num_workers=1)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
+    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=loader, total_epochs=3, chaos=chaos,
+                             checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps))
+    losses = []
+    for epoch in session.epochs():
+        dataset.set_epoch(epoch)
+        for x, y in session.batches():
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item().hex())
+            session.report(loss)
+    return losses
+
+
+def test_a_resumed_epochs_workers_copy_the_dataset_after_the_loops_set_epoch(tmp_path: Path) -> None:
+    """Stopped in epoch 1 at batch 4 of 10 (step 14): the resumed loop sets the dataset's epoch again before its first
+    batch, and the epoch's iterator (whose worker copies the dataset) opens only then, as the interrupted one did after
+    the same call. Resumed without a replay, and with one from a base in the same epoch (step 12)."""
+    uninterrupted = _curriculum_run(tmp_path / "reference")
+    for replay_steps in (0, 3):
+        first = _curriculum_run(tmp_path / f"replay{replay_steps}", stop_after=14, replay_steps=replay_steps)
+        rest = _curriculum_run(tmp_path / f"replay{replay_steps}", replay_steps=replay_steps)
+        assert first + rest[-16:] == uninterrupted, replay_steps
+
+
+def test_an_iterator_opened_at_the_restore_would_hand_the_workers_a_stale_dataset(tmp_path: Path,
+                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The planted fault: reopening the epoch at the restore, before the loop's set_epoch, diverges while the resume
+    (without a replay: verified by its digests) says verified."""
+    from legato.session.feed import Feed
+
+    def at_the_restore(self: Feed) -> None:
+        self.drop()
+        if self.position.mid_epoch and self.source is not None:
+            self._batches = self._open(resuming=True)
+
+    uninterrupted = _curriculum_run(tmp_path / "reference")
+    first = _curriculum_run(tmp_path / "resumed", stop_after=14)
+    monkeypatch.setattr(Feed, "resumed", at_the_restore)
+    assert first + _curriculum_run(tmp_path / "resumed") != uninterrupted
+
+
 def test_a_stateful_dataloaders_own_state_does_not_resume_torchs_random_sampler_which_is_why_legato_positions_it() -> None:
     """The loader's own state holds how many batches were consumed, not the seed torch's RandomSampler drew from the global
     RNG as the epoch opened: restored with every RNG as the checkpoint saw it, it fast-forwards over another permutation.

@@ -1,8 +1,10 @@
 """The batches of a Session's loader, from where the run stands: one epoch's iterator at a time.
 
 Opens an epoch's iterator lazily (after the RNG restore, exactly where the
-uninterrupted run opened it), reopens it mid-epoch on a resume, and moves to
-the next epoch when one of unknown length runs out. With no loader the step
+uninterrupted run opened it), reopens it mid-epoch on a resume at the first
+batch the loop asks for (after the loop's own epoch prelude, a dataset's
+`set_epoch`, has run again, with the restored RNGs kept around the replayed
+opening), and moves to the next epoch when one of unknown length runs out. With no loader the step
 index stands in for the batch. This module must never write the position
 except through `Position`'s methods, and never touch the disk.
 """
@@ -14,6 +16,7 @@ from typing import Any
 
 from legato.errors import UsageError
 from legato.session.position import Position
+from legato.state import rng
 
 EPOCH_OVER = object()  # in epochs(): the epoch's iterator ran out (its length was unknown)
 
@@ -28,13 +31,15 @@ class Feed:
         self.epoch_length = epoch_length
         self.epoch_mode = False
         self._batches: Iterator[Any] | None = None
+        self._reopen = False  # a resume landed mid-epoch: the next iterator replays the interrupted epoch's opening
 
     def next(self) -> Any:
         """The next batch; EPOCH_OVER where an epoch of unknown length ended inside epochs()."""
         if self.source is None:
             return self.position.step
         if self._batches is None:
-            self._batches = self._open(resuming=False)
+            self._batches = self._open(resuming=self._reopen)
+            self._reopen = False
         try:
             return next(self._batches)
         except StopIteration:
@@ -56,9 +61,12 @@ class Feed:
     def resumed(self) -> None:
         """After a restore: mirror the uninterrupted run, which had this epoch's iterator open only mid-epoch.
 
-        At a boundary the loop opens it lazily, after the RNG restore, exactly as it did there.
+        Either way the iterator opens at the first batch the loop asks for: after the loop's epoch prelude ran again, as
+        the uninterrupted run's workers copied the dataset after it. Mid-epoch that opening is the interrupted one,
+        replayed with the restored RNGs kept; at a boundary it is the next epoch's own, exactly as it was there.
         """
-        self._batches = self._open(resuming=True) if self.position.mid_epoch and self.source is not None else None
+        self.drop()
+        self._reopen = self.position.mid_epoch and self.source is not None
 
     def drop(self) -> None:
         """Let this epoch's iterator go with its workers, as the plain loop does when the epoch ends; persistent workers
@@ -69,6 +77,7 @@ class Feed:
         (legato's worker setup keeps stop signals for the rank) forever.
         """
         batches, self._batches = self._batches, None
+        self._reopen = False
         if self.source is not None and self.source.keeps_workers:
             return
         shutdown = getattr(batches, "_shutdown_workers", None)  # torch's and torchdata's multi-process iterators
@@ -82,4 +91,11 @@ class Feed:
             self.source.close()
 
     def _open(self, resuming: bool) -> Iterator[Any]:
-        return self.source.open(self.position.epoch, self.position.step_in_epoch, resuming)
+        if not resuming:
+            return self.source.open(self.position.epoch, self.position.step_in_epoch, False)
+        # The replayed opening draws from the RNG states the interrupted one saw; the restored ones stay for the step.
+        restored = rng.capture(self.source.generators)
+        try:
+            return self.source.open(self.position.epoch, self.position.step_in_epoch, True)
+        finally:
+            rng.restore(restored, self.source.generators)

@@ -141,7 +141,7 @@ class Resumer:
         self.chaos.consume_rng(self.components)
 
     def load(self, path: Path, prefix: str = "") -> None:
-        """Restore every component from `path` (RNG last, after the feed reopened the epoch's iterator)."""
+        """Restore every component from `path` (RNG last; the feed reopens the epoch's iterator at the first batch)."""
         preloaded, self._preloaded = self._preloaded, None
         states = preloaded[1] if preloaded is not None and preloaded[0] == (path, prefix) else layout.load(
             self.components, path, self.peers.rank, prefix)
