@@ -56,6 +56,8 @@ REFUSED = {
     "persistent_iterable": (lambda: DataLoader(Stateless(), batch_size=2, num_workers=1, persistent_workers=True),
                             "persistent_workers=True, and it reads an IterableDataset (Stateless)"),
     "persistent_stateful": (lambda: _shuffled_loader(_dataset(), "stateful-persistent"), "and it is a StatefulDataLoader"),
+    "persistent_set_epoch": (lambda: DataLoader(_Curriculum(), batch_size=2, num_workers=1, persistent_workers=True),
+                             "reads a dataset with set_epoch() (_Curriculum), which never reaches persistent workers"),
     "resumable_persistent": (lambda: legato.resumable_loader(_dataset(), batch_size=2, seed=0, num_workers=1, persistent_workers=True),
                              "sets persistent_workers itself"),
     "out_of_order": (lambda: DataLoader(_dataset(), batch_size=2, num_workers=1, in_order=False), "in_order=False"),
