@@ -4,9 +4,10 @@ Opens an epoch's iterator lazily (after the RNG restore, exactly where the
 uninterrupted run opened it), reopens it mid-epoch on a resume at the first
 batch the loop asks for (after the loop's own epoch prelude, a dataset's
 `set_epoch`, has run again, with the restored RNGs kept around the replayed
-opening), and moves to the next epoch when one of unknown length runs out. With no loader the step
-index stands in for the batch. This module must never write the position
-except through `Position`'s methods, and never touch the disk.
+opening), and moves to the next epoch when one of unknown length runs out.
+With no loader the step index stands in for the batch. This module must
+never write the position except through `Position`'s methods, and never
+touch the disk.
 """
 
 from __future__ import annotations
