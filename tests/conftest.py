@@ -168,6 +168,15 @@ def manifest(run_dir: Path, step: int | None = None) -> dict:
     return json.loads((path / "manifest.json").read_text())
 
 
+def fit_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """One plain step of an MSE regression, as the small in-process loops of the unit tests train; its loss."""
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    return loss
+
+
 def trajectory(run_dir: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "trajectory" / f"rank{rank}.jsonl").read_text().splitlines()]
 

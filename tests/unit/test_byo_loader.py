@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import fit_step
 from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
 
 import legato
@@ -269,10 +270,7 @@ def _curriculum_run(run_dir: Path, stop_after: int | None = None, replay_steps: 
     for epoch in session.epochs():
         dataset.set_epoch(epoch)
         for x, y in session.batches():
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            loss = fit_step(model, optimizer, x, y)
             losses.append(loss.item().hex())
             session.report(loss)
     return losses

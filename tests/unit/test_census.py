@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import fit_step
 from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -280,10 +281,7 @@ def _validated_run(run_dir: Path, own_generator: bool, stop_after: int | None = 
     losses = []
     for _ in session.epochs():
         for x, y in session.batches():
-            loss = torch.nn.functional.mse_loss(model(x), y)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+            loss = fit_step(model, optimizer, x, y)
             losses.append(loss.item().hex())
             session.report(loss)
         if session.stopped:
