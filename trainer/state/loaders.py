@@ -268,7 +268,7 @@ class TorchSource(Source):
             self._opened_epoch = getattr(self.user_sampler, "epoch", None)
         elif self._opened_epoch is not None and getattr(self.user_sampler, "epoch", None) != self._opened_epoch:
             # Replay the opening exactly as the interrupted run made it, the sampler's epoch included (the loop may set it
-            # after the batches, or never); the Session restores the RNGs afterwards.
+            # after the batches, or never); the feed puts the restored RNGs back afterwards (Feed._open).
             _set_epoch(self.user_sampler, self._opened_epoch)
         self._start_workers(epoch)
         self._set_rng_states(self._opened)
