@@ -210,8 +210,8 @@ class Resumer:
         )
         if self.resumed.match:
             how = ("" if verdict is None else
-                   f" by a replay of {counted(verdict.steps, 'step')} from step {verdict.from_step} ({verdict.seconds:.2f}s)")
-            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (%.2fs)", self.peers.rank, step, path,
+                   f" by a replay of {counted(verdict.steps, 'step')} from step {verdict.from_step} in {verdict.seconds:.2f}s")
+            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (resume %.2fs)", self.peers.rank, step, path,
                                recomputed, how, seconds)
             return
         message = _problems(step, path, manifest, mismatches, verdict)
