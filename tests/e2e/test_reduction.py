@@ -6,7 +6,8 @@ resumed step) and that restoring the run's layout removes it; the end-to-end
 tests run 4 ranks through `legato verify` and 8 ranks through the trainer,
 across two interruptions, and plant the layout fault for the checker to name.
 A run under legato is bitwise the plain DDP loop (helpers/plain_vs_legato.py,
-several buckets) at 2, 3, 4 and 8 ranks, uninterrupted and resumed.
+several buckets) at 2, 3, 4 and 8 ranks, uninterrupted and resumed, eager and
+under torch.compile.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, run_ranks, run_trainer
+from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, run_ranks, run_trainer
 from test_verify import verify
 
 from legato.runtime.launch import free_port
@@ -124,6 +125,21 @@ def test_four_ranks_multi_bucket_resumed_twice_is_bitwise_the_plain_ddp_loop(tmp
     codes = [launch_loop(tmp_path / "resumed", 4, "--legato", "--replay-steps", replay, **STOPS)[0] for _ in range(3)]
     assert codes == [75, 75, 0]
     assert digests(tmp_path / "resumed") == digests(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("compiled", ["inner", "outer"])
+def test_a_compiled_ddp_model_resumed_twice_is_bitwise_the_plain_compiled_loop(tmp_path: Path, compiled: str) -> None:
+    """torch.compile inside DDP (nanoGPT's order) and around it (torch's recommended order), 4 ranks, with a replay.
+
+    Around it, legato looks through torch.compile's wrapper for DDP's layout: before it did, the resumed run parted
+    from the plain one at the first resumed step while every resume verified."""
+    assert launch_loop(tmp_path / "plain", 4, "--compile", compiled) == [0] * 4
+    codes = [launch_loop(tmp_path / "resumed", 4, "--compile", compiled, "--legato", "--replay-steps", "2", **STOPS)[0] for _ in range(3)]
+    assert codes == [75, 75, 0]
+    assert digests(tmp_path / "resumed") == digests(tmp_path / "plain")
+    buckets = torch.load(tmp_path / "resumed" / "checkpoints" / "step_8" / "train_state.pt", weights_only=True)["buckets"]["buckets"]
+    assert len(buckets) >= 3, buckets
+    assert manifest(tmp_path / "resumed", 8)["model_compiled"] is True
 
 
 def test_a_resume_that_leaves_ddp_its_own_layout_fails_naming_the_buckets(tmp_path: Path) -> None:

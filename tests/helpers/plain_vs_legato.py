@@ -1,6 +1,6 @@
 """One rank of the same DDP loop, plain or under a legato Session (launch one process per rank, gloo).
 
-    python tests/helpers/plain_vs_legato.py OUT_DIR [--legato [--replay-steps K] [--skip-buckets]]
+    python tests/helpers/plain_vs_legato.py OUT_DIR [--compile inner|outer] [--legato [--replay-steps K] [--skip-buckets]]
 
 A model with several gradient buckets (bucket_cap_mb small, so DDP's rebuilt
 layout has several buckets and a first layer used twice, so the gradient-ready
@@ -27,11 +27,11 @@ STEPS = 8
 
 
 class Net(torch.nn.Module):
-    def __init__(self) -> None:
+    def __init__(self, width: int) -> None:
         super().__init__()
-        self.embed = torch.nn.Linear(12, 48)
-        self.blocks = torch.nn.ModuleList(torch.nn.Linear(48, 48) for _ in range(4))
-        self.head = torch.nn.Linear(48, 1)
+        self.embed = torch.nn.Linear(12, width)
+        self.blocks = torch.nn.ModuleList(torch.nn.Linear(width, width) for _ in range(4))
+        self.head = torch.nn.Linear(width, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = torch.tanh(self.embed(x))
@@ -46,13 +46,19 @@ def main() -> int:
     parser.add_argument("--legato", action="store_true")
     parser.add_argument("--replay-steps", type=int, default=0)
     parser.add_argument("--skip-buckets", action="store_true", help="plant the fault: leave DDP's own layout on resume")
+    parser.add_argument("--compile", choices=["inner", "outer"], help="torch.compile the model inside DDP (nanoGPT) or the DDP model")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = Net()
-    net = DDP(model, bucket_cap_mb=0.01)  # about 10 KB a bucket: 5 to 6 buckets once rebuilt
+    # Eager: about 10 KB a bucket, 5 to 6 buckets once rebuilt. Compiled: dynamo's DDP graph splitting needs buckets of at
+    # least 1 MiB (DDP's first bucket), so the model is wider for the same count.
+    width, bucket_cap_mb = (512, 1.0) if args.compile else (48, 0.01)
+    model = Net(width)
+    net = DDP(torch.compile(model) if args.compile == "inner" else model, bucket_cap_mb=bucket_cap_mb)
+    if args.compile == "outer":
+        net = torch.compile(net)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     data = torch.randn(STEPS, 16, 12, generator=torch.Generator().manual_seed(100 + rank))
     args.out.mkdir(parents=True, exist_ok=True)

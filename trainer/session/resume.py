@@ -37,7 +37,7 @@ from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
 from legato.store import bases, layout, reshard
-from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable
+from legato.store.manifest import RunShape, Verifier, check_listed, compile_switch, newest_usable
 from legato.store.manifest_schema import DIVERGED
 
 log = logging.getLogger(__name__)
@@ -69,9 +69,10 @@ class Resumer:
     """One rank's side of selecting, restoring and verifying a checkpoint."""
 
     def __init__(self, root: Path, peers: Peers, components: list[Component], feed: Feed, chaos: Chaos, telemetry: Telemetry,
-                 verify: str, reshard: bool = False) -> None:
+                 verify: str, reshard: bool = False, compiled: bool = False) -> None:
         self.root, self.peers, self.components, self.feed = root, peers, components, feed
         self.chaos, self.telemetry, self.verify, self.reshard = chaos, telemetry, verify, reshard
+        self.compiled = compiled  # whether this attempt's model runs under torch.compile
         self.resumed: Resumed | None = None
         self._started = time.perf_counter()
         self._preloaded: tuple[tuple[Path, str], dict] | None = None  # (where, states) loaded by `select`, verified since
@@ -99,7 +100,8 @@ class Resumer:
         """Rank 0 picks with `check` (None: every rank hashing its share of each candidate's files) and hands the pick to the others."""
         run = self.root, self.peers.world_size, training, self.reshard
         capabilities = tuple(self.peers.gather(torch.backends.cpu.get_cpu_capability()))
-        picked = self.peers.from_leader(VerifiedTogether(self.peers).led(lambda verify: pick(*run, check or verify, capabilities)))
+        led = VerifiedTogether(self.peers).led(lambda verify: pick(*run, check or verify, capabilities, self.compiled))
+        picked = self.peers.from_leader(led)
         if isinstance(picked, str):
             raise UsageError(picked)
         return None if picked is None else (Path(picked[0]), picked[1])
@@ -214,7 +216,7 @@ class Resumer:
             self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (resume %.2fs)", self.peers.rank, step, path,
                                recomputed, how, seconds)
             return
-        message = _problems(step, path, manifest, mismatches, verdict)
+        message = _problems(step, path, manifest, mismatches, verdict, self.compiled)
         if bases.held_by_replay(manifest):
             message += (f" The checkpoint holds its state at step {manifest['step']} only as its replay, so there is no saved state to "
                         "fall back to, and the run does not continue unproven (under checkpoint.verify: warn too). Undo what changed "
@@ -227,9 +229,11 @@ class Resumer:
         raise ResumeMismatchError(message)
 
 
-def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None) -> str:
+def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None,
+              compiled: bool) -> str:
     problems = []
-    diverged = _diverged(manifest)
+    switched = compile_switch(manifest, path, compiled)
+    known = " ".join(cause for cause in (_diverged(manifest), switched and f"{switched}.") if cause)
     if mismatches:
         detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
         where = "" if verdict is None else f" (its replay base, step {verdict.from_step})"
@@ -241,9 +245,9 @@ def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[
     if verdict is not None and not verdict.identical:
         # A cause recorded at the save is known, not guessed: the replay's guess would name another one first.
         problems.append(f"Resume verification failed at step {manifest['step']} ({path}): the "
-                        f"{replay.describe(verdict, guess=not diverged)}.")
-    if problems and diverged:
-        problems.append(diverged)
+                        f"{replay.describe(verdict, guess=not known)}.")
+    if problems and known:
+        problems.append(known)
     return " ".join(problems)
 
 
@@ -270,14 +274,16 @@ def _diverged(manifest: dict) -> str:
 
 
 def pick(root: Path, world_size: int, training: dict | None, reshard: bool = False,
-         verify: Verifier | None = None, cpu_capabilities: tuple[str, ...] | None = None) -> tuple[str, dict] | str | None:
+         verify: Verifier | None = None, cpu_capabilities: tuple[str, ...] | None = None,
+         compiled: bool | None = None) -> tuple[str, dict] | str | None:
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank.
 
     `verify` verifies the files of each candidate (`verify_listed` by default); `cpu_capabilities`: every rank's torch
-    CPU capability, in rank order (this process's alone by default)."""
+    CPU capability, in rank order (this process's alone by default); `compiled`: whether this attempt's model runs under
+    torch.compile (None: unknown)."""
     capabilities = cpu_capabilities or (torch.backends.cpu.get_cpu_capability(),)
     run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), strict_determinism(training), reshard,
-                   capabilities)
+                   capabilities, compiled)
     try:
         found = newest_usable(root, run, strict=True, verify=verify)
     except UsageError as exc:

@@ -58,6 +58,7 @@ from legato.session.resume import Resumed, Resumer, replay_needed
 from legato.session.saving import Saver
 from legato.session.telemetry import Telemetry
 from legato.session.unsaved import Census
+from legato.session.wrappers import ddp_of, runs_compiled, unwrap
 from legato.state import components as table
 from legato.state import loaders, rng
 from legato.state.components import Component
@@ -66,6 +67,7 @@ from legato.state.sampler import resumable_loader
 from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
 from legato.store.bases import held_by_replay, location
 from legato.store.commit import Committed
+from legato.store.manifest_schema import COMPILED_KEY
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.stateful import Stateful
@@ -141,12 +143,14 @@ class Session:
         self._census_pending = True  # the census at the attempt's first checkpoint
         self._agreement = StopAgreement(self._peers.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
+        compiled = runs_compiled(model)
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
-                                checkpoint.verify, checkpoint.reshard)
+                                checkpoint.verify, checkpoint.reshard, compiled)
         self._replayer = Replayer(self._resumer, self._agreement, self._flag, checkpoint.verify)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
         self._saving = Saver(
-            self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry, {"training": training},
+            self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry,
+            {"training": training, COMPILED_KEY: compiled},
             self.chaos.kill, background
         )
         self._loss: float | None = None
@@ -349,7 +353,7 @@ class Session:
             resume_step = self._resumed_step = self.step
             self._saving.standing = found[1]["step"] if held_by_replay(found[1]) else 0
         # The resume restored the bucket layout with the other components; chaos "buckets" leaves DDP's own (fault injection).
-        layout = restoring(self.model, found is not None, self.chaos.skips("buckets"))
+        layout = restoring(ddp_of(self.model), found is not None, self.chaos.skips("buckets"))
         self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=layout.restored, reason=layout.reason)
         self._telemetry.open_trajectory(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
         self._saving.take_snapshot()
@@ -365,7 +369,7 @@ class Session:
         if self._position.advance(self._feed.epoch_mode):
             # The finished iterator goes now either way, as the plain loop's does, with its workers.
             self._feed.drop()
-        record = self._saving.record_step(self._loss, _unwrap(self.model))
+        record = self._saving.record_step(self._loss, unwrap(self.model))
         self.chaos.slow_step()
         if self._replayer.active:
             outcome = self._replayer.step(self.step, record, self._saving.held.held_at)
@@ -383,7 +387,7 @@ class Session:
 
     def _component_table(self) -> list[Component]:
         """Every piece of state, in restore order: replicated by DDP (rank 0 writes it), this rank's own, or its FSDP2 shards."""
-        module = _unwrap(self.model)
+        module = unwrap(self.model)
         rows = self._sharded_rows(module) if holds_dtensors(module) else [
             # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
             # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
@@ -403,7 +407,7 @@ class Session:
             Component("metrics", self._metrics),
             Component("grads", ShardedGradients(Gradients(module), module) if sharded else Gradients(module)),
             # After the gradients: a restored reducer takes them into its buckets as they are.
-            Component("buckets", BucketLayout(self.model), table.TRAIN_STATE_FILE),
+            Component("buckets", BucketLayout(ddp_of(self.model)), table.TRAIN_STATE_FILE),
             *(Component(f"extra.{name}", own(obj), restore_last=is_rng(obj)) for name, obj in self.extras.items()),
             Component("data", DataPosition(self._position, self.source)),
             *(Component(name, obj, restore_last=True) for name, obj in rng.components(self.generators).items()),
@@ -450,7 +454,3 @@ def _total_steps(total_steps: int | None, total_epochs: int | None, steps_per_ep
     if steps_per_epoch is None:
         raise UsageError("total_epochs= needs a loader whose length is known (len(loader)); with this loader pass total_steps= instead.")
     return total_epochs * steps_per_epoch
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    return model.module if isinstance(model, torch.nn.parallel.DistributedDataParallel) else model

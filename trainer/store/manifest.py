@@ -24,7 +24,7 @@ import xxhash
 
 from legato.errors import UsageError
 from legato.paths import CHECKPOINT_MANIFEST, STEP_PREFIX, TMP_STEP_PREFIX
-from legato.store.manifest_schema import CPU_CAPABILITY_KEY, FILE_HASH_KEY, check_manifest
+from legato.store.manifest_schema import COMPILED_KEY, CPU_CAPABILITY_KEY, FILE_HASH_KEY, check_manifest
 from legato.treediff import changed_leaves
 
 log = logging.getLogger(__name__)
@@ -232,6 +232,7 @@ class RunShape:
     strict: bool = True
     reshard: bool = False  # checkpoint.reshard: another world size continues resharded (FSDP2 only), not bitwise
     cpu_capabilities: tuple[str, ...] | None = None  # each rank's torch CPU capability, in rank order; None where unknown
+    compiled: bool | None = None  # whether the model runs under torch.compile; None where unknown (before the script runs)
 
 
 def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = False, verify: Verifier | None = None) -> Found | None:
@@ -255,7 +256,7 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
             continue
         if run is not None:
             check_compatible(found.manifest, path, run.world_size, run.training, run.torch_version, run.threads, run.strict, run.reshard,
-                             run.cpu_capabilities)
+                             run.cpu_capabilities, compiled=run.compiled)
         return found
     if strict and candidates:
         raise UsageError(
@@ -280,7 +281,7 @@ def installed_torch_version() -> str:
 
 def check_compatible(
     manifest: dict, path: Path, world_size: int, training: dict | None, torch_version: str, threads: int | None = None, strict: bool = True,
-    reshard: bool = False, cpu_capabilities: Sequence[str] | None = None,
+    reshard: bool = False, cpu_capabilities: Sequence[str] | None = None, compiled: bool | None = None,
 ) -> None:
     """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit (or, opted into by `reshard`, resharded).
 
@@ -297,6 +298,9 @@ def check_compatible(
         )
     _check_threads(manifest, path, threads, strict, by_config=training is not None)
     _check_cpu_capability(manifest, path, cpu_capabilities, strict, by_config=training is not None)
+    switched = compile_switch(manifest, path, compiled)
+    if switched:
+        _refuse_or_warn(switched, strict, by_config=training is not None)
     saved = manifest.get("training")
     if saved is None or saved == training:
         return
@@ -392,6 +396,20 @@ def _check_cpu_capability(manifest: dict, path: Path, live: Sequence[str] | None
         f"kind that wrote it ({constraint}, with a feature of those nodes that `sinfo -o %f` lists)"
     )
     _refuse_or_warn(message, strict, by_config)
+
+
+def compile_switch(manifest: dict, path: Path, compiled: bool | None) -> str:
+    """Why `path` cannot continue bitwise when its model ran under torch.compile and this run's does not, or the other way
+    round; "" when nothing switched or either side is unknown."""
+    saved = manifest.get(COMPILED_KEY)
+    if saved is None or compiled is None or saved == compiled:
+        return ""
+    then, now = ("under torch.compile", "eagerly") if saved else ("eagerly", "under torch.compile")
+    return (
+        f"Checkpoint {path} was written by a run whose model ran {then}, and this run's model runs {now}. Compiled and eager "
+        "kernels round differently (and draw dropout's random numbers differently), so the run would continue on another "
+        "trajectory. Run the model as the run that wrote it did: compile it in every attempt, or in none"
+    )
 
 
 def _ranks_named(ranks: list[int], most: int = 8) -> str:

@@ -24,6 +24,8 @@ FILE_HASH_KEY = "xxh3_128"  # each file's XXH3-128, region by region
 BY_REPLAY = "state_by_replay"
 # In a rank's entry: torch.backends.cpu.get_cpu_capability() as it wrote (AVX2, AVX512, ...), its CPU kernels' instruction set
 CPU_CAPABILITY_KEY = "cpu_capability"
+# true: the run's model ran under torch.compile (in part or whole) when it wrote; absent in checkpoints that predate it
+COMPILED_KEY = "model_compiled"
 SHOWN_CHARS = 40
 
 
@@ -35,6 +37,7 @@ def check_manifest(manifest: dict) -> None:
     _expect(manifest, "global_hash", str)
     _optional(manifest, "threads", int)
     _optional(manifest, "training", dict)
+    _optional(manifest, COMPILED_KEY, bool)
     ranks = _ranks("ranks", manifest.get("ranks"), world_size)
     files = _expect(manifest, "files", dict)
     for name, info in files.items():
