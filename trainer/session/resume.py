@@ -37,7 +37,7 @@ from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
 from legato.store import bases, layout, reshard
-from legato.store.manifest import RunShape, Verifier, check_listed, compile_switch, newest_usable
+from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable, trajectory_changes
 from legato.store.manifest_schema import DIVERGED
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,8 @@ class Resumer:
         self.root, self.peers, self.components, self.feed = root, peers, components, feed
         self.chaos, self.telemetry, self.verify, self.reshard = chaos, telemetry, verify, reshard
         self.compiled = compiled  # whether this attempt's model runs under torch.compile
+        self._capabilities: tuple[str, ...] | None = None  # every rank's torch CPU capability, gathered at the pick
+        self._by_config = False  # whether the run has a config (the bundled trainer), for the wording of a fix
         self.resumed: Resumed | None = None
         self._started = time.perf_counter()
         self._preloaded: tuple[tuple[Path, str], dict] | None = None  # (where, states) loaded by `select`, verified since
@@ -99,7 +101,8 @@ class Resumer:
     def _pick(self, training: dict | None, check: Verifier | None) -> tuple[Path, dict] | None:
         """Rank 0 picks with `check` (None: every rank hashing its share of each candidate's files) and hands the pick to the others."""
         run = self.root, self.peers.world_size, training, self.reshard
-        capabilities = tuple(self.peers.gather(torch.backends.cpu.get_cpu_capability()))
+        capabilities = self._capabilities = tuple(self.peers.gather(torch.backends.cpu.get_cpu_capability()))
+        self._by_config = training is not None
         led = VerifiedTogether(self.peers).led(lambda verify: pick(*run, check or verify, capabilities, self.compiled))
         picked = self.peers.from_leader(led)
         if isinstance(picked, str):
@@ -216,7 +219,8 @@ class Resumer:
             self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (resume %.2fs)", self.peers.rank, step, path,
                                recomputed, how, seconds)
             return
-        message = _problems(step, path, manifest, mismatches, verdict, self.compiled)
+        changes = trajectory_changes(manifest, path, torch.get_num_threads(), self._capabilities, self.compiled, self._by_config)
+        message = _problems(step, path, manifest, mismatches, verdict, changes)
         if bases.held_by_replay(manifest):
             message += (f" The checkpoint holds its state at step {manifest['step']} only as its replay, so there is no saved state to "
                         "fall back to, and the run does not continue unproven (under checkpoint.verify: warn too). Undo what changed "
@@ -230,10 +234,11 @@ class Resumer:
 
 
 def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None,
-              compiled: bool) -> str:
+              changes: list[str]) -> str:
+    """The paragraph of a failed resume: what differed, and its cause where known (recorded at the save, or a change of
+    this run's that takes it off the trajectory: `changes`, legato.store.manifest.trajectory_changes) instead of a guess."""
     problems = []
-    switched = compile_switch(manifest, path, compiled)
-    known = " ".join(cause for cause in (_diverged(manifest), switched and f"{switched}.") if cause)
+    known = " ".join([cause for cause in [_diverged(manifest)] if cause] + [f"{change}." for change in changes])
     if mismatches:
         detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
         where = "" if verdict is None else f" (its replay base, step {verdict.from_step})"

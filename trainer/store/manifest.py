@@ -296,11 +296,9 @@ def check_compatible(
             f"Checkpoint {path} was written with torch {manifest['torch_version']}, this is torch {torch_version}. "
             "RNG state layouts and kernels differ between versions; resume with the torch that wrote it, or start a new run directory."
         )
-    _check_threads(manifest, path, threads, strict, by_config=training is not None)
-    _check_cpu_capability(manifest, path, cpu_capabilities, strict, by_config=training is not None)
-    switched = compile_switch(manifest, path, compiled)
-    if switched:
-        _refuse_or_warn(switched, strict, by_config=training is not None)
+    by_config = training is not None
+    for change in trajectory_changes(manifest, path, threads, cpu_capabilities, compiled, by_config):
+        _refuse_or_warn(change, strict, by_config)
     saved = manifest.get("training")
     if saved is None or saved == training:
         return
@@ -356,51 +354,59 @@ def _check_global_batch(manifest: dict, path: Path, world_size: int, training: d
     )
 
 
-def _check_threads(manifest: dict, path: Path, threads: int | None, strict: bool, by_config: bool) -> None:
-    """Refuse (strict) or warn about another thread count; the fix is worded for a config, or for a script's own Session."""
+def trajectory_changes(manifest: dict, path: Path, threads: int | None, cpu_capabilities: Sequence[str] | None,
+                       compiled: bool | None, by_config: bool) -> list[str]:
+    """What this run changes that takes it off the trajectory of checkpoint `path`, one paragraph each with its fix (worded
+    for a config, or for a script's own Session): another torch thread count, CPU instruction set, or compiled/eager
+    model. None is said of what is unknown (None here, or absent from an older manifest)."""
+    changes = (_threads_change(manifest, path, threads, by_config), _capability_change(manifest, path, cpu_capabilities, by_config),
+               _compile_switch(manifest, path, compiled))
+    return [change for change in changes if change]
+
+
+def _threads_change(manifest: dict, path: Path, threads: int | None, by_config: bool) -> str:
+    """Another torch thread count than the checkpoint's; "" when the same or unknown."""
     saved = manifest.get("threads")
     if saved is None or threads is None or saved == threads:
-        return
+        return ""
     allocation = "slurm.cpus_per_task on SLURM, or as many CPUs per local rank" if by_config else (
         "#SBATCH --cpus-per-task, or torch.set_num_threads")
-    message = (
+    return (
         f"Checkpoint {path} was written with {saved} torch threads per rank, but this run has {threads}. CPU kernels "
         "split their sums by thread count, so the run would continue on another trajectory. Give the job the "
         f"allocation it had ({saved} CPUs per task: {allocation})"
     )
-    _refuse_or_warn(message, strict, by_config)
 
 
-def _check_cpu_capability(manifest: dict, path: Path, live: Sequence[str] | None, strict: bool, by_config: bool) -> None:
-    """Refuse (strict) or warn about ranks whose torch CPU kernels use another instruction set than when they wrote `path`.
+def _capability_change(manifest: dict, path: Path, live: Sequence[str] | None, by_config: bool) -> str:
+    """Ranks whose torch CPU kernels use another instruction set than when they wrote `path`; "" when none or unknown.
 
     Rank by rank: an allocation of mixed CPU kinds that wrote the checkpoint resumes on the same mix."""
     saved = [entry.get(CPU_CAPABILITY_KEY) for entry in manifest.get("ranks", [])]
     if not live or len(live) != len(saved):
-        return  # not known here (the launcher's check), or resharded: not bitwise anyway
+        return ""  # not known here (the launcher's check), or resharded: not bitwise anyway
     changed: dict[tuple[str, str], list[int]] = {}
     for rank, (then, now) in enumerate(zip(saved, live)):
         if then is not None and then != now:
             changed.setdefault((then, now), []).append(rank)
     if not changed:
-        return
+        return ""
     sets = "; ".join(f"{_ranks_named(ranks)}: {then} when written, {now} now" for (then, now), ranks in changed.items())
     pins = sorted({then for then, _ in changed})
     pin = f"ATEN_CPU_CAPABILITY={pins[0].lower()}" if len(pins) == 1 else "ATEN_CPU_CAPABILITY set to the set each wrote with"
     constraint = "slurm.extra_sbatch: {constraint: <feature>}" if by_config else "#SBATCH --constraint=<feature>"
-    message = (
+    return (
         f"Checkpoint {path} was written by CPU kernels of another instruction set than this run's ranks use "
         f"(torch.backends.cpu.get_cpu_capability(); {sets}): the job runs on CPUs of another kind. Kernels for another "
         f"instruction set round differently, so the run would continue on another trajectory. Run the ranks with {pin} in "
         "their environment (export it before the job starts; a CPU runs any lower set), or keep the job on nodes of the CPU "
         f"kind that wrote it ({constraint}, with a feature of those nodes that `sinfo -o %f` lists)"
     )
-    _refuse_or_warn(message, strict, by_config)
 
 
-def compile_switch(manifest: dict, path: Path, compiled: bool | None) -> str:
-    """Why `path` cannot continue bitwise when its model ran under torch.compile and this run's does not, or the other way
-    round; "" when nothing switched or either side is unknown."""
+def _compile_switch(manifest: dict, path: Path, compiled: bool | None) -> str:
+    """The model ran under torch.compile when it wrote `path` and runs eagerly now, or the other way round; "" when the
+    same or unknown."""
     saved = manifest.get(COMPILED_KEY)
     if saved is None or compiled is None or saved == compiled:
         return ""
