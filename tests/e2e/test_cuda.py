@@ -68,6 +68,9 @@ def test_strict_cuda_run_resumes_bitwise_across_two_signals(tmp_path: Path, case
     assert "trains on cuda:0" in log, "the ranks did not report training on the GPU"
     if case == "gpt-async-by-default":
         assert "asynchronous checkpoint step 5 committed" in log, "the periodic checkpoints were not written in the background"
+    kind = "{} (sm_{}{})".format(torch.cuda.get_device_name(0), *torch.cuda.get_device_capability(0))
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "verify").rglob("step_*/manifest.json")]
+    assert manifests and all(m["gpus"] == [kind] * m["world_size"] for m in manifests), "each rank's GPU is recorded"
 
 
 FAULTS = {

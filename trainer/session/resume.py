@@ -69,10 +69,11 @@ class Resumer:
     """One rank's side of selecting, restoring and verifying a checkpoint."""
 
     def __init__(self, root: Path, peers: Peers, components: list[Component], feed: Feed, chaos: Chaos, telemetry: Telemetry,
-                 verify: str, reshard: bool = False, compiled: bool = False) -> None:
+                 verify: str, reshard: bool = False, compiled: bool = False, gpus: tuple[str | None, ...] | None = None) -> None:
         self.root, self.peers, self.components, self.feed = root, peers, components, feed
         self.chaos, self.telemetry, self.verify, self.reshard = chaos, telemetry, verify, reshard
         self.compiled = compiled  # whether this attempt's model runs under torch.compile
+        self.gpus = gpus  # every rank's GPU (legato.state.device_kind), in rank order
         self._capabilities: tuple[str, ...] | None = None  # every rank's torch CPU capability, gathered at the pick
         self._by_config = False  # whether the run has a config (the bundled trainer), for the wording of a fix
         self.resumed: Resumed | None = None
@@ -103,7 +104,7 @@ class Resumer:
         run = self.root, self.peers.world_size, training, self.reshard
         capabilities = self._capabilities = tuple(self.peers.gather(torch.backends.cpu.get_cpu_capability()))
         self._by_config = training is not None
-        led = VerifiedTogether(self.peers).led(lambda verify: pick(*run, check or verify, capabilities, self.compiled))
+        led = VerifiedTogether(self.peers).led(lambda verify: pick(*run, check or verify, capabilities, self.compiled, self.gpus))
         picked = self.peers.from_leader(led)
         if isinstance(picked, str):
             raise UsageError(picked)
@@ -219,7 +220,8 @@ class Resumer:
             self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (resume %.2fs)", self.peers.rank, step, path,
                                recomputed, how, seconds)
             return
-        changes = trajectory_changes(manifest, path, torch.get_num_threads(), self._capabilities, self.compiled, self._by_config)
+        changes = trajectory_changes(manifest, path, torch.get_num_threads(), self._capabilities, self.compiled, self.gpus,
+                                     self._by_config)
         message = _problems(step, path, manifest, mismatches, verdict, changes)
         if bases.held_by_replay(manifest):
             message += (f" The checkpoint holds its state at step {manifest['step']} only as its replay, so there is no saved state to "
@@ -280,15 +282,15 @@ def _diverged(manifest: dict) -> str:
 
 def pick(root: Path, world_size: int, training: dict | None, reshard: bool = False,
          verify: Verifier | None = None, cpu_capabilities: tuple[str, ...] | None = None,
-         compiled: bool | None = None) -> tuple[str, dict] | str | None:
+         compiled: bool | None = None, gpus: tuple[str | None, ...] | None = None) -> tuple[str, dict] | str | None:
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank.
 
     `verify` verifies the files of each candidate (`verify_listed` by default); `cpu_capabilities`: every rank's torch
     CPU capability, in rank order (this process's alone by default); `compiled`: whether this attempt's model runs under
-    torch.compile (None: unknown)."""
+    torch.compile, `gpus`: every rank's GPU, in rank order (None: unknown)."""
     capabilities = cpu_capabilities or (torch.backends.cpu.get_cpu_capability(),)
     run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), strict_determinism(training), reshard,
-                   capabilities, compiled)
+                   capabilities, compiled, gpus)
     try:
         found = newest_usable(root, run, strict=True, verify=verify)
     except UsageError as exc:

@@ -62,12 +62,13 @@ from legato.session.wrappers import ddp_of, runs_compiled, unwrap
 from legato.state import components as table
 from legato.state import loaders, rng
 from legato.state.components import Component
+from legato.state.device_kind import gpu_kind
 from legato.state.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
 from legato.state.sampler import resumable_loader
 from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
 from legato.store.bases import held_by_replay, location
 from legato.store.commit import Committed
-from legato.store.manifest_schema import COMPILED_KEY
+from legato.store.manifest_schema import COMPILED_KEY, GPUS_KEY
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.stateful import Stateful
@@ -143,14 +144,15 @@ class Session:
         self._census_pending = True  # the census at the attempt's first checkpoint
         self._agreement = StopAgreement(self._peers.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
-        compiled = runs_compiled(model)
+        # What decides the kernels, besides threads and the CPU's instruction set: recorded, and compared on resume.
+        compiled, gpus = runs_compiled(model), tuple(self._peers.gather(gpu_kind(model)))
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
-                                checkpoint.verify, checkpoint.reshard, compiled)
+                                checkpoint.verify, checkpoint.reshard, compiled, gpus)
         self._replayer = Replayer(self._resumer, self._agreement, self._flag, checkpoint.verify)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
         self._saving = Saver(
             self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry,
-            {"training": training, COMPILED_KEY: compiled},
+            {"training": training, COMPILED_KEY: compiled, GPUS_KEY: list(gpus)},
             self.chaos.kill, background
         )
         self._loss: float | None = None

@@ -24,7 +24,7 @@ import xxhash
 
 from legato.errors import UsageError
 from legato.paths import CHECKPOINT_MANIFEST, STEP_PREFIX, TMP_STEP_PREFIX
-from legato.store.manifest_schema import COMPILED_KEY, CPU_CAPABILITY_KEY, FILE_HASH_KEY, check_manifest
+from legato.store.manifest_schema import COMPILED_KEY, CPU_CAPABILITY_KEY, FILE_HASH_KEY, GPUS_KEY, check_manifest
 from legato.treediff import changed_leaves
 
 log = logging.getLogger(__name__)
@@ -233,6 +233,7 @@ class RunShape:
     reshard: bool = False  # checkpoint.reshard: another world size continues resharded (FSDP2 only), not bitwise
     cpu_capabilities: tuple[str, ...] | None = None  # each rank's torch CPU capability, in rank order; None where unknown
     compiled: bool | None = None  # whether the model runs under torch.compile; None where unknown (before the script runs)
+    gpus: tuple[str | None, ...] | None = None  # each rank's GPU (legato.state.device_kind), in rank order; None where unknown
 
 
 def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = False, verify: Verifier | None = None) -> Found | None:
@@ -256,7 +257,7 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
             continue
         if run is not None:
             check_compatible(found.manifest, path, run.world_size, run.training, run.torch_version, run.threads, run.strict, run.reshard,
-                             run.cpu_capabilities, compiled=run.compiled)
+                             run.cpu_capabilities, compiled=run.compiled, gpus=run.gpus)
         return found
     if strict and candidates:
         raise UsageError(
@@ -282,6 +283,7 @@ def installed_torch_version() -> str:
 def check_compatible(
     manifest: dict, path: Path, world_size: int, training: dict | None, torch_version: str, threads: int | None = None, strict: bool = True,
     reshard: bool = False, cpu_capabilities: Sequence[str] | None = None, compiled: bool | None = None,
+    gpus: Sequence[str | None] | None = None,
 ) -> None:
     """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit (or, opted into by `reshard`, resharded).
 
@@ -297,7 +299,7 @@ def check_compatible(
             "RNG state layouts and kernels differ between versions; resume with the torch that wrote it, or start a new run directory."
         )
     by_config = training is not None
-    for change in trajectory_changes(manifest, path, threads, cpu_capabilities, compiled, by_config):
+    for change in trajectory_changes(manifest, path, threads, cpu_capabilities, compiled, gpus, by_config):
         _refuse_or_warn(change, strict, by_config)
     saved = manifest.get("training")
     if saved is None or saved == training:
@@ -355,12 +357,12 @@ def _check_global_batch(manifest: dict, path: Path, world_size: int, training: d
 
 
 def trajectory_changes(manifest: dict, path: Path, threads: int | None, cpu_capabilities: Sequence[str] | None,
-                       compiled: bool | None, by_config: bool) -> list[str]:
+                       compiled: bool | None, gpus: Sequence[str | None] | None, by_config: bool) -> list[str]:
     """What this run changes that takes it off the trajectory of checkpoint `path`, one paragraph each with its fix (worded
-    for a config, or for a script's own Session): another torch thread count, CPU instruction set, or compiled/eager
-    model. None is said of what is unknown (None here, or absent from an older manifest)."""
+    for a config, or for a script's own Session): another torch thread count, CPU instruction set, GPU model, or
+    compiled/eager model. None is said of what is unknown (None here, or absent from an older manifest)."""
     changes = (_threads_change(manifest, path, threads, by_config), _capability_change(manifest, path, cpu_capabilities, by_config),
-               _compile_switch(manifest, path, compiled))
+               _gpu_change(manifest, path, gpus, by_config), _compile_switch(manifest, path, compiled))
     return [change for change in changes if change]
 
 
@@ -401,6 +403,28 @@ def _capability_change(manifest: dict, path: Path, live: Sequence[str] | None, b
         f"instruction set round differently, so the run would continue on another trajectory. Run the ranks with {pin} in "
         "their environment (export it before the job starts; a CPU runs any lower set), or keep the job on nodes of the CPU "
         f"kind that wrote it ({constraint}, with a feature of those nodes that `sinfo -o %f` lists)"
+    )
+
+
+def _gpu_change(manifest: dict, path: Path, live: Sequence[str | None] | None, by_config: bool) -> str:
+    """Ranks that compute on another GPU model than when they wrote `path` (or on a GPU where they used the CPU, or the
+    other way round); "" when none or unknown."""
+    saved = manifest.get(GPUS_KEY)
+    if saved is None or not live or len(live) != len(saved):
+        return ""  # an older manifest, not known here (the launcher's check), or resharded: not bitwise anyway
+    changed: dict[tuple[str, str], list[int]] = {}
+    for rank, (then, now) in enumerate(zip(saved, live)):
+        if then != now:
+            changed.setdefault((then or "the CPU", now or "the CPU"), []).append(rank)
+    if not changed:
+        return ""
+    sets = "; ".join(f"{_ranks_named(ranks)}: {then} when written, {now} now" for (then, now), ranks in changed.items())
+    where = "slurm.extra_sbatch: {constraint: <feature>} or {gres: gpu:<type>:<count>}" if by_config else (
+        "#SBATCH --constraint=<feature> or --gres=gpu:<type>:<count>")
+    return (
+        f"Checkpoint {path} was written on other devices than this run's ranks compute on ({sets}). Kernels differ between "
+        "GPU models, and between a GPU and the CPU, so the run would continue on another trajectory. Keep the job on the "
+        f"devices that wrote it ({where}, with a feature or GPU type of those nodes that `sinfo -o \"%f %G\"` lists)"
     )
 
 

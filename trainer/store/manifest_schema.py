@@ -24,6 +24,8 @@ FILE_HASH_KEY = "xxh3_128"  # each file's XXH3-128, region by region
 BY_REPLAY = "state_by_replay"
 # In a rank's entry: torch.backends.cpu.get_cpu_capability() as it wrote (AVX2, AVX512, ...), its CPU kernels' instruction set
 CPU_CAPABILITY_KEY = "cpu_capability"
+# Each rank's GPU as it wrote, in rank order (legato.state.device_kind: "NVIDIA H100 80GB HBM3 (sm_90)"), null for a CPU rank
+GPUS_KEY = "gpus"
 # true: the run's model ran under torch.compile (in part or whole) when it wrote; absent in checkpoints that predate it
 COMPILED_KEY = "model_compiled"
 SHOWN_CHARS = 40
@@ -38,6 +40,9 @@ def check_manifest(manifest: dict) -> None:
     _optional(manifest, "threads", int)
     _optional(manifest, "training", dict)
     _optional(manifest, COMPILED_KEY, bool)
+    for index, gpu in enumerate(_optional(manifest, GPUS_KEY, list) or []):
+        if gpu is not None and not isinstance(gpu, str):
+            raise ValueError(_wrong_type(f"{GPUS_KEY}[{index}]", gpu, "str"))
     ranks = _ranks("ranks", manifest.get("ranks"), world_size)
     files = _expect(manifest, "files", dict)
     for name, info in files.items():
