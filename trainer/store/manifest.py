@@ -14,7 +14,7 @@ import json
 import logging
 import mmap
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -387,13 +387,11 @@ def _capability_change(manifest: dict, path: Path, live: Sequence[str] | None, b
     saved = [entry.get(CPU_CAPABILITY_KEY) for entry in manifest.get("ranks", [])]
     if not live or len(live) != len(saved):
         return ""  # not known here (the launcher's check), or resharded: not bitwise anyway
-    changed: dict[tuple[str, str], list[int]] = {}
-    for rank, (then, now) in enumerate(zip(saved, live)):
-        if then is not None and then != now:
-            changed.setdefault((then, now), []).append(rank)
+    # An entry of an older legato names no set: that rank is not known to have changed.
+    changed = _changed_ranks((then or now, now) for then, now in zip(saved, live))
     if not changed:
         return ""
-    sets = "; ".join(f"{_ranks_named(ranks)}: {then} when written, {now} now" for (then, now), ranks in changed.items())
+    sets = _changes_named(changed)
     pins = sorted({then for then, _ in changed})
     pin = f"ATEN_CPU_CAPABILITY={pins[0].lower()}" if len(pins) == 1 else "ATEN_CPU_CAPABILITY set to the set each wrote with"
     constraint = "slurm.extra_sbatch: {constraint: <feature>}" if by_config else "#SBATCH --constraint=<feature>"
@@ -412,13 +410,10 @@ def _gpu_change(manifest: dict, path: Path, live: Sequence[str | None] | None, b
     saved = manifest.get(GPUS_KEY)
     if saved is None or not live or len(live) != len(saved):
         return ""  # an older manifest, not known here (the launcher's check), or resharded: not bitwise anyway
-    changed: dict[tuple[str, str], list[int]] = {}
-    for rank, (then, now) in enumerate(zip(saved, live)):
-        if then != now:
-            changed.setdefault((then or "the CPU", now or "the CPU"), []).append(rank)
+    changed = _changed_ranks((then or "the CPU", now or "the CPU") for then, now in zip(saved, live))
     if not changed:
         return ""
-    sets = "; ".join(f"{_ranks_named(ranks)}: {then} when written, {now} now" for (then, now), ranks in changed.items())
+    sets = _changes_named(changed)
     where = "slurm.extra_sbatch: {constraint: <feature>} or {gres: gpu:<type>:<count>}" if by_config else (
         "#SBATCH --constraint=<feature> or --gres=gpu:<type>:<count>")
     return (
@@ -440,6 +435,20 @@ def _compile_switch(manifest: dict, path: Path, compiled: bool | None) -> str:
         "kernels round differently (and draw dropout's random numbers differently), so the run would continue on another "
         "trajectory. Run the model as the run that wrote it did: compile it in every attempt, or in none"
     )
+
+
+def _changed_ranks(pairs: Iterable[tuple[str, str]]) -> dict[tuple[str, str], list[int]]:
+    """The ranks whose (when written, now) pair differs, grouped by the pair; `pairs` in rank order."""
+    changed: dict[tuple[str, str], list[int]] = {}
+    for rank, (then, now) in enumerate(pairs):
+        if then != now:
+            changed.setdefault((then, now), []).append(rank)
+    return changed
+
+
+def _changes_named(changed: dict[tuple[str, str], list[int]]) -> str:
+    """`ranks 1, 2: AVX512 when written, AVX2 now; rank 3: ...`"""
+    return "; ".join(f"{_ranks_named(ranks)}: {then} when written, {now} now" for (then, now), ranks in changed.items())
 
 
 def _ranks_named(ranks: list[int], most: int = 8) -> str:
