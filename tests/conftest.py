@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -52,6 +53,9 @@ FAST_GPT = (
     "chaos.signal_at_steps=[]",
 )
 
+# torch.compile on the CPU builds its kernels with the C++ compiler inductor looks for ($CXX, else g++).
+NEEDS_CXX = pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
+                               reason="torch.compile on the CPU needs a C++ compiler ($CXX or g++)")
 
 LAYERS = ("unit", "e2e", "cluster")
 

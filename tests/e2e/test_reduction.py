@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, run_ranks, run_trainer
+from conftest import FAST_GPT, NEEDS_CXX, ROOT, TINY_GPT, assert_bitwise_equal, manifest, run_ranks, run_trainer
 from test_verify import verify
 
 from legato.runtime.launch import free_port
@@ -127,6 +127,7 @@ def test_four_ranks_multi_bucket_resumed_twice_is_bitwise_the_plain_ddp_loop(tmp
     assert digests(tmp_path / "resumed") == digests(tmp_path / "plain")
 
 
+@NEEDS_CXX
 @pytest.mark.parametrize("compiled", ["inner", "outer"])
 def test_a_compiled_ddp_model_resumed_twice_is_bitwise_the_plain_compiled_loop(tmp_path: Path, compiled: str) -> None:
     """torch.compile inside DDP (nanoGPT's order) and around it (torch's recommended order), 4 ranks, with a replay.

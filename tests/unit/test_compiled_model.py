@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import NEEDS_CXX
 
 import legato
 from legato.errors import EXIT_STOPPED
@@ -101,6 +102,7 @@ def test_an_eager_run_resumed_compiled_is_refused_in_strict_before_anything_is_r
     assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()} == before
 
 
+@NEEDS_CXX
 def test_in_fast_mode_the_replay_that_diverges_names_the_switch_not_a_guess(tmp_path: Path) -> None:
     assert run(tmp_path, compiled=False, stop_after=4, replay_steps=4).exit_code == EXIT_STOPPED
     with pytest.raises(legato.ResumeMismatchError) as info:
