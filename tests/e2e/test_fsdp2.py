@@ -9,7 +9,8 @@
   changed on disk (the checkpoint is skipped, naming the file, and the run ends bitwise where the uninterrupted
   one does) and an unrestored sharded optimizer (the restore check names it on every rank);
 - a torchtitan-style loop (examples/port/fsdp2_*.py) ported in at most 10 lines: an uninterrupted port is the
-  plain loop bit for bit, and a port stopped twice by SIGUSR2 sent from here to a rank's pid ends on the same bits.
+  plain loop bit for bit, and a port stopped twice by SIGUSR2 sent from here to a rank's pid ends on the same bits;
+  the same loop with its blocks compiled (torch.compile) stopped twice ends on the uninterrupted compiled run's bits.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import FAST_GPT, ROOT, codes, manifest, run_ranks, run_trainer, trajectory
+from conftest import FAST_GPT, NEEDS_CXX, ROOT, codes, manifest, run_ranks, run_trainer, trajectory
 from helpers.cli import legato, wait_for
 from helpers.launches import catches_usr2, reaped, start_ranks, stderr_tails
 from helpers.port import PORT, UNSEEDED, launch, plain_finished, result
@@ -151,3 +152,23 @@ def test_torchtitan_style_loop_ported_in_ten_lines_resumes_bitwise(tmp_path: Pat
         assert losses[0] == losses[1]
         for name in ("model", "optimizer"):
             assert shard_bits(resumed, name, rank, 24) == shard_bits(reference, name, rank, 24)
+
+
+@NEEDS_CXX
+def test_the_torchtitan_style_loop_with_compiled_blocks_resumes_bitwise(tmp_path: Path) -> None:
+    """Each transformer block compiled in place before fully_shard (torchtitan's compile option), stopped twice after
+    planted steps and relaunched: the same bits as the uninterrupted compiled run, the manifest saying it ran compiled."""
+    script = tmp_path / "fsdp2_compiled.py"
+    source = (PORT / "fsdp2_legato.py").read_text()
+    shard = "for layer in model.layers:\n    fully_shard("
+    assert source.count(shard) == 1
+    script.write_text(source.replace(shard, "for layer in model.layers:\n    layer.compile()\n    fully_shard("))
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    assert codes(launch(script, reference)) == [0, 0]
+    attempts = [launch(script, resumed, LEGATO_CHAOS_SIGNAL_AT=at, LEGATO_CHAOS_SIGNAL_RANK="1") for at in ("7", "15", "")]
+    assert [codes(a) for a in attempts] == [[75, 75], [75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
+    assert all("verified" in a[0].stderr for a in attempts[1:])
+    assert manifest(resumed)["model_compiled"] is True
+    for rank in range(2):
+        assert result(resumed, rank)["params"] == result(reference, rank)["params"]
+        assert [r["loss_hex"] for r in trajectory(resumed, rank)] == [r["loss_hex"] for r in trajectory(reference, rank)]
