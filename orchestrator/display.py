@@ -103,6 +103,7 @@ class LiveView:
                 + ("verified ✓" if e["match"] else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
                 + _resume_time(e)
             ),
+            Kind.CHECKPOINT_FAILED: lambda: f"{tag}{e['message']}",
             Kind.REPLAY_STOPPED: lambda: (
                 f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands"
             ),

@@ -162,6 +162,11 @@ class JobEvents:
         elif kind == Kind.RESUMED:
             fields = {k: event.get(k) for k in sorted(field_names(Kind.RESUMED) - JOB_TAG_FIELDS)}
             self.ledger.append(Kind.RESUMED, **self.ident.tag(), **fields)
+        elif kind == Kind.CHECKPOINT_FAILED:
+            fields = {k: event[k] for k in sorted(field_names(Kind.CHECKPOINT_FAILED) - JOB_TAG_FIELDS)}
+            self.ledger.append(Kind.CHECKPOINT_FAILED, **self.ident.tag(), **fields)
+            if event["reason"] == "final":
+                self.error = event["message"]
         elif kind == Kind.REPLAY_STOPPED:
             self.ledger.append(Kind.REPLAY_STOPPED, **self.ident.tag(), step=event["step"], checkpoint_step=event["checkpoint_step"])
         elif kind == Kind.BUCKET_LAYOUT:

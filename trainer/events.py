@@ -7,7 +7,7 @@ to JSON is its plain string: the file format is the strings themselves.
 Three kinds (`PROGRESS`, `STOP_AGREED`, `ERROR`) are reports from the trainer
 to its `on_event` callback, and one (`WAITING`) the supervisor's to its CLI,
 that never land in the ledger as such; the Session reports
-`CHECKPOINT_COMMITTED`, `RESUMED`, `REPLAY_STOPPED`, `BUCKET_LAYOUT` and `UNSAVED_STATE`
+`CHECKPOINT_COMMITTED`, `CHECKPOINT_FAILED`, `RESUMED`, `REPLAY_STOPPED`, `BUCKET_LAYOUT` and `UNSAVED_STATE`
 with the fields below plus `rank` (and `path` for a resume), and the job side
 writes them on with its job tag (a script's own Session writes them itself,
 `legato.recorder`, tagged with its attempt). Groupings readers need are defined here,
@@ -56,6 +56,8 @@ class Kind(str, enum.Enum):
     STOP_SIGNAL = "stop_signal"
     # The Session (rank 0 has the global hash), after a checkpoint was published; written on by rank 0's job side.
     CHECKPOINT_COMMITTED = "checkpoint_committed"
+    # The Session (rank 0), when a checkpoint could not be written (a full disk, a quota): the ones before it stand.
+    CHECKPOINT_FAILED = "checkpoint_failed"
     # The Session, after it restored a checkpoint and checked the restored state (and its replay).
     RESUMED = "resumed"
     # The Session, when the ranks stopped during a replay (the checkpoint being replayed still stands).
@@ -273,6 +275,17 @@ class CheckpointCommitted(_Attempt, _Diverged, _ReplaysFrom):
     reason: str
 
 
+class CheckpointFailed(_Attempt):
+    """The fields of a `CHECKPOINT_FAILED` record: the checkpoint that could not be written (its step and reason), each
+    failing rank's error, the newest checkpoint that stands (None: none), and the paragraph said to the user."""
+
+    step: int
+    reason: str
+    errors: dict[str, str]
+    standing: int | None
+    message: str
+
+
 def resharded_label(resharded: dict[str, int]) -> str:
     """How a resharded resume is shown everywhere (log, status, verify): not a bitwise continuation."""
     return f"resharded {resharded['from']} -> {resharded['to']} ranks: data position exact, not bitwise"
@@ -416,6 +429,7 @@ FIELDS: dict[Kind, type] = {
     Kind.REPRO_FAILED: ReproFailed,
     Kind.STOP_SIGNAL: StopSignal,
     Kind.CHECKPOINT_COMMITTED: CheckpointCommitted,
+    Kind.CHECKPOINT_FAILED: CheckpointFailed,
     Kind.RESUMED: Resumed,
     Kind.REPLAY_STOPPED: ReplayStopped,
     Kind.BUCKET_LAYOUT: BucketLayout,

@@ -24,7 +24,8 @@ from legato.files import write_atomic
 from legato.ledger_file import record
 from legato.paths import RunPaths
 
-RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.RESUMED, Kind.REPLAY_STOPPED, Kind.BUCKET_LAYOUT, Kind.UNSAVED_STATE)
+RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.CHECKPOINT_FAILED, Kind.RESUMED, Kind.REPLAY_STOPPED, Kind.BUCKET_LAYOUT,
+            Kind.UNSAVED_STATE)
 
 
 class ProgressFile:
@@ -70,6 +71,8 @@ class LedgerRecorder:
             self._write(Kind.ATTEMPT_STOPPED, step=event["step"])
         elif kind == Kind.REPLAY_STOPPED:
             self._write(Kind.ATTEMPT_STOPPED, step=event["checkpoint_step"])
+        elif kind == Kind.CHECKPOINT_FAILED and event["reason"] == "signal":
+            self._write(Kind.ATTEMPT_STOPPED, step=event["standing"] or 0)
 
     def _stop_agreed(self, event: dict) -> None:
         """The rank the signal reached records it (as the job side does); a stop during start-up ends the attempt at once."""

@@ -43,7 +43,8 @@ from legato.state.snapshot import Snapshot, batch_tensors
 from legato.store import bases, layout
 from legato.store import checkpoint as ckpt
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
-from legato.store.commit import Committed, KillPoint
+from legato.store.commit import Committed, KillPoint, NotWritten
+from legato.store.manifest import checkpoint_step, list_checkpoints
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ class Saver:
         self.policy, self.telemetry, self.meta, self.kill = policy, telemetry, meta, kill
         self.background = AsyncCheckpointer(root, peers.rank, peers.world_size, peers.group, policy.keep_last, kill) if background else None
         self.last_checkpoint: Committed | None = None
+        self.unsaved_end = False  # the final checkpoint could not be written: the run is not done
         self.last_save_time = time.monotonic()
         # Replay: the base snapshot, the records of the steps since it, and the batches that outlive their step.
         self.snapshot = Snapshot() if policy.replay_steps else None
@@ -247,14 +249,38 @@ class Saver:
         seen_all = (seen,) if not base_files else (seen, self.snapshot.seen)
         share = ckpt.RankShare(rank, files, components, rank_hash(components), replay=base, seen=seen_all)
         meta = {**self._meta(reason), bases.BY_REPLAY: True} if by_replay else self._meta(reason)
-        committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, meta,
-                                          self.policy.keep_last, self.kill)
+        try:
+            committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, meta,
+                                              self.policy.keep_last, self.kill)
+        except NotWritten as exc:
+            self._not_written(reason, exc)
+            return
         if by_replay:
             committed = dataclasses.replace(committed, replays_from=self.snapshot.step)
         self.last_save_time = time.monotonic()
         log.info("rank %d: %s checkpoint step %d committed in %.3fs, global hash %s", rank, reason, step, committed.seconds,
                  committed.global_hash)
         self._committed(committed, reason)
+
+    def _not_written(self, reason: str, exc: NotWritten) -> None:
+        """A checkpoint the ranks could not write: say it with what stands, record it, and go on (periodic), stop without it
+        (a stop: the next attempt resumes the one that stands) or end the run unsaved (final: `unsaved_end`)."""
+        standing = next((checkpoint_step(p) for p in list_checkpoints(self.root)), None)
+        since = "the start" if standing is None else f"step {standing}"
+        then = {
+            "periodic": "Training goes on, and the next checkpoint tries again: free space (or raise the quota) before the run "
+                        f"stops, or the steps since {since} are trained again after it",
+            "signal": f"The ranks stop without it: the next attempt resumes from {since} and trains the steps since again. Free "
+                      "space (or raise the quota) before it starts",
+            "final": "Training reached its last step, but the run is not done without this checkpoint: free space (or raise the "
+                     f"quota) and run the same command again; it resumes from {since} and trains the rest again",
+        }[reason]
+        stands = "no checkpoint stands yet" if standing is None else f"the checkpoint at step {standing} stands"
+        message = f"{reason} {exc}; {stands}. {then}."
+        self.unsaved_end = self.unsaved_end or reason == "final"
+        self.telemetry.say("rank %d: %s", self.peers.rank, message)
+        self.telemetry.emit(Kind.CHECKPOINT_FAILED, step=exc.step, reason=reason, errors={str(r): e for r, e in exc.errors.items()},
+                            standing=standing, message=message)
 
     def _held_by_replay(self, reason: str) -> bool:
         """Whether the checkpoint due now writes its base only: a stop under verify "error" that has a base, whose resume
@@ -290,8 +316,11 @@ class Saver:
         self.background.start(Job(self.position.step, staged, files, base, self._meta("periodic"), holds, staged.copy_s))
         self.last_save_time = time.monotonic()
 
-    def _committed(self, committed: Committed | None, reason: str) -> None:
-        """Report a published checkpoint (rank 0 alone knows an asynchronous one's global hash)."""
+    def _committed(self, committed: Committed | NotWritten | None, reason: str) -> None:
+        """Report a published checkpoint (rank 0 alone knows an asynchronous one's global hash), or one abandoned."""
+        if isinstance(committed, NotWritten):
+            self._not_written(reason, committed)
+            return
         if committed is None:
             return
         self.on_disk = self._on_disk_after.pop(committed.step, {})

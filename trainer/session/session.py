@@ -43,7 +43,7 @@ import torch
 from legato.dist.peers import Peers
 from legato.dist.reduction import BucketLayout, restoring
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
-from legato.errors import EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
+from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
@@ -168,7 +168,10 @@ class Session:
 
     @property
     def exit_code(self) -> int:
-        """EXIT_STOPPED after an agreed stop (the job requeues), else EXIT_OK."""
+        """EXIT_STOPPED after an agreed stop (the job requeues), EXIT_FAILED when the final checkpoint could not be written
+        (the run is not done: running the command again resumes the checkpoint that stands), else EXIT_OK."""
+        if self._saving.unsaved_end:
+            return EXIT_FAILED
         return EXIT_STOPPED if self.stopped else EXIT_OK
 
     @property

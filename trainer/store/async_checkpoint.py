@@ -48,7 +48,7 @@ from legato.dist.stop import Decision
 from legato.files import fsync_dir, write_fsynced
 from legato.state.snapshot import Snapshot
 from legato.store import commit
-from legato.store.commit import Committed, KillPoint
+from legato.store.commit import Committed, KillPoint, NotWritten
 
 log = logging.getLogger(__name__)
 
@@ -121,19 +121,19 @@ class AsyncCheckpointer:
         if self.in_flight is not None and any(buffer is held for held in self.in_flight.job.holds):
             self._wait_local()
 
-    def settle(self, decision: Decision) -> Committed | None:
-        """At an agreed boundary: commit the checkpoint in flight once every rank's files are durable."""
+    def settle(self, decision: Decision) -> Committed | NotWritten | None:
+        """At an agreed boundary: commit the checkpoint in flight once every rank's files are durable (NotWritten: abandoned,
+        a rank failed to write; None: nothing to commit yet)."""
         if self.in_flight is None or decision.checked_at is None or decision.checked_at <= self.in_flight.job.step:
             return None  # that agreement was started before this checkpoint
         if decision.failed:
-            self._abandon("a rank failed to write its files")
-            return None
+            return self._abandon("a rank failed to write its files")
         if decision.writing:
             return None
         return self._commit()
 
-    def finish(self) -> Committed | None:
-        """Collective, at an agreed step: wait for the checkpoint in flight and commit it (or abandon it)."""
+    def finish(self) -> Committed | NotWritten | None:
+        """Collective, at an agreed step: wait for the checkpoint in flight and commit it (or abandon it: NotWritten)."""
         if self.in_flight is None:
             return None
         failed = not self._wait_local()
@@ -142,11 +142,10 @@ class AsyncCheckpointer:
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self.group)
             failed = bool(flag[0])
         if failed:
-            self._abandon("a rank failed to write its files")
-            return None
+            return self._abandon("a rank failed to write its files")
         return self._commit()
 
-    def wait_for_previous(self, step: int) -> Committed | None:
+    def wait_for_previous(self, step: int) -> Committed | NotWritten | None:
         """Collective: a checkpoint is due while one is in flight; wait for that one (the disk sets the pace)."""
         assert self.in_flight is not None
         log.warning(
@@ -200,13 +199,14 @@ class AsyncCheckpointer:
                  flight.job.blocking_s)
         return commit.committed(self.root, step, reports, ghash, seconds)
 
-    def _abandon(self, why: str) -> None:
+    def _abandon(self, why: str) -> NotWritten:
         flight, self.in_flight = self.in_flight, None
         assert flight is not None
         log.error("rank %d: checkpoint step %d abandoned (%s); the previous checkpoint stands", self.rank, flight.job.step, why)
-        flight.future.exception()  # never remove a directory the worker still writes into
+        error = flight.future.exception()  # never remove a directory the worker still writes into
         if self.rank == 0:
             shutil.rmtree(flight.tmp, ignore_errors=True)
+        return NotWritten(flight.job.step, {} if error is None else {self.rank: str(commit.write_error(error) or error)}, self.root)
 
 
 def _lower_priority() -> None:

@@ -13,6 +13,11 @@ the global hash and an XXH3-128 per file). The phases, in order:
   prune    the leader removes older temporaries and checkpoints past keep_last
            (not one a kept checkpoint refers to as its replay base)
 
+A rank that cannot write (a full disk, a quota, a read-only or vanished
+directory) still reports, with its error: the ranks agree that the checkpoint
+failed, the leader removes its temporary directory, and every rank raises
+`NotWritten`; the checkpoints before it stand.
+
 The synchronous driver (legato.store.checkpoint) runs them in one collective
 call; the asynchronous one (legato.store.async_checkpoint) writes in a worker
 thread and agrees through report files and the stop agreement. Kill-points
@@ -79,6 +84,18 @@ class Committed:
     replays_from: int | None = None
 
 
+class NotWritten(Exception):
+    """A checkpoint that some rank could not write, raised on every rank once they agreed on it, after its partial files
+    were removed (by the leader); the checkpoints before it stand. `errors`: each failing rank's OSError, as text."""
+
+    def __init__(self, step: int, errors: dict[int, str], root: Path) -> None:
+        self.step, self.errors = step, errors
+        # An asynchronous checkpoint's ranks agree only that one failed: each knows its own error alone.
+        detail = "; ".join(f"rank {rank}: {error}" for rank, error in sorted(errors.items())) or "another rank's files failed"
+        super().__init__(f"checkpoint step {step} could not be written ({detail}); its partial files are removed, and "
+                         f"{_free(root)} on the checkpoints' filesystem")
+
+
 @dataclass(frozen=True)
 class KillPoint:
     """Fault injection: die with SIGKILL at this point of this step's checkpoint."""
@@ -92,6 +109,11 @@ def step_dir(root: Path, step: int) -> Path:
     return root / f"{STEP_PREFIX}{step}"
 
 
+def tmp_dir(root: Path, step: int) -> Path:
+    """Where checkpoint `step` is written before it is published."""
+    return root / f"{TMP_STEP_PREFIX}{step}"
+
+
 def stage(root: Path, step: int, rank: int, fresh: bool) -> Path:
     """Phase stage: check the paths and create the temporary directory of checkpoint `step`.
 
@@ -100,7 +122,7 @@ def stage(root: Path, step: int, rank: int, fresh: bool) -> Path:
     Otherwise every rank creates it if missing, as the ranks start writing without waiting for each other: what a killed
     earlier attempt left there is replaced file by file (`write_files`) or removed before the manifest (`publish`).
     """
-    tmp = root / f"{TMP_STEP_PREFIX}{step}"
+    tmp = tmp_dir(root, step)
     for path in (root, tmp, step_dir(root, step)):
         check_contained(root, path)
     if not fresh:
@@ -254,6 +276,65 @@ def committed(root: Path, step: int, reports: list[dict], ghash: str, seconds: f
     total = sum(f["bytes"] for r in reports for f in r["files"].values())
     diverged = {r["rank"]: sorted({t for e in (r, r["replay"] or {}) for t in e.get(DIVERGED, {}).get("tensors", [])}) for r in reports}
     return Committed(step, step_dir(root, step), ghash, seconds, total, {rank: t for rank, t in diverged.items() if t})
+
+
+def write_error(exc: BaseException) -> OSError | None:
+    """The OSError under `exc`, where writing failed for a reason outside the program (torch.save reports a failed write
+    as a RuntimeError raised while handling it); None for anything else, which is a bug to raise as it is."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def failed(rank: int, error: OSError) -> dict:
+    """A rank's report of a write that failed: what `agree` exchanges instead of its files."""
+    return {"rank": rank, "failure": str(error)}
+
+
+def check_written(root: Path, tmp: Path, step: int, reports: list[dict], rank: int) -> None:
+    """After `agree`: raise NotWritten on every rank when a report says its write failed (the leader removes `tmp` first)."""
+    errors = {r["rank"]: r["failure"] for r in reports if "failure" in r}
+    if not errors:
+        return
+    if rank == LEADER:
+        shutil.rmtree(tmp, ignore_errors=True)
+    raise NotWritten(step, errors, root)
+
+
+def publish_or_remove(root: Path, tmp: Path, step: int, world_size: int, reports: list[dict], ghash: str, meta: dict,
+                      kill: KillPoint | None) -> str | None:
+    """The leader's `publish`; when it fails before the rename, `tmp` is removed and the error returned as text."""
+    try:
+        publish(root, tmp, step, world_size, reports, ghash, meta, kill)
+    except OSError as exc:
+        if step_dir(root, step).is_dir() and not tmp.exists():
+            log.warning("checkpoint step %d is published, but making it durable failed: %s", step, exc)
+            return None
+        shutil.rmtree(tmp, ignore_errors=True)
+        return str(exc)
+    return None
+
+
+def leader_outcome(root: Path, step: int, error: str | None, group: dist.ProcessGroup | None) -> None:
+    """Collective, in place of the last barrier: rank 0's publish error reaches every rank, which raises NotWritten."""
+    if group is not None:
+        box = [error]
+        dist.broadcast_object_list(box, src=LEADER, group=group)
+        error = box[0]
+    if error is not None:
+        raise NotWritten(step, {LEADER: error}, root)
+
+
+def _free(root: Path) -> str:
+    """How much room the filesystem of `root` has left, in words."""
+    try:
+        usage = shutil.disk_usage(root)
+    except OSError:
+        return "the free space unknown"
+    return f"{usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.1f} MiB"
 
 
 def barrier(group: dist.ProcessGroup | None) -> None:

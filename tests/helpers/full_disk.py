@@ -1,0 +1,79 @@
+"""A 2-rank run whose checkpoints land on a filesystem that fills up: a real tmpfs of a given size, in a mount namespace
+of its own (run this under `unshare -m --propagation private`, as root).
+
+    python tests/helpers/full_disk.py OUT SIZE_KB LAUNCH...      the driver: mounts OUT/fs, runs each launch, records
+    python tests/helpers/full_disk.py --rank RUN_DIR             one rank of the training loop (the driver starts them)
+
+Each LAUNCH is `SIZE_KB` (remount the filesystem to that size first, 0: leave it) and `STOP` (the step after which
+rank 1 is signalled, 0: none), joined by a colon; FULL_DISK_ASYNC=1 writes the periodic checkpoints in the
+background (checkpoint.async). After each launch the driver writes OUT/launch<i>.json: both ranks'
+exit codes and stderr, the checkpoint directory's entries. The tmpfs vanishes with the namespace, so at the end the
+run directory is copied to OUT/run (for its ledger, trajectories and manifests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+STEPS = 20
+
+
+def rank(run_dir: Path) -> int:
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import legato
+
+    dist.init_process_group("gloo")
+    legato.seed_everything(0, rank=dist.get_rank(), mode="fast")
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(256, 256)
+    net = DDP(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    data = torch.randn(STEPS, 4, 256, generator=torch.Generator().manual_seed(dist.get_rank()))
+    session = legato.Session(run_dir, model=net, optimizer=optimizer, total_steps=STEPS,
+                             checkpoint=legato.CheckpointPolicy(every_steps=5, agree_every_steps=1, replay_steps=0,
+                                                                async_=os.environ.get("FULL_DISK_ASYNC") == "1"))
+    for step in session:
+        loss = F.mse_loss(net(data[step]), data[step].flip(-1))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        session.report(loss)
+    dist.destroy_process_group()
+    return session.exit_code
+
+
+def drive(out: Path, size_kb: int, launches: list[str]) -> int:
+    fs = out / "fs"
+    fs.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(fs)], check=True)
+    run_dir = fs / "run"
+    for i, launch in enumerate(launches):
+        resize, stop = (int(part) for part in launch.split(":"))
+        if resize:
+            subprocess.run(["mount", "-o", f"remount,size={resize}k", str(fs)], check=True)
+        env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29700 + os.getpid() % 200 + i))
+        if stop:
+            env.update(LEGATO_CHAOS_SIGNAL_AT=str(stop), LEGATO_CHAOS_SIGNAL_RANK="1")
+        procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(run_dir)], env=dict(env, RANK=str(r)),
+                                  stderr=subprocess.PIPE, text=True) for r in range(2)]
+        errs = [p.communicate(timeout=300)[1] for p in procs]
+        entries = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+        record = {"codes": [p.returncode for p in procs], "stderr": errs, "checkpoints": entries}
+        (out / f"launch{i}.json").write_text(json.dumps(record))
+    shutil.copytree(run_dir, out / "run")
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "--rank":
+        sys.exit(rank(Path(sys.argv[2])))
+    sys.exit(drive(Path(sys.argv[1]), int(sys.argv[2]), sys.argv[3:]))
