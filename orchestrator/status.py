@@ -184,6 +184,8 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.checkpoint_seconds.append(e["seconds"])
     elif kind == Kind.STOP_SIGNAL and attempt.stop_signal_step is None:
         attempt.stop_signal_step = e["step"]
+    elif kind == Kind.CHECKPOINT_FAILED and e.get("reason") == "final":
+        attempt.ended = "ended unsaved: final checkpoint not written"
     elif kind == Kind.ATTEMPT_STOPPED:
         attempt.ended = "stopped"  # a script's attempt, at a committed checkpoint: its launcher runs it again
     elif kind == Kind.REQUEUE_FAILED:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, manifest
+from helpers.cli import legato
 
 pytestmark = pytest.mark.slow
 
@@ -61,6 +62,8 @@ def test_a_full_disk_is_agreed_cleaned_up_and_said_and_the_run_resumes_exactly_o
     assert failed == [("signal", 13, 10), ("periodic", 15, 10), ("final", 20, 10)]
     assert [e["step"] for e in ledger if e["event"] == "attempt_stopped"] == [10]
 
+    shown = legato("status", str(tmp_path / "run" / "run"))
+    assert shown.returncode == 0 and "ended unsaved: final checkpoint not written" in shown.stdout, shown.stdout
     (reference,) = drive(tmp_path / "reference", 65536, "0:0")
     assert reference["codes"] == [0, 0]
     assert manifest(tmp_path / "run" / "run", 20)["global_hash"] == manifest(tmp_path / "reference" / "run", 20)["global_hash"]
