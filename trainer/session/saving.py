@@ -253,6 +253,7 @@ class Saver:
             committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, meta,
                                               self.policy.keep_last, self.kill)
         except NotWritten as exc:
+            self.last_save_time = time.monotonic()  # the next try after a full interval, not at every step
             self._not_written(reason, exc)
             return
         if by_replay:
