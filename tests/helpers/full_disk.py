@@ -52,6 +52,7 @@ def rank(run_dir: Path) -> int:
 
 
 def drive(out: Path, size_kb: int, launches: list[str]) -> int:
+    from legato.runtime.launch import free_port
     fs = out / "fs"
     fs.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(fs)], check=True)
@@ -60,7 +61,7 @@ def drive(out: Path, size_kb: int, launches: list[str]) -> int:
         resize, stop = (int(part) for part in launch.split(":"))
         if resize:
             subprocess.run(["mount", "-o", f"remount,size={resize}k", str(fs)], check=True)
-        env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(29700 + os.getpid() % 200 + i))
+        env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         if stop:
             env.update(LEGATO_CHAOS_SIGNAL_AT=str(stop), LEGATO_CHAOS_SIGNAL_RANK="1")
         procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(run_dir)], env=dict(env, RANK=str(r)),
