@@ -2,7 +2,8 @@
 test's own, helpers/full_disk.py) that fills up after two of them. A checkpoint no rank can finish is agreed by every
 rank, its partial files are removed, and the run says so in one paragraph and goes on (periodic), stops without it
 (a stop: exit 75) or ends unsaved (final: exit 1); never a traceback or a hang. With room again, the run resumes from
-the checkpoint that stood and ends on the bits of a run that never lacked room."""
+the checkpoint that stood and ends on the bits of a run that never lacked room. The same when only the manifest of a
+background checkpoint finds no room: every rank hears of it from rank 0."""
 
 from __future__ import annotations
 
@@ -30,9 +31,9 @@ def mounts_allowed() -> bool:
     return subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
 
 
-def drive(out: Path, size_kb: int, *launches: str, background: bool = False) -> list[dict]:
+def drive(out: Path, size_kb: int, *launches: str, background: bool = False, env: dict[str, str] | None = None) -> list[dict]:
     cmd = ["unshare", "-m", "--propagation", "private", sys.executable, str(FULL_DISK), str(out), str(size_kb), *launches]
-    env = dict(os.environ, PYTHONPATH=str(ROOT), FULL_DISK_ASYNC="1" if background else "0")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), FULL_DISK_ASYNC="1" if background else "0", **(env or {}))
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return [json.loads((out / f"launch{i}.json").read_text()) for i in range(len(launches))]
@@ -77,3 +78,20 @@ def test_a_background_checkpoint_that_finds_the_disk_full_is_abandoned_said_and_
     assert "final checkpoint step 20 could not be written" in ended["stderr"][0]
     assert ended["checkpoints"] == ["step_10", "step_5"], "partial files left behind"
     assert not any("Traceback" in err for err in ended["stderr"]), ended["stderr"][0][-3000:]
+
+
+@MOUNTS
+def test_a_background_checkpoint_whose_manifest_finds_the_disk_full_is_abandoned_by_every_rank(tmp_path: Path) -> None:
+    """Every rank's files of step 15 are durable, then the disk fills: rank 0's manifest write fails. Every rank hears
+    of it (no rank counts step 15 as on disk), the run goes on and ends on the bits of a run that never lacked room."""
+    (ended,) = drive(tmp_path / "run", 65536, "0:0", background=True, env={"FULL_DISK_FILL_AFTER": "15"})
+    assert ended["codes"] == [0, 0], ended["stderr"][0][-3000:]
+    assert "periodic checkpoint step 15 could not be written (rank 0: [Errno 28] No space left on device" in ended["stderr"][0]
+    assert not any("Traceback" in err for err in ended["stderr"]), ended["stderr"][0][-3000:]
+    assert ended["checkpoints"] == ["step_10", "step_20", "step_5"], "the abandoned checkpoint left files behind"
+    ledger = [json.loads(line) for line in (tmp_path / "run" / "run" / "ledger.jsonl").read_text().splitlines()]
+    assert [(e["reason"], e["step"], e["standing"]) for e in ledger if e["event"] == "checkpoint_failed"] == [("periodic", 15, 10)]
+
+    (reference,) = drive(tmp_path / "reference", 65536, "0:0", background=True)
+    assert reference["codes"] == [0, 0]
+    assert manifest(tmp_path / "run" / "run", 20)["global_hash"] == manifest(tmp_path / "reference" / "run", 20)["global_hash"]

@@ -5,10 +5,11 @@ of its own (run this under `unshare -m --propagation private`, as root).
     python tests/helpers/full_disk.py --rank RUN_DIR             one rank of the training loop (the driver starts them)
 
 Each LAUNCH is `SIZE_KB` (remount the filesystem to that size first, 0: leave it) and `STOP` (the step after which
-rank 1 is signalled, 0: none), joined by a colon; FULL_DISK_ASYNC=1 writes the periodic checkpoints in the
-background (checkpoint.async). After each launch the driver writes OUT/launch<i>.json: both ranks'
-exit codes and stderr, the checkpoint directory's entries. The tmpfs vanishes with the namespace, so at the end the
-run directory is copied to OUT/run (for its ledger, trajectories and manifests).
+rank 1 is signalled, 0: none), joined by a colon. FULL_DISK_ASYNC=1 writes the periodic checkpoints in the background
+(checkpoint.async). FULL_DISK_FILL_AFTER=N mounts the filesystem on the run's checkpoints directory alone and fills it
+while background checkpoint N waits to be published (`fill_after`). After each launch the driver writes
+OUT/launch<i>.json: both ranks' exit codes and stderr, the checkpoint directory's entries. The tmpfs vanishes with the
+namespace, so at the end the run directory is copied to OUT/run (for its ledger, trajectories and manifests).
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 STEPS = 20
+FILL_AFTER = "FULL_DISK_FILL_AFTER"
 
 
 def rank(run_dir: Path) -> int:
@@ -47,16 +50,54 @@ def rank(run_dir: Path) -> int:
         loss.backward()
         optimizer.step()
         session.report(loss)
+        if FILL_AFTER in os.environ and dist.get_rank() == 0:
+            fill_after(run_dir, step, int(os.environ[FILL_AFTER]))
     dist.destroy_process_group()
     return session.exit_code
+
+
+def fill_after(run_dir: Path, step: int, checkpoint: int) -> None:
+    """Rank 0, after each step: once background checkpoint `checkpoint` wrote every rank's files, fill the filesystem
+    (a ballast file up to ENOSPC), so that its manifest finds no room; once the run recorded that checkpoint as failed,
+    free it again. The report files are linked beside the ballast first: the publish deletes them just before it
+    writes the manifest, and the pages they hold must not make room for it."""
+    from legato.paths import RunPaths
+    from legato.store.commit import tmp_dir
+
+    paths = RunPaths(run_dir)
+    tmp, ballast = tmp_dir(paths.checkpoints, checkpoint), paths.checkpoints / ".ballast"
+    reports = [tmp / f".report_rank{rank}.json" for rank in range(2)]
+    if step == checkpoint + 1:
+        deadline = time.monotonic() + 300
+        while not all(report.is_file() for report in reports):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the background checkpoint of step {checkpoint} wrote no reports in 300 s")
+            time.sleep(0.01)
+        for report in reports:
+            os.link(report, paths.checkpoints / f".held{report.name}")
+        with open(ballast, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(bytes(1 << 16))
+            except OSError:
+                pass
+        return
+    failed = [json.loads(line) for line in paths.ledger.read_text().splitlines() if '"checkpoint_failed"' in line]
+    if ballast.exists() and any(record["step"] == checkpoint for record in failed):
+        for held in paths.checkpoints.glob(".held*"):
+            held.unlink()
+        ballast.unlink()
 
 
 def drive(out: Path, size_kb: int, launches: list[str]) -> int:
     from legato.runtime.launch import free_port
     fs = out / "fs"
+    run_dir = fs / "run"
+    if FILL_AFTER in os.environ:  # the run on the test's own disk, its checkpoints alone on the small filesystem
+        run_dir = out / "live"
+        fs = run_dir / "checkpoints"
     fs.mkdir(parents=True, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k", "tmpfs", str(fs)], check=True)
-    run_dir = fs / "run"
     for i, launch in enumerate(launches):
         resize, stop = (int(part) for part in launch.split(":"))
         if resize:

@@ -12,7 +12,9 @@ digests; the leader completes every rank's digests from the reports. Whether eve
 files are durable is agreed through the stop agreement's non-blocking
 all-reduce (legato.dist.stop), so no step waits for it; once all are, rank 0 builds
 the manifest from the reports and publishes the directory with the same atomic
-rename as a synchronous checkpoint (the phases of legato.store.commit). Until then the
+rename as a synchronous checkpoint (the phases of legato.store.commit), and
+one small broadcast tells every rank whether it could (the manifest's write
+can find the disk full too). Until then the
 checkpoint lives only in a temporary directory: it is never selectable, never
 counted in `keep_last`, and pruning happens only after a publish.
 
@@ -122,8 +124,8 @@ class AsyncCheckpointer:
             self._wait_local()
 
     def settle(self, decision: Decision) -> Committed | NotWritten | None:
-        """At an agreed boundary: commit the checkpoint in flight once every rank's files are durable (NotWritten: abandoned,
-        a rank failed to write; None: nothing to commit yet)."""
+        """Collective when it commits, at an agreed boundary: commit the checkpoint in flight once every rank's files are
+        durable (NotWritten: abandoned, a rank failed to write or rank 0 to publish; None: nothing to commit yet)."""
         if self.in_flight is None or decision.checked_at is None or decision.checked_at <= self.in_flight.job.step:
             return None  # that agreement was started before this checkpoint
         if decision.failed:
@@ -183,17 +185,28 @@ class AsyncCheckpointer:
         write_fsynced(tmp / f"{REPORT_PREFIX}{self.rank}.json", json.dumps(report, sort_keys=True).encode())
         fsync_dir(tmp)
 
-    def _commit(self) -> Committed | None:
+    def _commit(self) -> Committed | NotWritten:
+        """Collective: rank 0 publishes from the reports, and every rank learns whether it could (NotWritten: it could not)."""
         flight, self.in_flight = self.in_flight, None
         assert flight is not None
         step, tmp = flight.job.step, flight.tmp
         reports = [json.loads((tmp / f"{REPORT_PREFIX}{r}.json").read_text()) for r in range(self.world_size)] if self.rank == 0 else []
         reports = commit.complete(reports)
         ghash = commit.combined_hash(reports)
+        error = None
         if self.rank == commit.LEADER:
             commit.warn_diverged(reports)
-            commit.publish(self.root, tmp, step, self.world_size, reports, ghash, flight.job.meta, self.kill)
-            commit.prune(self.root, self.keep_last, keep=step)
+            error = commit.publish_or_remove(self.root, tmp, step, self.world_size, reports, ghash, flight.job.meta, self.kill)
+            if error is None:
+                commit.prune(self.root, self.keep_last, keep=step)
+        # Every rank must hear of a publish that failed: a rank that counted this step as on disk would later refer
+        # to it as a replay base that was never published.
+        try:
+            commit.leader_outcome(self.root, step, error, self.group)
+        except NotWritten as exc:
+            log.error("rank %d: checkpoint step %d abandoned (its manifest could not be published); the previous checkpoint stands",
+                      self.rank, step)
+            return exc
         seconds = time.perf_counter() - flight.started
         log.info("rank %d: asynchronous checkpoint step %d committed %.3fs after its step (%.3fs blocking)", self.rank, step, seconds,
                  flight.job.blocking_s)
