@@ -1,18 +1,14 @@
 """The event vocabulary: every kind of record in a run's ledger, and the trainer's reports that feed it, typed.
 
-A ledger line is one JSON object: `{"event": <Kind value>, "time": <unix s>, **fields}`,
-with the fields of its kind below. `Kind` is str-valued, so a record read back
-from disk (plain strings) compares equal to its member, and a member written
-to JSON is its plain string: the file format is the strings themselves.
-Three kinds (`PROGRESS`, `STOP_AGREED`, `ERROR`) are reports from the trainer
-to its `on_event` callback, and one (`WAITING`) the supervisor's to its CLI,
-that never land in the ledger as such; the Session reports
-`CHECKPOINT_COMMITTED`, `CHECKPOINT_FAILED`, `RESUMED`, `REPLAY_STOPPED`, `BUCKET_LAYOUT` and `UNSAVED_STATE`
-with the fields below plus `rank` (and `path` for a resume), and the job side
-writes them on with its job tag (a script's own Session writes them itself,
-`legato.recorder`, tagged with its attempt). Groupings readers need are defined here,
-once. This module must never do I/O, import torch, or import
-`legato.orchestrator` or `legato.slurm`: every package reads it.
+A ledger line is one JSON object: `{"event": <Kind value>, "time": <unix s>, **fields}`, with
+the fields of its kind below. `Kind` is str-valued: the file format is the strings themselves.
+`NOT_IN_LEDGER` are reports to a callback (the trainer's, the supervisor's CLI)
+that never land in the ledger as such. The Session's records (checkpoints,
+resumes, replays, bucket layouts, unsaved state) carry `rank` too, and reach
+the ledger with a job tag (or, from a script's own Session, its attempt:
+`legato.recorder`). Groupings readers need are defined here, once. This
+module must never do I/O, import torch, or import `legato.orchestrator` or
+`legato.slurm`: every package reads it.
 """
 
 from __future__ import annotations

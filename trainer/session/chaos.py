@@ -56,6 +56,11 @@ class Chaos:
             )
         return cls(signal_rank=signal_rank, signal_at_steps=steps, step_sleep_s=step_sleep_s)
 
+    def agree_every(self, steps: int, from_env: bool) -> int:
+        """The stop agreement's spacing, given the policy's `steps` (0: auto): stops planted from the environment land
+        right after their step, so the ranks agree at every step then."""
+        return 1 if from_env and self.signal_at_steps and not steps else steps
+
     def skips(self, component: str) -> bool:
         """Whether to leave `component` unrestored; short names (numpy, loader, cuda) name RNG components."""
         short = component.removeprefix("rng.").removeprefix("gen.")

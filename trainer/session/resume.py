@@ -37,8 +37,9 @@ from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
 from legato.store import bases, layout, reshard
-from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable, trajectory_changes
+from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable
 from legato.store.manifest_schema import DIVERGED
+from legato.store.trajectory_changes import trajectory_changes
 
 log = logging.getLogger(__name__)
 
@@ -238,7 +239,7 @@ class Resumer:
 def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None,
               changes: list[str]) -> str:
     """The paragraph of a failed resume: what differed, and its cause where known (recorded at the save, or a change of
-    this run's that takes it off the trajectory: `changes`, legato.store.manifest.trajectory_changes) instead of a guess."""
+    this run's that takes it off the trajectory: `changes`, legato.store.trajectory_changes) instead of a guess."""
     problems = []
     known = " ".join([cause for cause in [_diverged(manifest)] if cause] + [f"{change}." for change in changes])
     if mismatches:

@@ -7,7 +7,7 @@
     sys.exit(session.exit_code)
 
 or, keeping the loop's epochs: `for epoch in session.epochs(): for batch in
-session.batches(): ...`. The loader is the user's own (legato.state.loaders adopts
+session.batches(): ...`. The loader is the user's own (legato.state.adoption adopts
 it without changing its order, or refuses it before training), legato's
 `resumable_loader()`, or none at all (the loop draws its own batches and
 iterating yields the step index; `carry()` registers a prefetched batch).
@@ -22,7 +22,8 @@ created. All state goes through one table of components
 a replay base at most K steps back, and a resume restores that base and runs
 the steps up to the checkpoint again through the user's loop, comparing loss
 bits and digests (legato.session.replay), which proves the resume on the run itself.
-The Session only runs the loop; it delegates resume (legato.session.resume),
+The Session only runs the loop; it delegates its table of state
+(legato.session.table), the attempt's opening (legato.session.opening), resume (legato.session.resume),
 saving (legato.session.saving), replay (legato.session.replayer), telemetry
 (legato.session.telemetry) and fault injection (legato.session.chaos), and
 the position (legato.session.position) is written in one place. It must never
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from legato.dist.peers import Peers
-from legato.dist.reduction import BucketLayout, restoring
+from legato.dist.reduction import restoring
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.events import Kind
@@ -51,22 +52,22 @@ from legato.runtime.lifeline import die_with_launcher
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
+from legato.session.opening import open_attempt
 from legato.session.policy import CheckpointPolicy, StopPolicy
-from legato.session.position import Counters, DataPosition, Metrics, Position
+from legato.session.position import Metrics, Position
 from legato.session.replayer import Outcome, Replayer
-from legato.session.resume import Resumed, Resumer, replay_needed
+from legato.session.resume import Resumed, Resumer
 from legato.session.saving import Saver
+from legato.session.table import session_table
 from legato.session.telemetry import Telemetry
 from legato.session.unsaved import Census
 from legato.session.wrappers import ddp_of, runs_compiled, unwrap
+from legato.state import adoption
 from legato.state import components as table
-from legato.state import loaders, rng
 from legato.state.components import Component
 from legato.state.device_kind import gpu_kind
-from legato.state.owned import Carried, Gradients, ShardedOptimizer, as_stateful, is_rng, is_sharded
+from legato.state.owned import Carried, as_stateful
 from legato.state.sampler import resumable_loader
-from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
-from legato.store.bases import held_by_replay, location
 from legato.store.commit import Committed
 from legato.store.manifest_schema import COMPILED_KEY, GPUS_KEY
 
@@ -109,7 +110,7 @@ class Session:
         ignore: Iterable[Any] = (),
         census: str = "warn",
     ) -> None:
-        self.source = loaders.adopt(loader, worker_rng)
+        self.source = adoption.adopt(loader, worker_rng)
         self.run_dir = Path(run_dir)
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.steps_per_epoch = None if self.source is None else self.source.steps_per_epoch
@@ -120,10 +121,7 @@ class Session:
         self.policy = checkpoint
         # Without chaos from the caller, stops may be planted through the environment (tests, `legato verify --command`).
         self.chaos = chaos if chaos is not None else Chaos.from_env()
-        # Stops planted from the environment land right after their step: the ranks agree at every step then.
-        agree_every = (
-            1 if chaos is None and self.chaos.signal_at_steps and not checkpoint.agree_every_steps else checkpoint.agree_every_steps
-        )
+        agree_every = self.chaos.agree_every(checkpoint.agree_every_steps, from_env=chaos is None)
         self.training = training
         self.carried = Carried()
         self._peers = Peers.join()
@@ -134,14 +132,14 @@ class Session:
         self.generators = {} if self.source is None else dict(self.source.generators)
         self._position = Position(self.steps_per_epoch)
         self._metrics = Metrics()
-        self.components = self._component_table()
+        self.components = session_table(model, optimizer, scheduler, scaler, self._position, self._metrics, self.extras,
+                                        self.source, self.generators)
         self.stopped = False
 
         self._feed = Feed(self.source, self._position, per_epoch if total_epochs is not None else None)
         self._telemetry = Telemetry(self.rank, self.total_steps, self.on_event)
         self._ignored = list(ignore)
         self._census = Census(self._peers, self._telemetry, census, self._registered)
-        self._census_pending = True  # the census at the attempt's first checkpoint
         self._agreement = StopAgreement(self._peers.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
         # What decides the kernels, besides threads and the CPU's instruction set: recorded, and compared on resume.
@@ -150,11 +148,8 @@ class Session:
                                 checkpoint.verify, checkpoint.reshard, compiled, gpus)
         self._replayer = Replayer(self._resumer, self._agreement, self._flag, checkpoint.verify)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
-        self._saving = Saver(
-            self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry,
-            {"training": training, COMPILED_KEY: compiled, GPUS_KEY: list(gpus)},
-            self.chaos.kill, background
-        )
+        self._saving = Saver(self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry,
+                             {"training": training, COMPILED_KEY: compiled, GPUS_KEY: list(gpus)}, self.chaos.kill, background)
         self._loss: float | None = None
         self._lr: float | None = None
         self._begun = False
@@ -305,13 +300,6 @@ class Session:
         return [self.model, self.optimizer, self.scheduler, self.scaler, self.loader, self.source, self.carried,
                 *self.extras.values(), *self.generators.values(), *self._ignored]
 
-    def _census_due(self, reason: str | None) -> bool:
-        """Whether a census goes with this step's checkpoint: the attempt's first and last (the same steps on every rank).
-        Answering yes for the first checkpoint clears its pending mark."""
-        due = reason is not None and (self._census_pending or reason in ("signal", "final"))
-        self._census_pending = self._census_pending and not due
-        return due
-
     def _steps(self) -> Iterator[Any]:
         while self.step < self.total_steps and not self.stopped and not (self._feed.epoch_mode and self._position.epoch_complete):
             batch = self._feed.next()
@@ -323,15 +311,6 @@ class Session:
             yield batch
             self._end_step()
 
-    def _restores_first(self, path: Path, manifest: dict) -> tuple[Path, str] | None:
-        """What resuming checkpoint `path` loads first (a resume.Target, as `_begin` decides below): its replay base where it
-        replays, the checkpoint itself otherwise; None where it restores resharded or this run cannot resume it."""
-        if manifest["world_size"] != self.world_size:
-            return None
-        if self._saving.replayable(manifest, self.total_steps):
-            return location(path, manifest)
-        return None if held_by_replay(manifest) else (path, "")
-
     def _begin(self) -> None:
         self._begun = True
         # Before the resume, so what legato does not save is named before a resume says it verified.
@@ -339,24 +318,9 @@ class Session:
         if self.carried.used:
             # A batch carried before the loop: saved from now on, and restored into its tensors below.
             self.components.insert(next(i for i, c in enumerate(self.components) if c.name == "data"), Component(CARRIED, self.carried))
-        found = self._resumer.select(self.training, self._restores_first)
-        resume_step = self._resumed_step = 0 if found is None else found[1]["step"]
-        cannot = None if found is None or not held_by_replay(found[1]) else self._saving.unreplayable(found[1], self.total_steps)
-        if cannot is not None and found[1]["world_size"] == self.world_size:
-            raise UsageError(replay_needed(*found, *cannot))
-        if found is None:
-            log.info("rank %d: no checkpoint under %s, starting at step 0", self.rank, self.checkpoint_root)
-        elif self._saving.replayable(found[1], self.total_steps):
-            self._replayer.start(*found)
-            self._saving.resumed(*found, replayed=True, verified=self._replayer.base_restored)
-        else:
-            self._resumer.restore(*found)
-            # A resharded restore is not the checkpoint's files of this world size: the next replay base is written anew.
-            self._saving.resumed(*found, replayed=False,
-                                 verified=self.resumed is not None and self.resumed.match and self.resumed.resharded is None)
-            # Resharded from a stop checkpoint's replay base: the run goes on from the base's step.
-            resume_step = self._resumed_step = self.step
-            self._saving.standing = found[1]["step"] if held_by_replay(found[1]) else 0
+        found, resume_step = open_attempt(self._resumer, self._saving, self._replayer, self._position, self.training,
+                                          self.total_steps, self.world_size)
+        self._resumed_step = resume_step
         # The resume restored the bucket layout with the other components; chaos "buckets" leaves DDP's own (fault injection).
         layout = restoring(ddp_of(self.model), found is not None, self.chaos.skips("buckets"))
         self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=layout.restored, reason=layout.reason)
@@ -384,46 +348,11 @@ class Session:
         else:
             self.chaos.after_step(self.rank, self.step, self._flag.signals[0])
             reason = self._saving.reason(self._agreement, self._flag.raised, self.total_steps)
-            census = self._census.alongside(self._census_due(reason), self.step, reason or "", sys._getframe())
+            census = self._census.alongside(reason, self.step, sys._getframe())
             self._saving.step_end(reason, self._loss, self._lr, self._flag.received_at, census)
             self.stopped = reason == "signal"
         if self._saving.snapshot_due(self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
-
-    def _component_table(self) -> list[Component]:
-        """Every piece of state, in restore order: replicated by DDP (rank 0 writes it), this rank's own, or its FSDP2 shards."""
-        module = unwrap(self.model)
-        rows = self._sharded_rows(module) if holds_dtensors(module) else [
-            # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
-            # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
-            Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
-            # A ZeroRedundancyOptimizer's state is sharded: each rank saves the shard it owns.
-            Component("optimizer", ShardedOptimizer(self.optimizer)) if is_sharded(self.optimizer) else
-            Component("optimizer", self.optimizer, table.TRAIN_STATE_FILE),
-        ]
-        if self.scheduler is not None:
-            rows.append(Component("scheduler", self.scheduler, table.TRAIN_STATE_FILE))
-        if self.scaler is not None:
-            rows.append(Component("scaler", self.scaler, table.TRAIN_STATE_FILE))
-        sharded = holds_dtensors(module)
-        own = (lambda obj: Shards(obj, meshes_of(module))) if sharded else (lambda obj: obj)
-        rows += [
-            Component("counters", Counters(self._position), table.TRAIN_STATE_FILE),
-            Component("metrics", self._metrics),
-            Component("grads", ShardedGradients(Gradients(module), module) if sharded else Gradients(module)),
-            # After the gradients: a restored reducer takes them into its buckets as they are.
-            Component("buckets", BucketLayout(ddp_of(self.model)), table.TRAIN_STATE_FILE),
-            *(Component(f"extra.{name}", own(obj), restore_last=is_rng(obj)) for name, obj in self.extras.items()),
-            Component("data", DataPosition(self._position, self.source)),
-            *(Component(name, obj, restore_last=True) for name, obj in rng.components(self.generators).items()),
-        ]
-        return rows
-
-    def _sharded_rows(self, module: torch.nn.Module) -> list[Component]:
-        """An FSDP2 (fully_shard) model and its optimizer hold DTensors: each rank saves its own shards of both."""
-        meshes = meshes_of(module)
-        return [Component("model", Shards(module, meshes), table.SHARD_FILE),
-                Component("optimizer", Shards(self.optimizer, meshes), table.SHARD_FILE)]
 
     @contextlib.contextmanager
     def _lifetime(self) -> Iterator[None]:

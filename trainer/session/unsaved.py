@@ -48,6 +48,7 @@ class Census:
         self.peers, self.telemetry, self.mode = peers, telemetry, check_mode(mode)
         self.registered = registered
         self._told: set[tuple[str, str]] = set()
+        self._first_pending = True  # the census at the attempt's first checkpoint
 
     def check(self, step: int, when: str) -> None:
         """Collective: find unsaved state on every rank; tell what is new; in strict mode refuse it on every rank."""
@@ -57,9 +58,12 @@ class Census:
         self._settle(step, when, self._scan(sys._getframe(1)))
 
     @contextlib.contextmanager
-    def alongside(self, due: bool, step: int, when: str, frame: types.FrameType) -> Iterator[None]:
-        """When `due`, the census of the checkpoint the body writes (collective, after the body): its scan runs in a thread
-        while the body runs. `frame`: the caller's, live until the body has run (the scan walks up from it)."""
+    def alongside(self, reason: str | None, step: int, frame: types.FrameType) -> Iterator[None]:
+        """The census of the checkpoint (`reason`; None: none) the body writes, when due: the attempt's first and last
+        checkpoints, the same steps on every rank. Collective then, after the body; its scan runs in a thread while the
+        body runs. `frame`: the caller's, live until the body has run (the scan walks up from it)."""
+        due = reason is not None and (self._first_pending or reason in ("signal", "final"))
+        self._first_pending = self._first_pending and not due
         if not due or self.mode == "off":
             yield
             return
@@ -67,7 +71,7 @@ class Census:
             scanned = pool.submit(self._scan, frame)
             yield  # a body that raises leaves once the scan is done (the pool waits for it): no thread outlives the step
             mine = scanned.result()
-        self._settle(step, when, mine)
+        self._settle(step, reason, mine)
 
     def _scan(self, frame: types.FrameType) -> list[dict]:
         """This rank's findings as plain data; reads only (the objects, the frames from `frame` up, the collector's list)."""

@@ -1,9 +1,9 @@
 """The user's own data pipeline, made resumable at any batch without changing its order.
 
-`adopt(loader)` turns what a user hands the Session into a data source, or
-refuses it (UsageError) before training when legato could not resume it
-exactly. A source opens an epoch's iterator at a position, and its
-`state_dict` says where the next batch comes from:
+legato.state.adoption decides which loaders are accepted and wraps each in
+one of these sources (or refuses it before training). A source opens an
+epoch's iterator at a position, and its `state_dict` says where the next
+batch comes from:
 
 - `resumable_loader()` loaders (legato's own sampler): as before.
 - a torch `DataLoader` (torchdata's `StatefulDataLoader` included) over a
@@ -39,7 +39,7 @@ their base seed as the first epoch opens, and later epochs draw only the
 sampler's seed. A resumed process starts its workers from the RNG states of
 that first opening, loading nothing, before it replays its own epoch's opening
 (`TorchSource._start_workers`); other loaders with persistent workers are
-refused (`_refuse_persistent`). This module must never draw from an RNG except
+refused (legato.state.adoption). This module must never draw from an RNG except
 inside the `iter(loader)` calls the plain loop makes too, and then only from
 the states that loop saw.
 """
@@ -55,11 +55,6 @@ import torch
 from torch.utils.data import (
     BatchSampler,
     DataLoader,
-    IterableDataset,
-    RandomSampler,
-    SequentialSampler,
-    SubsetRandomSampler,
-    WeightedRandomSampler,
 )
 
 from legato.errors import UsageError
@@ -69,11 +64,10 @@ from legato.state.worker_rng import SeedPerSample
 
 LOADER_GENERATOR = "loader"
 SAMPLER_GENERATOR = "sampler"
-# Samplers whose order is decided by the RNG they draw as an epoch's iteration starts.
-_RNG_ORDERED = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
 
 
-def _stateful(obj: Any) -> bool:
+def is_stateful(obj: Any) -> bool:
+    """Whether `obj` saves and restores its own state (state_dict() and load_state_dict())."""
     return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
@@ -249,7 +243,7 @@ class TorchSource(Source):
         self._born: dict[str, Any] | None = None  # persistent workers: the epoch and RNG states of the opening that started them
         # The sampler's own seed where it has one (DistributedSampler), else this process's torch seed; saved either way.
         seed = getattr(self.user_sampler, "seed", None)
-        self.seeding = _seed_workers(loader, seed if isinstance(seed, int) else torch.initial_seed()) if worker_rng else None
+        self.seeding = seed_workers(loader, seed if isinstance(seed, int) else torch.initial_seed()) if worker_rng else None
 
     def _rng_states(self) -> dict[str, torch.Tensor]:
         return {"torch": torch.get_rng_state(), **{name: g.get_state() for name, g in self.generators.items()}}
@@ -345,7 +339,7 @@ class StatefulSource(Source):
         self._unopened: dict | None = {"loader": None}
         self.seeding = None
         if isinstance(loader, DataLoader) and worker_rng:
-            self.seeding = _seed_workers(loader, torch.initial_seed())
+            self.seeding = seed_workers(loader, torch.initial_seed())
 
     @property
     def batches_per_epoch(self) -> int | None:
@@ -369,6 +363,11 @@ class StatefulSource(Source):
         return state["epoch"], state["step_in_epoch"]
 
 
+def user_sampler(batches: BatchSampler) -> Any:
+    """The user's own sampler inside a loader's BatchSampler (behind legato's positioning stand-in, once adopted)."""
+    return batches.sampler.sampler if isinstance(batches.sampler, _Positioned) else batches.sampler
+
+
 def _length(loader: Any) -> int | None:
     try:
         return len(loader)
@@ -376,7 +375,7 @@ def _length(loader: Any) -> int | None:
         return None
 
 
-def _seed_workers(loader: DataLoader, seed: int) -> SeedPerSample | None:
+def seed_workers(loader: DataLoader, seed: int) -> SeedPerSample | None:
     """Install legato's worker setup (per-sample seeding, then the user's own worker_init_fn) on a loader with workers."""
     if loader.num_workers == 0:
         return None
@@ -385,96 +384,3 @@ def _seed_workers(loader: DataLoader, seed: int) -> SeedPerSample | None:
         user_fn = user_fn.user_fn
     loader.worker_init_fn = SeedPerSample(seed, user_fn)
     return loader.worker_init_fn
-
-
-def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
-    """The data source for `loader` (None: the loop draws its own batches); a UsageError naming the fix when it cannot resume exactly."""
-    if loader is None:
-        return None
-    if not isinstance(loader, DataLoader):
-        if _stateful(loader) and callable(getattr(loader, "__iter__", None)):
-            return StatefulSource(loader, loader)
-        raise UsageError(
-            f"The loader is a {type(loader).__name__}, which legato cannot resume: it is not a torch DataLoader and has no "
-            "state_dict()/load_state_dict(). Pass a torch DataLoader, give your loader both methods (torchdata's "
-            "StatefulDataLoader has them), or pass no loader and draw batches in the loop, registering any batch "
-            "you keep between steps with session.carry()."
-        )
-    if loader.num_workers > 0 and not getattr(loader, "in_order", True):
-        raise UsageError(
-            "The DataLoader has in_order=False: its workers hand over batches as they finish them, so which batch comes at "
-            "which step depends on timing, and no run, interrupted or not, can be repeated or its resume proved. Set "
-            "in_order=True (the default); the workers still load ahead."
-        )
-    if isinstance(loader.sampler, ResumableDistributedSampler):
-        _refuse_persistent(loader, "has legato.resumable_loader()'s sampler")
-        return LegatoSource(loader)
-    if isinstance(loader.dataset, IterableDataset):
-        _refuse_persistent(loader, f"reads an IterableDataset ({type(loader.dataset).__name__})")
-        return _iterable(loader, worker_rng)
-    if _stateful(loader) and not isinstance(loader.batch_sampler, BatchSampler):
-        _refuse_persistent(loader, "has its own batch sampler")
-        return StatefulSource(loader, loader, worker_rng)
-    return _map_style(loader, worker_rng)
-
-
-def _refuse_persistent(loader: DataLoader, what: str) -> None:
-    if loader.persistent_workers and loader.num_workers > 0:
-        raise UsageError(
-            f"The DataLoader has persistent_workers=True, and it {what}. Persistent workers live from one epoch into the "
-            "next, and legato restarts them exactly only for torch's own DataLoader over a map-style dataset with sampler= "
-            "(or shuffle=) and batch_size=; with this loader a run resumed in a later epoch would load differently from "
-            "the uninterrupted run. Set persistent_workers=False, or use such a loader."
-        )
-
-
-def _iterable(loader: DataLoader, worker_rng: bool) -> Source:
-    dataset = loader.dataset
-    if _stateful(loader):
-        # torchdata's StatefulDataLoader: it snapshots each worker's dataset state itself.
-        return StatefulSource(loader, loader, worker_rng)
-    if _stateful(dataset) and loader.num_workers == 0:
-        return StatefulSource(loader, dataset)
-    why = (
-        "has no state_dict()/load_state_dict()"
-        if not _stateful(dataset)
-        else f"is read by {loader.num_workers} workers, whose copies hold the position"
-    )
-    raise UsageError(
-        f"The DataLoader reads an IterableDataset ({type(dataset).__name__}) that {why}, so legato cannot know which sample "
-        "comes next after a resume. Give the dataset state_dict()/load_state_dict() and use num_workers=0, or use "
-        "torchdata's StatefulDataLoader, or a map-style dataset with a sampler."
-    )
-
-
-def _rng_ordered(sampler: Any) -> bool:
-    """Whether the sampler's order is decided by the generators it draws as its iteration starts (torch's, torchdata's)."""
-    if type(sampler) in _RNG_ORDERED:
-        return True
-    # torchdata's RandomSampler draws its permutation from its own generator (recorded as SAMPLER_GENERATOR) in iter().
-    return type(sampler).__module__ == "torchdata.stateful_dataloader.sampler" and type(sampler).__name__ == "RandomSampler"
-
-
-def _map_style(loader: DataLoader, worker_rng: bool) -> Source:
-    batches = loader.batch_sampler
-    if not isinstance(batches, BatchSampler):
-        what = "batch_size=None (no batching)" if batches is None else f"its own batch_sampler ({type(batches).__name__})"
-        raise UsageError(
-            f"The DataLoader uses {what}, which legato cannot position in the middle of an epoch. Pass sampler= and "
-            "batch_size= instead, or give the loader state_dict()/load_state_dict() (torchdata's StatefulDataLoader)."
-        )
-    if _stateful(loader):
-        # torchdata's StatefulDataLoader starts a persistent iterator's sampler twice as it opens its first epoch.
-        _refuse_persistent(loader, f"is a {type(loader).__name__}")
-    if callable(getattr(loader.dataset, "set_epoch", None)):
-        # Persistent workers keep the dataset copy of the epoch that started them; a resumed run's would copy a later one.
-        _refuse_persistent(loader, f"reads a dataset with set_epoch() ({type(loader.dataset).__name__}), which never reaches "
-                                   "persistent workers: they keep the copy they started with")
-    sampler = batches.sampler.sampler if isinstance(batches.sampler, _Positioned) else batches.sampler
-    if not (callable(getattr(sampler, "set_epoch", None)) or _rng_ordered(sampler)):
-        raise UsageError(
-            f"The DataLoader's sampler ({type(sampler).__name__}) has no set_epoch(epoch) and is none of torch's own samplers, "
-            "so legato cannot replay its order after a resume. Give it a set_epoch(epoch) method after which its order is a "
-            "function of the epoch (as torch's DistributedSampler), or use torch's DistributedSampler or RandomSampler."
-        )
-    return TorchSource(loader, worker_rng)
