@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from legato.config import Config, load_config
-from legato.orchestrator.rundir import check_compatible, check_entrypoint, redact_config
+from legato.orchestrator.rundir import check_compatible, redact_config
+from legato.runtime.entrypoint import check_entrypoint
 from legato.slurm.backends import backend_for
 
 

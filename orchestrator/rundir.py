@@ -147,15 +147,6 @@ def expected_threads(cfg: Config) -> int:
     return resolve_threads(cfg.determinism.threads, backend.tasks_per_node(cfg), backend.job_environ(cfg)).count
 
 
-def check_entrypoint(cfg: Config) -> None:
-    """Import the user's entrypoint here, so a missing module or a wrong signature is refused before anything is submitted."""
-    if cfg.train.entrypoint is None:
-        return
-    from legato.runtime.job import resolve_entrypoint
-
-    resolve_entrypoint(cfg)
-
-
 def newest_run() -> Path:
     """The run directory under ./runs whose ledger changed last; a UsageError when there is none."""
     ledgers = sorted((p for p in Path("runs").glob("*/") if RunPaths(p).ledger.is_file()), key=lambda p: RunPaths(p).ledger.stat().st_mtime)

@@ -43,6 +43,17 @@ def test_version_does_not_import_torch() -> None:
     assert proc.stdout.strip().splitlines() == [f"legato {importlib.metadata.version('legato')}", "NO-TORCH"], proc.stdout + proc.stderr
 
 
+def test_the_local_launcher_starts_its_ranks_without_importing_torch_itself(tmp_path: Path) -> None:
+    """`python -m legato` only starts and watches ranks: importing torch there cost every launch 1.4 s of CPU before
+    the ranks (which import it themselves) could start."""
+    args = [str(ROOT / "configs" / "mlp.yaml"), "--nproc", "2", "--set", f"run.dir={tmp_path / 'run'}", "--set", "train.steps=2",
+            "--set", "chaos.signal_at_steps=[]"]
+    code = (f"import sys\nfrom legato.runtime.launch import main\ncode = main({args!r})\n"
+            "print('CODE', code, 'TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip().splitlines()[-1] == "CODE 0 NO-TORCH", proc.stdout[-2000:] + proc.stderr[-3000:]
+
+
 def _run_dir(tmp_path: Path, log_bytes: int = 0) -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir()

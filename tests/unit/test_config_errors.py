@@ -266,7 +266,7 @@ ENTRYPOINTS = {
 
 @pytest.mark.parametrize("name", sorted(ENTRYPOINTS))
 def test_entrypoint_is_checked_for_importability_and_signature(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    from legato.runtime.job import resolve_entrypoint
+    from legato.runtime.entrypoint import resolve_entrypoint
 
     source, words = ENTRYPOINTS[name]
     module = f"legato_ep_{name}"
@@ -283,7 +283,7 @@ def test_entrypoint_is_checked_for_importability_and_signature(tmp_path: Path, m
 
 
 def test_a_good_entrypoint_and_good_configs_still_load(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from legato.runtime.job import resolve_entrypoint
+    from legato.runtime.entrypoint import resolve_entrypoint
 
     (tmp_path / "legato_ep_good.py").write_text("def main(ctx, extra=None):\n    return 0\n")
     monkeypatch.syspath_prepend(str(tmp_path))

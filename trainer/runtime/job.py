@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import datetime
 import gc
-import importlib
-import inspect
 import logging
 import os
 import signal
@@ -29,59 +27,13 @@ from legato.events import Kind
 from legato.paths import RunPaths
 from legato.runtime.context import RunContext
 from legato.runtime.devices import resolve_placement
+from legato.runtime.entrypoint import resolve_entrypoint
 from legato.runtime.rank_env import RankEnv
 from legato.runtime.signals import parse_signal
 from legato.runtime.threads import resolve_threads
 from legato.state.determinism import seed_everything
 
 log = logging.getLogger(__name__)
-
-
-def resolve_entrypoint(cfg: Config) -> Callable[[RunContext], int | None]:
-    """The function to call on each rank: the user's `pkg.mod:fn` or the bundled loop."""
-    if cfg.train.entrypoint is None:
-        from legato.tasks.loop import train
-
-        return train
-    module_name, _, func_name = cfg.train.entrypoint.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise UsageError(
-            f"train.entrypoint {cfg.train.entrypoint!r}: module {module_name!r} cannot be found or imported ({exc}). "
-            "Check the spelling, and that its package is installed or its directory is on PYTHONPATH."
-        ) from None
-    except Exception as exc:  # the user's module failed while being imported: name it, do not hide it in a traceback
-        raise UsageError(
-            f"train.entrypoint {cfg.train.entrypoint!r}: importing module {module_name!r} failed with "
-            f"{type(exc).__name__}: {str(exc)[:200]}. Fix that module so it imports cleanly."
-        ) from None
-    func = getattr(module, func_name, None)
-    if func is None:
-        raise UsageError(
-            f"train.entrypoint {cfg.train.entrypoint!r}: module {module_name!r} has no function {func_name!r}. "
-            "Name a function that takes the run context, as in \"mypkg.train:main\"."
-        )
-    if not callable(func):
-        raise UsageError(
-            f"train.entrypoint {cfg.train.entrypoint!r}: {func_name!r} in {module_name!r} is a {type(func).__name__}, not a function. "
-            "Name a function that takes the run context, as in \"mypkg.train:main\"."
-        )
-    _check_signature(cfg.train.entrypoint, func)
-    return func
-
-
-def _check_signature(spec: str, func: Callable) -> None:
-    """The entrypoint is called as fn(ctx): it must accept exactly one positional argument."""
-    try:
-        inspect.signature(func).bind(object())
-    except ValueError:
-        return  # a builtin without introspectable signature: let the call decide
-    except TypeError:
-        raise UsageError(
-            f"train.entrypoint {spec!r} cannot be called with one argument (its signature is {inspect.signature(func)}). "
-            "legato calls it as fn(ctx) with the run context; give it exactly one required parameter."
-        ) from None
 
 
 def setup_logging(rank: int) -> None:

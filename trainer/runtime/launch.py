@@ -27,7 +27,7 @@ from legato.config import load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.paths import RunPaths
 from legato.quiet_args import Parser
-from legato.runtime.job import resolve_entrypoint
+from legato.runtime.entrypoint import check_entrypoint
 from legato.runtime.launch_env import determinism_environ
 from legato.runtime.lifeline import LAUNCHER_PID, armed_child
 from legato.runtime.signals import parse_signal
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.nproc is not None and args.nproc < 1:
             raise UsageError(f"--nproc is {args.nproc}; it must be at least 1.")
         cfg = load_config(args.config, overrides)
-        resolve_entrypoint(cfg)
+        check_entrypoint(cfg)
         check_tree(RunPaths(cfg.run_dir).checkpoints)
     except UsageError as exc:
         sys.stderr.write(f"error: {exc}\n")
