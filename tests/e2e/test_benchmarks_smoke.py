@@ -22,6 +22,7 @@ SMOKE = {
     "bench_fsdp2_checkpoint.py": (["--mb", "1", "--rounds", "1", "--dir", "{tmp}"], "legato sharded checkpoint"),
     "bench_steps.py": (["--steps", "4", "--rounds", "1", "--workers", "0", "--batch", "4"], "legato Session, defaults"),
     "bench_replay.py": (["--steps", "12", "--rounds", "1", "--batch", "4", "--repeats", "1"], "resume to the first new step"),
+    "bench_launch.py": (["--rounds", "1"], "python -m legato, MLP, defaults"),
 }
 
 
