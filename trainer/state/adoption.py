@@ -28,11 +28,16 @@ from torch.utils.data import (
 )
 
 from legato.errors import UsageError
-from legato.state.loaders import LegatoSource, Source, StatefulSource, TorchSource, is_stateful, user_sampler
+from legato.state.loaders import LegatoSource, Source, StatefulSource, TorchSource, user_sampler
 from legato.state.sampler import ResumableDistributedSampler
 
 # Samplers whose order is decided by the RNG they draw as an epoch's iteration starts.
 _RNG_ORDERED = (SequentialSampler, RandomSampler, SubsetRandomSampler, WeightedRandomSampler)
+
+
+def _stateful(obj: Any) -> bool:
+    """Whether `obj` saves and restores its own state (state_dict() and load_state_dict())."""
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
@@ -40,7 +45,7 @@ def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
     if loader is None:
         return None
     if not isinstance(loader, DataLoader):
-        if is_stateful(loader) and callable(getattr(loader, "__iter__", None)):
+        if _stateful(loader) and callable(getattr(loader, "__iter__", None)):
             return StatefulSource(loader, loader)
         raise UsageError(
             f"The loader is a {type(loader).__name__}, which legato cannot resume: it is not a torch DataLoader and has no "
@@ -60,7 +65,7 @@ def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
     if isinstance(loader.dataset, IterableDataset):
         _refuse_persistent(loader, f"reads an IterableDataset ({type(loader.dataset).__name__})")
         return _iterable(loader, worker_rng)
-    if is_stateful(loader) and not isinstance(loader.batch_sampler, BatchSampler):
+    if _stateful(loader) and not isinstance(loader.batch_sampler, BatchSampler):
         _refuse_persistent(loader, "has its own batch sampler")
         return StatefulSource(loader, loader, worker_rng)
     return _map_style(loader, worker_rng)
@@ -78,14 +83,14 @@ def _refuse_persistent(loader: DataLoader, what: str) -> None:
 
 def _iterable(loader: DataLoader, worker_rng: bool) -> Source:
     dataset = loader.dataset
-    if is_stateful(loader):
+    if _stateful(loader):
         # torchdata's StatefulDataLoader: it snapshots each worker's dataset state itself.
         return StatefulSource(loader, loader, worker_rng)
-    if is_stateful(dataset) and loader.num_workers == 0:
+    if _stateful(dataset) and loader.num_workers == 0:
         return StatefulSource(loader, dataset)
     why = (
         "has no state_dict()/load_state_dict()"
-        if not is_stateful(dataset)
+        if not _stateful(dataset)
         else f"is read by {loader.num_workers} workers, whose copies hold the position"
     )
     raise UsageError(
@@ -111,7 +116,7 @@ def _map_style(loader: DataLoader, worker_rng: bool) -> Source:
             f"The DataLoader uses {what}, which legato cannot position in the middle of an epoch. Pass sampler= and "
             "batch_size= instead, or give the loader state_dict()/load_state_dict() (torchdata's StatefulDataLoader)."
         )
-    if is_stateful(loader):
+    if _stateful(loader):
         # torchdata's StatefulDataLoader starts a persistent iterator's sampler twice as it opens its first epoch.
         _refuse_persistent(loader, f"is a {type(loader).__name__}")
     if callable(getattr(loader.dataset, "set_epoch", None)):

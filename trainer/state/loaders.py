@@ -52,10 +52,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.utils.data import (
-    BatchSampler,
-    DataLoader,
-)
+from torch.utils.data import BatchSampler, DataLoader
 
 from legato.errors import UsageError
 from legato.state.determinism import derive_seed
@@ -64,11 +61,6 @@ from legato.state.worker_rng import SeedPerSample
 
 LOADER_GENERATOR = "loader"
 SAMPLER_GENERATOR = "sampler"
-
-
-def is_stateful(obj: Any) -> bool:
-    """Whether `obj` saves and restores its own state (state_dict() and load_state_dict())."""
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 def _set_epoch(obj: Any, epoch: int) -> None:
@@ -224,7 +216,7 @@ class TorchSource(Source):
         assert isinstance(batches, BatchSampler)
         self.loader = loader
         # A loader adopted before (a second Session over it) already holds the stand-in.
-        self.user_sampler = batches.sampler.sampler if isinstance(batches.sampler, _Positioned) else batches.sampler
+        self.user_sampler = user_sampler(batches)
         self.positioned = _Positioned(self.user_sampler)
         batches.sampler = self.positioned
         self.generators = {}
@@ -243,7 +235,7 @@ class TorchSource(Source):
         self._born: dict[str, Any] | None = None  # persistent workers: the epoch and RNG states of the opening that started them
         # The sampler's own seed where it has one (DistributedSampler), else this process's torch seed; saved either way.
         seed = getattr(self.user_sampler, "seed", None)
-        self.seeding = seed_workers(loader, seed if isinstance(seed, int) else torch.initial_seed()) if worker_rng else None
+        self.seeding = _seed_workers(loader, seed if isinstance(seed, int) else torch.initial_seed()) if worker_rng else None
 
     def _rng_states(self) -> dict[str, torch.Tensor]:
         return {"torch": torch.get_rng_state(), **{name: g.get_state() for name, g in self.generators.items()}}
@@ -339,7 +331,7 @@ class StatefulSource(Source):
         self._unopened: dict | None = {"loader": None}
         self.seeding = None
         if isinstance(loader, DataLoader) and worker_rng:
-            self.seeding = seed_workers(loader, torch.initial_seed())
+            self.seeding = _seed_workers(loader, torch.initial_seed())
 
     @property
     def batches_per_epoch(self) -> int | None:
@@ -375,7 +367,7 @@ def _length(loader: Any) -> int | None:
         return None
 
 
-def seed_workers(loader: DataLoader, seed: int) -> SeedPerSample | None:
+def _seed_workers(loader: DataLoader, seed: int) -> SeedPerSample | None:
     """Install legato's worker setup (per-sample seeding, then the user's own worker_init_fn) on a loader with workers."""
     if loader.num_workers == 0:
         return None
