@@ -16,6 +16,7 @@ listener that writes the ledger itself (every record would be written twice).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from legato.events import JOB_TAG_FIELDS, Kind, field_names
 from legato.files import write_atomic
 from legato.ledger_file import record
 from legato.paths import RunPaths
+
+log = logging.getLogger(__name__)
 
 RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.CHECKPOINT_FAILED, Kind.RESUMED, Kind.REPLAY_STOPPED, Kind.BUCKET_LAYOUT,
             Kind.UNSAVED_STATE)
@@ -34,6 +37,7 @@ class ProgressFile:
     def __init__(self, path: Path, tag: dict) -> None:
         self.path, self.tag = path, tag
         self._first: tuple[float, int] | None = None
+        self._unwritable = False
 
     def write(self, event: dict) -> None:
         """Replace the file with this `PROGRESS` report (not fsynced: it is only ever the latest reading)."""
@@ -44,7 +48,13 @@ class ProgressFile:
         since, first_step = self._first
         rate = (event["step"] - first_step) / (now - since) if now > since else None
         reading = {**self.tag, **{k: event[k] for k in ("step", "total_steps", "epoch", "loss")}, "steps_per_s": rate, "time": now}
-        write_atomic(self.path, json.dumps(reading), durable=False)
+        try:
+            write_atomic(self.path, json.dumps(reading), durable=False)
+        except OSError as exc:
+            # Only the live reading waits (a full disk): training goes on, and a checkpoint that fails says so itself.
+            if not self._unwritable:
+                log.warning("%s not updated: %s; the live reading waits until there is room", self.path.name, exc)
+            self._unwritable = True
 
 
 class LedgerRecorder:
