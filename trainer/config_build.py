@@ -3,7 +3,8 @@
 `option()` declares a field with its bounds and its one line of documentation;
 `build()` walks a dataclass schema, refusing unknown keys (with the nearest
 known one), wrong types and values out of bounds, each as a `UsageError` that
-names the key, the problem and the fix. The ceilings every value is held to
+names the key, the problem and the fix; `check_values()` holds a keyword API's
+arguments to the same fields. The ceilings every value is held to
 live here, written once, and so is what a config's text and plain data may
 hold (`text_problem`, `check_plain`). This module must NEVER know a key of
 legato's own schema (that is `legato.config`), read a file or touch the
@@ -101,6 +102,15 @@ def build(cls: type, raw: Any, prefix: str, source: str) -> Any:
         else:
             values[f.name] = _check_value(f"{prefix}{name}", raw[name], hint, f.metadata, source)
     return cls(**values)
+
+
+def check_values(cls: type, values: dict[str, Any], source: str) -> None:
+    """Keyword arguments held to the types and bounds their fields in the schema `cls` declare, keyed by the Python
+    names a keyword API spells (`CheckpointPolicy(keep_last=0)`): the config's rule, written once, for both doors."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if f.name in values:
+            _check_value(f.name, values[f.name], hints[f.name], f.metadata, source)
 
 
 def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any:

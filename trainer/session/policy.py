@@ -1,12 +1,20 @@
 """What a Session is told to do about checkpoints and stop signals: plain, frozen settings with their defaults.
 
 The defaults are the product's promises (a periodic checkpoint on by default, a replay-verified resume); each is
-justified where it is set. This module must never act on a setting: the Session and its delegates do.
+justified where it is set. Each setting is held, as it is made, to the bounds the config's `checkpoint.*` key has
+(legato.config), so `CheckpointPolicy(keep_last=0)` is refused in one paragraph before anything is written, as
+`checkpoint.keep_last: 0` is. This module must never act on a setting: the Session and its delegates do.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+from legato.config import CheckpointSection
+from legato.config_build import check_values
+from legato.errors import UsageError
+from legato.runtime.signals import normalize_signal
 
 __all__ = ["CheckpointPolicy", "StopPolicy"]
 
@@ -38,9 +46,19 @@ class CheckpointPolicy:
     # base costs a memory copy of the state (docs/exactness.md); legato.session.base_clock decides when.
     replay_seconds: float | None = None
 
+    def __post_init__(self) -> None:
+        check_values(CheckpointSection, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "CheckpointPolicy")
+
 
 @dataclass(frozen=True)
 class StopPolicy:
     """The signals that ask the run to stop at an agreed step."""
 
     signals: tuple[str, ...] = ("USR2",)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.signals, str) or not isinstance(self.signals, (tuple, list)) or not self.signals:
+            raise UsageError(f"StopPolicy: signals is {self.signals!r}, but it must be a tuple of one or more signal names. "
+                             "Write StopPolicy(signals=(\"USR2\",)), or (\"USR2\", \"TERM\") for two.")
+        for name in self.signals:
+            normalize_signal(name, key="StopPolicy: a name in signals")

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -41,6 +42,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from legato.config_build import STEPS_MAX, show
 from legato.dist.peers import Peers
 from legato.dist.reduction import restoring
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
@@ -384,7 +386,23 @@ def _total_steps(total_steps: int | None, total_epochs: int | None, steps_per_ep
     if (total_steps is None) == (total_epochs is None):
         raise UsageError("The Session needs exactly one of total_steps= and total_epochs=, to know when the run is done. Pass one of them.")
     if total_steps is not None:
-        return total_steps
+        return _run_length("total_steps", total_steps)
     if steps_per_epoch is None:
         raise UsageError("total_epochs= needs a loader whose length is known (len(loader)); with this loader pass total_steps= instead.")
-    return total_epochs * steps_per_epoch
+    return _run_length("total_epochs", total_epochs) * steps_per_epoch
+
+
+_EXAMPLE_LENGTH = {"total_steps": 10_000, "total_epochs": 90}
+
+
+def _run_length(name: str, value: Any) -> int:
+    """A count the caller passed: a positive whole number (a numpy integer too), or a UsageError naming it; a run of 0
+    or -5 steps would end at once with exit 0, as if it had trained."""
+    try:
+        count = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        count = None
+    if count is None or not 1 <= count <= STEPS_MAX:
+        raise UsageError(f"Session: {name}={show(value)} is not a run length. Pass a positive whole number of at most {STEPS_MAX:,}, "
+                         f"such as {name}={_EXAMPLE_LENGTH[name]}.")
+    return count

@@ -1,0 +1,99 @@
+"""A script's Session arguments are held to the config's rules: a bad value is one paragraph before anything is written.
+
+`CheckpointPolicy(keep_last=0)` used to be taken as given: the first periodic checkpoint pruned itself and the run
+died with no checkpoint left; `total_steps=0` or `-5` ended at once with exit 0, as if it had trained. The policy is
+now checked against the bounds of the config's `checkpoint.*` keys (legato.config, the one table of them), so the
+two doors cannot drift apart: the last test walks every bounded key and plants the value just past its bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import legato
+from legato.config import CheckpointSection
+from legato.config_build import yaml_key
+
+
+def _session(run_dir: Path, **kwargs) -> legato.Session:
+    model = torch.nn.Linear(2, 1)
+    kwargs.setdefault("total_steps", 4)
+    return legato.Session(run_dir, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), **kwargs)
+
+
+LENGTHS = [(0, "0"), (-5, "-5"), (2.5, "2.5"), ("100", "'100'"), (True, "True"), (10**10, "10000000000")]
+
+
+@pytest.mark.parametrize(("value", "shown"), LENGTHS)
+def test_a_run_length_that_is_not_a_positive_whole_number_is_refused_before_the_run_directory_exists(
+    tmp_path: Path, value: object, shown: str
+) -> None:
+    run_dir = tmp_path / "run"
+    with pytest.raises(legato.UsageError, match=rf"Session: total_steps={shown} is not a run length\. Pass a positive whole number"):
+        _session(run_dir, total_steps=value)
+    assert not run_dir.exists()
+
+
+def test_total_epochs_is_held_to_the_same_rule_and_a_numpy_integer_is_a_whole_number(tmp_path: Path) -> None:
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(8, 2), torch.zeros(8, 1)), batch_size=2)
+    with pytest.raises(legato.UsageError, match=r"total_epochs=0 is not a run length.*such as total_epochs=90"):
+        _session(tmp_path / "epochs", loader=loader, total_steps=None, total_epochs=0)
+    assert _session(tmp_path / "numpy", total_steps=np.int64(6)).total_steps == 6
+    assert _session(tmp_path / "from_epochs", loader=loader, total_steps=None, total_epochs=np.int32(3)).total_steps == 12
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"keep_last": 0}, "CheckpointPolicy: keep_last is 0, but it must be positive. Set a value of 1 or more."),
+    ({"verify": "eror"}, "CheckpointPolicy: verify is 'eror', which is not one of: error, warn. Pick one of those."),
+    ({"replay_steps": -3}, "CheckpointPolicy: replay_steps is -3, but it must be at least 0."),
+    ({"every_minutes": -1}, "CheckpointPolicy: every_minutes is -1.0, but it must be at least 0."),
+    ({"agree_every_steps": 2.5}, "CheckpointPolicy: agree_every_steps must be an integer, but it is 2.5 (float)."),
+    ({"async_": "yes"}, "CheckpointPolicy: async_ must be true or false, but it is 'yes' (str)."),
+    ({"replay_seconds": math.nan}, "CheckpointPolicy: replay_seconds is nan; it must be a finite number."),
+])
+def test_a_checkpoint_policy_out_of_bounds_is_refused_naming_the_argument(kwargs: dict, message: str) -> None:
+    with pytest.raises(legato.UsageError) as refused:
+        legato.CheckpointPolicy(**kwargs)
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_keep_last_zero_no_longer_reaches_a_run_where_it_pruned_every_checkpoint(tmp_path: Path) -> None:
+    with pytest.raises(legato.UsageError, match="keep_last is 0"):
+        _session(tmp_path, checkpoint=legato.CheckpointPolicy(keep_last=0, every_steps=2))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("signals", "message"), [
+    ("USR2", "StopPolicy: signals is 'USR2', but it must be a tuple of one or more signal names"),
+    ((), "StopPolicy: signals is (), but it must be a tuple"),
+    (("FOO",), "StopPolicy: a name in signals is 'FOO', which is not a signal name"),
+    (("USR2", "KILL"), "StopPolicy: a name in signals is 'KILL', which is a signal a stop cannot use"),
+])
+def test_a_stop_policy_names_the_signal_it_cannot_use(signals: object, message: str) -> None:
+    with pytest.raises(legato.UsageError) as refused:
+        legato.StopPolicy(signals=signals)
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
+def test_the_defaults_and_values_at_every_bound_are_accepted() -> None:
+    assert legato.CheckpointPolicy() == legato.CheckpointPolicy(every_minutes=10)  # an int where a float goes
+    legato.CheckpointPolicy(every_steps=0, every_minutes=0, keep_last=1, replay_steps=0, replay_seconds=0, async_=True, verify="warn")
+    assert legato.StopPolicy(signals=("usr2", "SIGTERM")).signals == ("usr2", "SIGTERM")
+
+
+def test_every_bounded_checkpoint_key_refuses_the_value_just_past_its_bound_through_the_policy_too() -> None:
+    """Walks the config's table: a bound added to a `checkpoint.*` key holds for CheckpointPolicy with no second copy."""
+    bounded = [f for f in dataclasses.fields(CheckpointSection) if f.metadata["minimum"] is not None]
+    assert {yaml_key(f) for f in bounded} >= {"every_steps", "keep_last", "replay_steps", "every_minutes"}
+    for f in bounded:
+        kind = int if isinstance(f.default, int) and not isinstance(f.default, bool) else float
+        below, above = kind(f.metadata["minimum"]) - 1, kind(f.metadata["maximum"]) * 2
+        for value in (below, above):
+            with pytest.raises(legato.UsageError, match=rf"CheckpointPolicy: {f.name} is "):
+                legato.CheckpointPolicy(**{f.name: value})
