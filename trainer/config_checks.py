@@ -135,26 +135,28 @@ def _normalized_run_dir(text: str, source: str) -> str:
 
 
 def _check_run_dir(run_dir: Path, source: str) -> None:
-    """A writable directory path: not a file, not in a kernel filesystem, not over the OS limits."""
-    text = str(run_dir)
-    problem = None
-    if "\x00" in text:
-        problem = "holds a NUL byte"
-    elif len(os.fsencode(text)) > PATH_MAX or any(len(os.fsencode(part)) > 255 for part in run_dir.parts):
-        problem = f"is longer than the OS allows ({PATH_MAX} bytes in all, 255 per name)"
-    if problem is None:
-        absolute = Path(os.path.abspath(text))
-        if absolute.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")) or os.path.realpath(text).split("/")[1:2] in (
-            ["proc"],
-            ["sys"],
-            ["dev"],
-        ):
-            problem = "is inside a kernel filesystem (/proc, /sys or /dev)"
-        else:
-            problem = _unwritable(absolute)
+    problem = run_dir_problem(run_dir)
     if problem:
-        raise UsageError(f"{source}: run.dir {show(text, 300)} {problem}. Set run.dir (or run.name) to a directory you can write, such "
-                         "as runs/<name>.")
+        raise UsageError(f"{source}: run.dir {show(str(run_dir), 300)} {problem}. Set run.dir (or run.name) to a directory you can "
+                         "write, such as runs/<name>.")
+
+
+def run_dir_problem(run_dir: Path) -> str | None:
+    """What keeps `run_dir` from being a run directory ("is a file, not a directory"), or None: a writable directory path,
+    not a file, not in a kernel filesystem, not over the OS limits. Also a Session's `run_dir` (legato.session.arguments)."""
+    text = str(run_dir)
+    if "\x00" in text:
+        return "holds a NUL byte"
+    if len(os.fsencode(text)) > PATH_MAX or any(len(os.fsencode(part)) > 255 for part in run_dir.parts):
+        return f"is longer than the OS allows ({PATH_MAX} bytes in all, 255 per name)"
+    absolute = Path(os.path.abspath(text))
+    if absolute.parts[:2] in (("/", "proc"), ("/", "sys"), ("/", "dev")) or os.path.realpath(text).split("/")[1:2] in (
+        ["proc"],
+        ["sys"],
+        ["dev"],
+    ):
+        return "is inside a kernel filesystem (/proc, /sys or /dev)"
+    return _unwritable(absolute)
 
 
 def _unwritable(path: Path) -> str | None:

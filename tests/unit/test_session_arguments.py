@@ -1,9 +1,11 @@
 """A script's Session arguments are held to the config's rules: a bad value is one paragraph before anything is written.
 
-`CheckpointPolicy(keep_last=0)` used to be taken as given: the first periodic checkpoint pruned itself and the run
-died with no checkpoint left; `total_steps=0` or `-5` ended at once with exit 0, as if it had trained. The policy is
-now checked against the bounds of the config's `checkpoint.*` keys (legato.config, the one table of them), so the
-two doors cannot drift apart: the last test walks every bounded key and plants the value just past its bound.
+A file given as the run directory, an optimizer passed as the model or a scheduler given by name used to end in a
+FileExistsError or AttributeError from deep inside; `CheckpointPolicy(keep_last=0)` was taken as given: the first
+periodic checkpoint pruned itself and the run died with no checkpoint left; `total_steps=0` or `-5` ended at once
+with exit 0, as if it had trained. The policy is now checked against the bounds of the config's `checkpoint.*` keys
+(legato.config, the one table of them), so the two doors cannot drift apart: one test walks every bounded key and
+plants the value just past its bound.
 """
 
 from __future__ import annotations
@@ -97,3 +99,35 @@ def test_every_bounded_checkpoint_key_refuses_the_value_just_past_its_bound_thro
         for value in (below, above):
             with pytest.raises(legato.UsageError, match=rf"CheckpointPolicy: {f.name} is "):
                 legato.CheckpointPolicy(**{f.name: value})
+
+
+def test_a_run_dir_that_is_a_file_is_refused_with_the_config_rule_and_the_file_is_left_as_it_was(tmp_path: Path) -> None:
+    afile = tmp_path / "notes.txt"
+    afile.write_text("keep me")
+    with pytest.raises(legato.UsageError, match=r"Session: run_dir '.*notes.txt' is a file, not a directory\. Pass a directory"):
+        _session(afile)
+    with pytest.raises(legato.UsageError, match=r"run_dir '.*notes.txt/run' lies under .*notes.txt, which is a file"):
+        _session(afile / "run")
+    assert afile.read_text() == "keep me"
+
+
+@pytest.mark.parametrize(("swap", "message"), [
+    ("model_is_the_optimizer", "Session: model= is a SGD, not a torch.nn.Module."),
+    ("optimizer_is_the_model", "Session: optimizer= is a Linear, not a torch optimizer (it has no param_groups)."),
+    ("no_optimizer", "Session: optimizer= is a NoneType, not a torch optimizer"),
+    ("scheduler_is_a_name", "Session state 'scheduler' is a str, which has no state_dict()/load_state_dict()."),
+])
+def test_an_argument_of_the_wrong_kind_is_named_instead_of_an_attribute_error(tmp_path: Path, swap: str, message: str) -> None:
+    model = torch.nn.Linear(2, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    kwargs = {"model": model, "optimizer": optimizer, "total_steps": 4}
+    kwargs.update({
+        "model_is_the_optimizer": {"model": optimizer},
+        "optimizer_is_the_model": {"optimizer": model},
+        "no_optimizer": {"optimizer": None},
+        "scheduler_is_a_name": {"scheduler": "cosine"},
+    }[swap])
+    with pytest.raises(legato.UsageError) as refused:
+        legato.Session(tmp_path / "run", **kwargs)
+    assert str(refused.value).startswith(message), str(refused.value)
+    assert not (tmp_path / "run").exists()

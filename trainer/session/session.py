@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import operator
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -42,7 +41,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from legato.config_build import STEPS_MAX, show
 from legato.dist.peers import Peers
 from legato.dist.reduction import restoring
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
@@ -51,6 +49,7 @@ from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
 from legato.runtime.lifeline import die_with_launcher
+from legato.session.arguments import check_arguments, total_steps_of
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
@@ -112,12 +111,13 @@ class Session:
         ignore: Iterable[Any] = (),
         census: str = "warn",
     ) -> None:
+        check_arguments(run_dir, model, optimizer, scheduler, scaler)
         self.source = adoption.adopt(loader, worker_rng)
         self.run_dir = Path(run_dir)
         self.model, self.optimizer, self.loader = model, optimizer, loader
         self.steps_per_epoch = None if self.source is None else self.source.steps_per_epoch
         per_epoch = None if self.source is None else self.source.batches_per_epoch
-        self.total_steps = _total_steps(total_steps, total_epochs, per_epoch)
+        self.total_steps = total_steps_of(total_steps, total_epochs, per_epoch)
         self.scheduler, self.scaler = scheduler, scaler
         self.extras = {name: as_stateful(f"extra.{name}", obj) for name, obj in (extras or {}).items()}
         self.policy = checkpoint
@@ -379,30 +379,3 @@ class Session:
         self._telemetry.close()
         if orderly:
             self._peers.close()
-
-
-def _total_steps(total_steps: int | None, total_epochs: int | None, steps_per_epoch: int | None) -> int:
-    """The run's length in steps, from exactly one of total_steps= and total_epochs=."""
-    if (total_steps is None) == (total_epochs is None):
-        raise UsageError("The Session needs exactly one of total_steps= and total_epochs=, to know when the run is done. Pass one of them.")
-    if total_steps is not None:
-        return _run_length("total_steps", total_steps)
-    if steps_per_epoch is None:
-        raise UsageError("total_epochs= needs a loader whose length is known (len(loader)); with this loader pass total_steps= instead.")
-    return _run_length("total_epochs", total_epochs) * steps_per_epoch
-
-
-_EXAMPLE_LENGTH = {"total_steps": 10_000, "total_epochs": 90}
-
-
-def _run_length(name: str, value: Any) -> int:
-    """A count the caller passed: a positive whole number (a numpy integer too), or a UsageError naming it; a run of 0
-    or -5 steps would end at once with exit 0, as if it had trained."""
-    try:
-        count = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        count = None
-    if count is None or not 1 <= count <= STEPS_MAX:
-        raise UsageError(f"Session: {name}={show(value)} is not a run length. Pass a positive whole number of at most {STEPS_MAX:,}, "
-                         f"such as {name}={_EXAMPLE_LENGTH[name]}.")
-    return count

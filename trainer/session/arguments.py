@@ -1,0 +1,63 @@
+"""What a script hands its Session, checked before anything is written: one paragraph per mistake, never an AttributeError.
+
+A run directory it can write, a model, an optimizer, a scheduler and scaler that are torch `Stateful`s, and a run
+length that is a positive whole number; `CheckpointPolicy` and `StopPolicy` check their own fields as they are made
+(legato.session.policy). The run directory's rule is the config's `run.dir` rule (legato.config_checks), written once.
+This module must never create or touch anything: it only looks.
+"""
+
+from __future__ import annotations
+
+import operator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from legato.config_build import STEPS_MAX, show
+from legato.config_checks import run_dir_problem
+from legato.errors import UsageError
+from legato.state.components import check_stateful
+
+_EXAMPLE_LENGTH = {"total_steps": 10_000, "total_epochs": 90}
+
+
+def check_arguments(run_dir: str | Path, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> None:
+    """A UsageError naming the first argument a Session cannot work with, and what to pass instead."""
+    problem = run_dir_problem(Path(run_dir)) if isinstance(run_dir, (str, Path)) else f"is a {type(run_dir).__name__}, not a path"
+    if problem:
+        raise UsageError(f"Session: run_dir {show(str(run_dir), 300)} {problem}. Pass a directory you can write (it is created), "
+                         "such as \"runs/exp1\".")
+    if not isinstance(model, torch.nn.Module):
+        raise UsageError(f"Session: model= is a {type(model).__name__}, not a torch.nn.Module. Pass the model you train (the "
+                         "DistributedDataParallel wrapper, or the fully_shard-ed module).")
+    if not hasattr(optimizer, "param_groups"):
+        raise UsageError(f"Session: optimizer= is a {type(optimizer).__name__}, not a torch optimizer (it has no param_groups). Pass the "
+                         "optimizer that steps the model, such as torch.optim.AdamW(model.parameters()).")
+    for name, obj in (("optimizer", optimizer), ("scheduler", scheduler), ("scaler", scaler)):
+        if obj is not None:
+            check_stateful(name, obj)
+
+
+def total_steps_of(total_steps: Any, total_epochs: Any, steps_per_epoch: int | None) -> int:
+    """The run's length in steps, from exactly one of total_steps= and total_epochs=."""
+    if (total_steps is None) == (total_epochs is None):
+        raise UsageError("The Session needs exactly one of total_steps= and total_epochs=, to know when the run is done. Pass one of them.")
+    if total_steps is not None:
+        return _run_length("total_steps", total_steps)
+    if steps_per_epoch is None:
+        raise UsageError("total_epochs= needs a loader whose length is known (len(loader)); with this loader pass total_steps= instead.")
+    return _run_length("total_epochs", total_epochs) * steps_per_epoch
+
+
+def _run_length(name: str, value: Any) -> int:
+    """A count the caller passed: a positive whole number (a numpy integer too), or a UsageError naming it; a run of 0
+    or -5 steps would end at once with exit 0, as if it had trained."""
+    try:
+        count = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        count = None
+    if count is None or not 1 <= count <= STEPS_MAX:
+        raise UsageError(f"Session: {name}={show(value)} is not a run length. Pass a positive whole number of at most {STEPS_MAX:,}, "
+                         f"such as {name}={_EXAMPLE_LENGTH[name]}.")
+    return count
