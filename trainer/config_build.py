@@ -17,6 +17,7 @@ import copy
 import dataclasses
 import difflib
 import math
+import operator
 import re
 import types
 import typing
@@ -220,6 +221,17 @@ def show_path(path: Path) -> str:
     if any(ord(c) < 32 for c in text):
         text = repr(text)
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def whole_number(value: Any) -> int | None:
+    """`value` as an int when a keyword API may take it as a count or seed (an int or a numpy integer, never a bool or
+    a float that happens to be whole), else None."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def show(value: Any, limit: int = 60) -> str:

@@ -1,4 +1,4 @@
-"""A script's Session arguments are held to the config's rules: a bad value is one paragraph before anything is written.
+"""A script's arguments to legato (Session, its policies, seed_everything, resumable_loader): one paragraph per mistake.
 
 A file given as the run directory, an optimizer passed as the model or a scheduler given by name used to end in a
 FileExistsError or AttributeError from deep inside; `CheckpointPolicy(keep_last=0)` was taken as given: the first
@@ -131,3 +131,31 @@ def test_an_argument_of_the_wrong_kind_is_named_instead_of_an_attribute_error(tm
         legato.Session(tmp_path / "run", **kwargs)
     assert str(refused.value).startswith(message), str(refused.value)
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"seed": 1.0}, "seed_everything(seed=1.0, rank=0): the seed is a whole number"),
+    ({"seed": "1"}, "seed_everything(seed='1', rank=0): the seed is a whole number"),
+    ({"rank": -1}, "seed_everything(seed=7, rank=-1): the seed is a whole number"),
+])
+def test_seed_everything_refuses_a_seed_or_rank_that_is_not_a_whole_number(kwargs: dict, message: str) -> None:
+    with pytest.raises(legato.UsageError) as refused:
+        legato.seed_everything(**{"seed": 7, "rank": 0, "mode": "fast", **kwargs})
+    assert str(refused.value).startswith(message), str(refused.value)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"dataset": 5}, "legato.resumable_loader() takes a map-style dataset (len() and indexing), which this int is not."),
+    ({"batch_size": 0}, "legato.resumable_loader(): batch_size=0 must be a whole number of at least 1."),
+    ({"world_size": 0}, "legato.resumable_loader(): world_size=0 must be a whole number of at least 1."),
+    ({"rank": 2, "world_size": 2}, "legato.resumable_loader(): rank=2 is not one of the 2 ranks (0 to 1)."),
+    ({"seed": "x"}, "legato.resumable_loader(): seed='x' must be a whole number"),
+    ({"world_size": 9}, "legato.resumable_loader(): the dataset's 8 samples cannot be split over 9 ranks."),
+])
+def test_resumable_loader_names_the_argument_it_cannot_use(kwargs: dict, message: str) -> None:
+    arguments = {"dataset": torch.utils.data.TensorDataset(torch.zeros(8, 2)), "batch_size": 2, "seed": 1, "rank": 0, "world_size": 1}
+    arguments.update(kwargs)
+    with pytest.raises(legato.UsageError) as refused:
+        legato.resumable_loader(arguments.pop("dataset"), **arguments)
+    assert str(refused.value).startswith(message), str(refused.value)
+    assert len(legato.resumable_loader(torch.utils.data.TensorDataset(torch.zeros(8, 2)), 2, seed=np.int64(1), rank=1, world_size=2)) == 2

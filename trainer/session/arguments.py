@@ -8,13 +8,12 @@ This module must never create or touch anything: it only looks.
 
 from __future__ import annotations
 
-import operator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from legato.config_build import STEPS_MAX, show
+from legato.config_build import STEPS_MAX, show, whole_number
 from legato.config_checks import run_dir_problem
 from legato.errors import UsageError
 from legato.state.components import check_stateful
@@ -53,10 +52,7 @@ def total_steps_of(total_steps: Any, total_epochs: Any, steps_per_epoch: int | N
 def _run_length(name: str, value: Any) -> int:
     """A count the caller passed: a positive whole number (a numpy integer too), or a UsageError naming it; a run of 0
     or -5 steps would end at once with exit 0, as if it had trained."""
-    try:
-        count = None if isinstance(value, bool) else operator.index(value)
-    except TypeError:
-        count = None
+    count = whole_number(value)
     if count is None or not 1 <= count <= STEPS_MAX:
         raise UsageError(f"Session: {name}={show(value)} is not a run length. Pass a positive whole number of at most {STEPS_MAX:,}, "
                          f"such as {name}={_EXAMPLE_LENGTH[name]}.")

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from legato.config_build import whole_number
 from legato.errors import UsageError
 from legato.runtime.launch_env import CUBLAS_WORKSPACE
 
@@ -51,6 +52,9 @@ def seed_everything(seed: int, rank: int = 0, mode: str = "strict") -> Seeds:
     """
     if mode not in ("strict", "fast"):
         raise UsageError(f"seed_everything(mode={mode!r}): mode is \"strict\" or \"fast\".")
+    if whole_number(seed) is None or whole_number(rank) is None or rank < 0:
+        raise UsageError(f"seed_everything(seed={seed!r}, rank={rank!r}): the seed is a whole number (seed=1.0 and seed=1 would "
+                         "seed different streams), and the rank is this process's index from 0, such as int(os.environ[\"RANK\"]).")
     hashseed = os.environ.get("PYTHONHASHSEED")
     if mode == "strict":
         _enable_strict(hashseed)

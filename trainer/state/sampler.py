@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, Sampler
 
+from legato.config_build import whole_number
 from legato.errors import UsageError
 from legato.state.determinism import derive_seed
 
@@ -105,6 +106,7 @@ def resumable_loader(
             "order and the workers' seeds a function of (seed, epoch). Leave them out, or build your own torch DataLoader "
             "and pass it as Session(loader=...), which also resumes with persistent_workers=True."
         )
+    _check_loader_arguments(dataset, batch_size, seed, rank, world_size)
     sampler = ResumableDistributedSampler(len(dataset), rank, world_size, seed, shuffle=shuffle)
     return DataLoader(
         dataset,
@@ -117,3 +119,23 @@ def resumable_loader(
         persistent_workers=False,
         **kwargs,
     )
+
+
+def _check_loader_arguments(dataset: Any, batch_size: Any, seed: Any, rank: Any, world_size: Any) -> None:
+    """A UsageError naming the first argument resumable_loader() cannot build an exactly resumable loader from."""
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise UsageError(f"legato.resumable_loader() takes a map-style dataset (len() and indexing), which this "
+                         f"{type(dataset).__name__} is not. For an IterableDataset or a stream, build your own DataLoader and "
+                         "pass it as Session(loader=...).")
+    counts = {"batch_size": (batch_size, 1), "world_size": (world_size, 1), "rank": (rank, 0)}
+    for name, (value, least) in counts.items():
+        if whole_number(value) is None or value < least:
+            raise UsageError(f"legato.resumable_loader(): {name}={value!r} must be a whole number of at least {least}.")
+    if whole_number(seed) is None:
+        raise UsageError(f"legato.resumable_loader(): seed={seed!r} must be a whole number; the order is a function of (seed, epoch).")
+    if rank >= world_size:
+        raise UsageError(f"legato.resumable_loader(): rank={rank} is not one of the {world_size} ranks (0 to {world_size - 1}). Pass "
+                         "this process's rank and the world size, such as dist.get_rank() and dist.get_world_size().")
+    if len(dataset) < world_size:
+        raise UsageError(f"legato.resumable_loader(): the dataset's {len(dataset)} samples cannot be split over {world_size} ranks. "
+                         "Use a larger dataset or fewer ranks.")
