@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -159,3 +160,17 @@ def test_resumable_loader_names_the_argument_it_cannot_use(kwargs: dict, message
         legato.resumable_loader(arguments.pop("dataset"), **arguments)
     assert str(refused.value).startswith(message), str(refused.value)
     assert len(legato.resumable_loader(torch.utils.data.TensorDataset(torch.zeros(8, 2)), 2, seed=np.int64(1), rank=1, world_size=2)) == 2
+
+
+@pytest.mark.parametrize(("loss", "shown"), [("abc", "a str"), (None, "a NoneType"), (torch.ones(2, 3), "a tensor of shape (2, 3)")])
+def test_report_takes_one_number_and_names_what_it_got(tmp_path: Path, loss: object, shown: str) -> None:
+    session = _session(tmp_path, checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    held = session.carry(torch.zeros(1))
+    for _ in session:
+        session.report(torch.ones(1))  # a one-element tensor, a float and a numpy number are one number
+        session.report(0.5)
+        session.report(np.float32(0.25))
+        with pytest.raises(legato.UsageError, match=rf"takes the step's loss as one number .*, not {re.escape(shown)}\. Pass"):
+            session.report(loss)
+        session.carry(held)
+        break

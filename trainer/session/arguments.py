@@ -1,13 +1,14 @@
 """What a script hands its Session, checked before anything is written: one paragraph per mistake, never an AttributeError.
 
-A run directory it can write, a model, an optimizer, a scheduler and scaler that are torch `Stateful`s, and a run
-length that is a positive whole number; `CheckpointPolicy` and `StopPolicy` check their own fields as they are made
-(legato.session.policy). The run directory's rule is the config's `run.dir` rule (legato.config_checks), written once.
-This module must never create or touch anything: it only looks.
+A run directory it can write, a model, an optimizer, a scheduler and scaler that are torch `Stateful`s, a run length
+that is a positive whole number, and a reported loss that is one number; `CheckpointPolicy` and `StopPolicy` check
+their own fields as they are made (legato.session.policy). The run directory's rule is the config's `run.dir` rule
+(legato.config_checks), written once. This module must never create or touch anything: it only looks.
 """
 
 from __future__ import annotations
 
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -57,3 +58,14 @@ def _run_length(name: str, value: Any) -> int:
         raise UsageError(f"Session: {name}={show(value)} is not a run length. Pass a positive whole number of at most {STEPS_MAX:,}, "
                          f"such as {name}={_EXAMPLE_LENGTH[name]}.")
     return count
+
+
+def loss_value(loss: Any) -> float:
+    """A reported loss as a float: a one-element tensor or a real number, or a UsageError saying what to report."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return float(loss.detach())
+    if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
+        return float(loss)
+    shown = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"
+    raise UsageError(f"session.report() takes the step's loss as one number (a one-element tensor or a float), not {shown}. Pass "
+                     "the scalar loss you call backward() on: session.report(loss).")

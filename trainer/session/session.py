@@ -49,7 +49,7 @@ from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
 from legato.runtime.lifeline import die_with_launcher
-from legato.session.arguments import check_arguments, total_steps_of
+from legato.session.arguments import check_arguments, loss_value, total_steps_of
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
@@ -270,7 +270,7 @@ class Session:
 
     def report(self, loss: torch.Tensor | float) -> None:
         """Record this step's loss (exactly, as float.hex) and add it to the running accumulators."""
-        value = float(loss.detach()) if isinstance(loss, torch.Tensor) else float(loss)
+        value = loss_value(loss)
         self._loss = value
         self._metrics.add(value)
 
