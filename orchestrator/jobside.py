@@ -171,6 +171,8 @@ class JobEvents:
             self.ledger.append(Kind.REPLAY_STOPPED, **self.ident.tag(), step=event["step"], checkpoint_step=event["checkpoint_step"])
         elif kind == Kind.BUCKET_LAYOUT:
             self.ledger.append(Kind.BUCKET_LAYOUT, **self.ident.tag(), step=event["step"], pinned=event["pinned"], reason=event["reason"])
+        elif kind == Kind.FINISHED:  # the attempt found the run already complete (a requeue after the end)
+            self.final_hash = event["final_global_hash"]
         elif kind == Kind.UNSAVED_STATE:
             self.ledger.append(Kind.UNSAVED_STATE, **self.ident.tag(), **{k: event[k] for k in ("step", "when", "objects", "strict")})
         elif kind == Kind.ERROR:

@@ -62,7 +62,7 @@ class Kind(str, enum.Enum):
     BUCKET_LAYOUT = "bucket_layout"
     # The Session, when its census found stateful objects no registered component saves (an EMA model, a generator...).
     UNSAVED_STATE = "unsaved_state"
-    # Rank 0's job side, after training completed: terminal.
+    # Rank 0's job side, after training completed (the Session reports it where an attempt finds the run done): terminal.
     FINISHED = "finished"
     # Rank 0's job side or the supervisor, when the run cannot go on: terminal.
     FAILED = "failed"

@@ -7,7 +7,7 @@ torchrun, srun or a shell) has no such listener; `LedgerRecorder` is then its
 read the script's run from records, never from a log line: rank 0's
 checkpoints, resumes and their verdicts (hashes, replay), its bucket layout, the state legato does not save,
 how the attempt ended (`ATTEMPT_STOPPED` at a stop checkpoint, `FINISHED` at the
-final one), each rank's stop signal, and rank 0's progress in progress.json
+final one, or at once where the run was already complete), each rank's stop signal, and rank 0's progress in progress.json
 (`ProgressFile`, the job side's too). Records carry the attempt's job tag
 (`legato.session.identity`) when given one. It must never be used beside a
 listener that writes the ledger itself (every record would be written twice).
@@ -83,6 +83,8 @@ class LedgerRecorder:
             self._write(Kind.ATTEMPT_STOPPED, step=event["checkpoint_step"])
         elif kind == Kind.CHECKPOINT_FAILED and event["reason"] == "signal":
             self._write(Kind.ATTEMPT_STOPPED, step=event["standing"] or 0)
+        elif kind == Kind.FINISHED:  # an attempt that found the run already complete: no final checkpoint of its own
+            self._write(Kind.FINISHED, step=event["step"], final_global_hash=event["final_global_hash"])
 
     def _stop_agreed(self, event: dict) -> None:
         """The rank the signal reached records it (as the job side does); a stop during start-up ends the attempt at once."""

@@ -8,6 +8,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from conftest import fit_step
+
 from legato.dist.peers import Peers
 from legato.events import Kind
 from legato.ledger_file import read_records, record
@@ -85,3 +87,32 @@ def test_watch_follows_a_running_scripts_run_until_it_finishes(tmp_path: Path) -
         finisher.cancel()
     assert code == 0 and [s.state for s in shown] == ["running", Kind.FINISHED]
     assert "training complete at step 9" in out.getvalue()
+
+
+def test_a_finished_run_launched_again_trains_nothing_and_its_attempt_ends_finished(tmp_path: Path, capfd) -> None:
+    """A requeue after the end, a rerun of the same command, or a shorter total_steps: the attempt resumes the final
+    checkpoint, trains nothing, leaves the checkpoints and trajectory as they were, and says it finished. It used to
+    record no end at all: `legato status` showed it running for ever, and as killed once another attempt began."""
+    import torch
+
+    import legato
+
+    def launch(total_steps: int) -> legato.Session:
+        model = torch.nn.Linear(2, 1)
+        session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), total_steps=total_steps,
+                                 checkpoint=legato.CheckpointPolicy(replay_steps=0))
+        for step in session:
+            session.report(fit_step(model, session.optimizer, torch.full((1, 2), float(step)), torch.ones(1, 1)))
+        assert session.exit_code == 0
+        return session
+
+    launch(4)
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir()), (tmp_path / "trajectory" / "rank0.jsonl").read_bytes()
+    for total in (4, 3):
+        assert launch(total).step == 4
+        assert f"the run is already complete at step 4 (total_steps={total}); nothing to train" in capfd.readouterr().err
+    assert (sorted(p.name for p in (tmp_path / "checkpoints").iterdir()), (tmp_path / "trajectory" / "rank0.jsonl").read_bytes()) == before
+    summary = summarize(tmp_path, read_records(tmp_path))
+    assert [a.ended for a in summary.attempts] == ["finished"] * 3
+    finals = [e["final_global_hash"] for e in read_records(tmp_path) if e["event"] == Kind.FINISHED]
+    assert len(finals) == 3 and len(set(finals)) == 1 and summary.final_global_hash == finals[0]

@@ -335,6 +335,8 @@ class Session:
                                 resume_step)
             self._telemetry.stop_agreed(resume_step, self._flag.received_at, at_start=True)
             self.stopped = True
+        elif found is not None and self.step >= self.total_steps:
+            self._telemetry.already_complete(self.step, found["global_hash"])
 
     def _end_step(self) -> None:
         if self._position.advance(self._feed.epoch_mode):

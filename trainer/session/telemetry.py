@@ -80,6 +80,13 @@ class Telemetry:
         """The ranks agreed to stop after `step`."""
         self.emit(Kind.STOP_AGREED, step=step, signal_received_at=received_at, **extra)
 
+    def already_complete(self, step: int, global_hash: str) -> None:
+        """The attempt resumed a run whose training is done (relaunched once more, or given a shorter total_steps): it
+        trains nothing, and ends as the run's last attempt did, finished."""
+        self.say("rank %d: the run is already complete at step %d (total_steps=%d); nothing to train", self.rank, step,
+                 self.total_steps)
+        self.emit(Kind.FINISHED, step=step, final_global_hash=global_hash)
+
     def close(self) -> None:
         """Close the trajectory log."""
         if self._trajectory is not None:
