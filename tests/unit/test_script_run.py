@@ -4,6 +4,7 @@ ledger, and the recorder's records folded by `legato status` into attempts that 
 from __future__ import annotations
 
 import io
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -89,7 +90,7 @@ def test_watch_follows_a_running_scripts_run_until_it_finishes(tmp_path: Path) -
     assert "training complete at step 9" in out.getvalue()
 
 
-def test_a_finished_run_launched_again_trains_nothing_and_its_attempt_ends_finished(tmp_path: Path, capfd) -> None:
+def test_a_finished_run_launched_again_trains_nothing_and_its_attempt_ends_finished(tmp_path: Path, caplog) -> None:
     """A requeue after the end, a rerun of the same command, or a shorter total_steps: the attempt resumes the final
     checkpoint, trains nothing, leaves the checkpoints and trajectory as they were, and says it finished. It used to
     record no end at all: `legato status` showed it running for ever, and as killed once another attempt began."""
@@ -106,11 +107,13 @@ def test_a_finished_run_launched_again_trains_nothing_and_its_attempt_ends_finis
         assert session.exit_code == 0
         return session
 
+    caplog.set_level(logging.INFO)  # rank 0's voice then logs, where the test reads it
     launch(4)
     before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir()), (tmp_path / "trajectory" / "rank0.jsonl").read_bytes()
     for total in (4, 3):
         assert launch(total).step == 4
-        assert f"the run is already complete at step 4 (total_steps={total}); nothing to train" in capfd.readouterr().err
+        assert f"the run is already complete at step 4 (total_steps={total}); nothing to train" in caplog.text
+        caplog.clear()
     assert (sorted(p.name for p in (tmp_path / "checkpoints").iterdir()), (tmp_path / "trajectory" / "rank0.jsonl").read_bytes()) == before
     summary = summarize(tmp_path, read_records(tmp_path))
     assert [a.ended for a in summary.attempts] == ["finished"] * 3
