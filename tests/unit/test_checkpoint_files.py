@@ -156,7 +156,7 @@ def test_a_restored_model_is_copied_from_the_mapping_and_the_optimizer_keeps_mem
     fresh_optimizer = torch.optim.AdamW(fresh.parameters())
     states = layout.load(rows(fresh, fresh_optimizer), tmp_path, rank=0)
     assert mapped_files(tmp_path) == {table.MODEL_FILE}, "only the module's state may stay on the mapping until restored"
-    table.restore(rows(fresh, fresh_optimizer), states, skips=lambda name: False, last=False)
+    table.restore(rows(fresh, fresh_optimizer), states, skips=lambda name: False, last=False, source=tmp_path)
     del states
     assert mapped_files(tmp_path) == set(), "a restored tensor still refers to a checkpoint file's mapping"
     assert table.digests(table.capture(rows(fresh, fresh_optimizer))) == table.digests(saved)

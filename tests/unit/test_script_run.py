@@ -9,6 +9,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
 from conftest import fit_step
 
 from legato.dist.peers import Peers
@@ -119,3 +120,27 @@ def test_a_finished_run_launched_again_trains_nothing_and_its_attempt_ends_finis
     assert [a.ended for a in summary.attempts] == ["finished"] * 3
     finals = [e["final_global_hash"] for e in read_records(tmp_path) if e["event"] == Kind.FINISHED]
     assert len(finals) == 3 and len(set(finals)) == 1 and summary.final_global_hash == finals[0]
+
+
+def test_another_model_in_the_same_run_directory_is_named_and_its_checkpoints_are_left_as_they_were(tmp_path: Path) -> None:
+    """A new experiment started in an old run directory: the checkpoint's model does not load into this one. It used to
+    be torch's bare RuntimeError from deep in the resume; it is one paragraph naming the checkpoint and the way out."""
+    import torch
+
+    import legato
+
+    def launch(model: torch.nn.Module) -> None:
+        session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), total_steps=3,
+                                 checkpoint=legato.CheckpointPolicy(replay_steps=0))
+        for _ in session:
+            session.report(fit_step(model, session.optimizer, torch.ones(1, 2), torch.ones(1, 1)))
+
+    launch(torch.nn.Linear(2, 1))
+    before = {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()}
+    with pytest.raises(legato.UsageError) as refused:
+        launch(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)))
+    said = str(refused.value)
+    checkpoint = tmp_path / "checkpoints" / "step_3"
+    assert said.startswith(f"Checkpoint {checkpoint} does not fit this run's model (Sequential): RuntimeError:"), said
+    assert 'Missing key(s) in state_dict: "0.weight"' in said and "start this one in a new run directory" in said and "\n" not in said
+    assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()} == before

@@ -152,10 +152,10 @@ class Resumer:
         preloaded, self._preloaded = self._preloaded, None
         states = preloaded[1] if preloaded is not None and preloaded[0] == (path, prefix) else layout.load(
             self.components, path, self.peers.rank, prefix)
-        table.restore(self.components, states, self.chaos.skips, last=False)
+        table.restore(self.components, states, self.chaos.skips, last=False, source=path)
         self.feed.resumed()
         # RNG goes last, right before the first resumed step: nothing may draw after it.
-        table.restore(self.components, states, self.chaos.skips, last=True)
+        table.restore(self.components, states, self.chaos.skips, last=True, source=path)
 
     def restore_resharded(self, path: Path, manifest: dict) -> None:
         """Load checkpoint `path` of another world size resharded (opted into), and report it as not bitwise.
@@ -166,7 +166,7 @@ class Resumer:
         directory, prefix = bases.location(path, manifest) if bases.held_by_replay(manifest) else (path, "")
         states = reshard.load(self.components, directory, self.peers.rank, old, new, prefix)
         present = [c for c in self.components if c.name in states]
-        table.restore(present, states, self.chaos.skips, last=False)
+        table.restore(present, states, self.chaos.skips, last=False, source=path)
         self.feed.resumed()
         saved_step = states["counters"]["step_in_epoch"] if "counters" in states else self.feed.position.step_in_epoch
         if self.feed.position.step_in_epoch != saved_step:
@@ -175,7 +175,7 @@ class Resumer:
                 f"is step {self.feed.position.step_in_epoch}: the global batch (per-rank batch x ranks) changed. Keep the global "
                 "batch of the run that wrote it, so the data position stays exact."
             )
-        table.restore(present, states, self.chaos.skips, last=True)
+        table.restore(present, states, self.chaos.skips, last=True, source=path)
         _, recomputed = self.check([{"components": {}}] * new)
         resharded = {"from": old, "to": new}
         seconds = time.perf_counter() - self._started

@@ -72,11 +72,23 @@ def digests(parts: Mapping[str, Any], seen: Digests | None = None) -> dict[str, 
     return {name: digest(value, seen) for name, value in parts.items()}
 
 
-def restore(table: Iterable[Component], states: Mapping[str, Any], skips: Callable[[str], bool], last: bool) -> None:
-    """Load the components of one phase (`last`: the RNG phase); `skips` leaves some unrestored (fault injection)."""
+def restore(table: Iterable[Component], states: Mapping[str, Any], skips: Callable[[str], bool], last: bool, source: object) -> None:
+    """Load the components of one phase (`last`: the RNG phase) from checkpoint `source`; `skips` leaves some unrestored
+    (fault injection). The files verified before this: a state that does not load is another run's, named as such."""
     for c in table:
         if c.restore_last == last and not skips(c.name):
-            c.obj.load_state_dict(states[c.name])
+            try:
+                c.obj.load_state_dict(states[c.name])
+            except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as exc:
+                raise UsageError(_does_not_fit(source, c, exc)) from exc
+
+
+def _does_not_fit(source: object, c: Component, exc: Exception) -> str:
+    said = " ".join(str(exc).split())
+    said = said if len(said) <= 400 else said[:397] + "..."
+    return (f"Checkpoint {source} does not fit this run's {c.name} ({type(c.obj).__name__}): {type(exc).__name__}: {said} The run "
+            "directory holds checkpoints of another model or setup. Resume it with the setup that wrote them, or start this one in "
+            "a new run directory.")
 
 
 def state_hash(table: Iterable[Component]) -> tuple[dict[str, str], str]:
