@@ -144,3 +144,30 @@ def test_another_model_in_the_same_run_directory_is_named_and_its_checkpoints_ar
     assert said.startswith(f"Checkpoint {checkpoint} does not fit this run's model (Sequential): RuntimeError:"), said
     assert 'Missing key(s) in state_dict: "0.weight"' in said and "start this one in a new run directory" in said and "\n" not in said
     assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()} == before
+
+
+def test_another_batch_size_on_resume_is_named_not_left_to_a_verification_that_blames_an_rng(tmp_path: Path) -> None:
+    """Batch 4 for 10 steps, then the same script with batch 8: the checkpoint's 40 samples are step 5 of the new loader, not
+    step 10. The counters differed and the resume failed naming an RNG drawn after the restore as the usual cause."""
+    import torch
+
+    import legato
+
+    dataset = torch.utils.data.TensorDataset(torch.arange(128.0).reshape(64, 2), torch.zeros(64, 1))
+
+    def launch(batch_size: int, total_steps: int) -> legato.Session:
+        model = torch.nn.Linear(2, 1)
+        loader = legato.resumable_loader(dataset, batch_size=batch_size, seed=1)
+        session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), loader=loader,
+                                 total_steps=total_steps, checkpoint=legato.CheckpointPolicy(replay_steps=0))
+        for x, y in session:
+            session.report(fit_step(model, session.optimizer, x, y))
+        return session
+
+    launch(4, 10)
+    with pytest.raises(legato.UsageError) as refused:
+        launch(8, 20)
+    said = str(refused.value)
+    assert "stopped at step 10 of its epoch, but with this run's loader its data position is step 5" in said, said
+    assert "the global batch (per-rank batch x ranks) or the dataset changed" in said
+    assert launch(4, 20).step == 20  # the refused attempt harmed nothing: the run goes on with its own loader

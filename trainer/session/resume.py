@@ -31,6 +31,7 @@ from legato.session import replay
 from legato.session.chaos import Chaos
 from legato.session.feed import Feed
 from legato.session.file_checks import VerifiedTogether
+from legato.session.position import Position
 from legato.session.telemetry import Telemetry
 from legato.session.voice import counted, refuse
 from legato.state import components as table
@@ -154,6 +155,8 @@ class Resumer:
             self.components, path, self.peers.rank, prefix)
         table.restore(self.components, states, self.chaos.skips, last=False, source=path)
         self.feed.resumed()
+        if not self.chaos.skips("data"):
+            _check_data_position(path, states, self.feed.position, "with this run's loader")
         # RNG goes last, right before the first resumed step: nothing may draw after it.
         table.restore(self.components, states, self.chaos.skips, last=True, source=path)
 
@@ -168,13 +171,7 @@ class Resumer:
         present = [c for c in self.components if c.name in states]
         table.restore(present, states, self.chaos.skips, last=False, source=path)
         self.feed.resumed()
-        saved_step = states["counters"]["step_in_epoch"] if "counters" in states else self.feed.position.step_in_epoch
-        if self.feed.position.step_in_epoch != saved_step:
-            raise UsageError(
-                f"Checkpoint {path} stopped at step {saved_step} of its epoch, but re-divided over {new} ranks its data position "
-                f"is step {self.feed.position.step_in_epoch}: the global batch (per-rank batch x ranks) changed. Keep the global "
-                "batch of the run that wrote it, so the data position stays exact."
-            )
+        _check_data_position(path, states, self.feed.position, f"re-divided over {new} ranks")
         table.restore(present, states, self.chaos.skips, last=True, source=path)
         _, recomputed = self.check([{"components": {}}] * new)
         resharded = {"from": old, "to": new}
@@ -333,3 +330,15 @@ def strict_determinism(training: dict | None) -> bool:
     """determinism.mode from the run's settings; for a Session used without a config, whether torch runs deterministic."""
     mode = (training or {}).get("determinism", {}).get("mode")
     return mode == "strict" if mode is not None else torch.are_deterministic_algorithms_enabled()
+
+
+def _check_data_position(path: Path, states: dict, position: Position, how: str) -> None:
+    """The restored data position is the checkpoint's step within its epoch, or the data that feeds it changed: another
+    batch size puts the same samples at another step, and the run would go on from elsewhere in its data."""
+    saved = states["counters"]["step_in_epoch"] if "counters" in states else position.step_in_epoch
+    if position.step_in_epoch != saved:
+        raise UsageError(
+            f"Checkpoint {path} stopped at step {saved} of its epoch, but {how} its data position is step {position.step_in_epoch}: "
+            "the global batch (per-rank batch x ranks) or the dataset changed since it was written. Keep those of the run that "
+            "wrote it, so the data position stays exact, or start a new run directory."
+        )
