@@ -124,6 +124,16 @@ def prepare_in_place_restarts(args: argparse.Namespace, environ: dict[str, str] 
     environ[UNSHARED_STORE] = "1"
 
 
+def check_launch(args: argparse.Namespace) -> None:
+    """What torchrun would only fail on inside its agent (a traceback per rank, or a bare AssertionError): one paragraph."""
+    if not (args.module or args.no_python or os.path.isfile(args.training_script)):
+        raise UsageError(f"python -m legato.torchrun: the training script {args.training_script} is not a file (seen from "
+                         f"{os.getcwd()}). Pass the path of your script, or -m and a module name.")
+    nproc = str(args.nproc_per_node)
+    if nproc.lstrip("-").isdigit() and int(nproc) < 1:
+        raise UsageError(f"python -m legato.torchrun: --nproc-per-node {nproc} starts no rank. Pass 1 or more, or auto.")
+
+
 def main(argv: list[str] | None = None) -> int:
     """torchrun with `argv`; returns 75 when every rank stopped at a committed checkpoint, else torchrun's outcome."""
     try:
@@ -138,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
+        check_launch(args)
         prepare_in_place_restarts(args, os.environ)
     except UsageError as exc:
         say(log, 0, "%s", exc)

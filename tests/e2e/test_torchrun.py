@@ -6,7 +6,8 @@ the next launch resumes, and the run ends bit for bit where an uninterrupted
 one ends. In-place restarts (`--max-restarts 2`, one launch, two stops): the
 agent restarts both workers after each stop and they resume at once, bit for
 bit. The static rendezvous, whose shared store makes restarted gloo workers
-read dead peers' addresses, is refused for in-place restarts before anything starts.
+read dead peers' addresses, is refused for in-place restarts before anything starts, and so are a missing script and
+no ranks at all.
 """
 
 from __future__ import annotations
@@ -85,6 +86,20 @@ def test_max_restarts_on_the_static_rendezvous_is_refused_before_anything_starts
     assert "Traceback" not in refused.stderr
     assert "static rendezvous" in refused.stderr and "--standalone" in refused.stderr
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize(("launch", "said"), [
+    (("--nproc-per-node", "2", "no_such_train.py"), "the training script no_such_train.py is not a file"),
+    (("--nproc-per-node", "0", str(SCRIPT)), "--nproc-per-node 0 starts no rank. Pass 1 or more, or auto."),
+])
+def test_a_launch_torchrun_would_fail_inside_its_agent_is_one_paragraph_and_exit_2(tmp_path: Path, launch: tuple, said: str) -> None:
+    """Plain torchrun prints a ChildFailedError per rank for a missing script, and a bare AssertionError for no ranks."""
+    env = dict(os.environ, PYTHONWARNINGS="ignore")
+    refused = subprocess.run([*LEGATO_TORCHRUN, *launch, str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=300)
+    assert refused.returncode == 2, refused.stderr[-3000:]
+    assert said in refused.stderr and "Traceback" not in refused.stderr and "ChildFailedError" not in refused.stderr, refused.stderr
+    assert not (tmp_path / "run").exists()
 
 
 def test_the_run_checker_catches_a_planted_fault(tmp_path: Path, reference: Path) -> None:
