@@ -171,3 +171,25 @@ def test_another_batch_size_on_resume_is_named_not_left_to_a_verification_that_b
     assert "stopped at step 10 of its epoch, but with this run's loader its data position is step 5" in said, said
     assert "the global batch (per-rank batch x ranks) or the dataset changed" in said
     assert launch(4, 20).step == 20  # the refused attempt harmed nothing: the run goes on with its own loader
+
+
+def test_another_optimizer_class_that_loads_without_an_error_is_named_as_the_likely_cause(tmp_path: Path) -> None:
+    """AdamW loads SGD's state dict without a word; the restored state then differs from the checkpoint's. The paragraph
+    names the optimizer as not what wrote it, not a generator drawn after the restore (the cause it used to suggest)."""
+    import torch
+
+    import legato
+
+    def launch(make: type) -> None:
+        model = torch.nn.Linear(2, 1)
+        session = legato.Session(tmp_path, model=model, optimizer=make(model.parameters(), lr=0.1), total_steps=3,
+                                 checkpoint=legato.CheckpointPolicy(replay_steps=0))
+        for _ in session:
+            session.report(fit_step(model, session.optimizer, torch.ones(1, 2), torch.ones(1, 1)))
+
+    launch(torch.optim.SGD)
+    with pytest.raises(legato.ResumeMismatchError) as refused:
+        launch(torch.optim.AdamW)
+    said = str(refused.value)
+    assert "Differing components: rank 0: optimizer. This run's optimizer is not what wrote the checkpoint" in said, said
+    assert "generator" not in said

@@ -244,8 +244,7 @@ def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[
         where = "" if verdict is None else f" (its replay base, step {verdict.from_step})"
         problems.append(
             f"Resume verification failed at step {step} ({path}){where}: the restored state does not hash to what the "
-            f"checkpoint recorded. Differing components: {detail}. Something was not restored, or was changed after "
-            "restore (an RNG drawn between restore and the first step is the usual cause)."
+            f"checkpoint recorded. Differing components: {detail}. {_likely({n for names in mismatches.values() for n in names})}"
         )
     if verdict is not None and not verdict.identical:
         # A cause recorded at the save is known, not guessed: the replay's guess would name another one first.
@@ -254,6 +253,15 @@ def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[
     if problems and known:
         problems.append(known)
     return " ".join(problems)
+
+
+def _likely(names: set[str]) -> str:
+    """The usual cause for these differing components: a draw after the restore for generators, otherwise an object that
+    is not the one that wrote the checkpoint (an SGD where it saved an AdamW loads without an error) or was changed."""
+    if names and all(name.startswith("rng.") for name in names):
+        return "A generator was drawn from between the restore and the first step, or was not restored."
+    return (f"This run's {', '.join(sorted(names))} is not what wrote the checkpoint (another class, settings or shapes in the "
+            "script) or was changed after the restore, before the first step; or something was not restored.")
 
 
 def _diverged(manifest: dict) -> str:
