@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import fit_step
@@ -125,6 +126,39 @@ def test_a_carried_batch_is_restored_into_its_tensors_and_another_shape_is_refus
     with pytest.raises(legato.UsageError, match="shapes and dtypes"):
         for _ in other:
             break
+
+
+def _carried_batch(step: int) -> dict:
+    return {"x": torch.full((3, 2), float(step)), "ids": [f"doc{step}", f"doc{step + 100}"], "tokens": 10 * step, "pair": (step, None)}
+
+
+def test_a_carried_batchs_plain_values_are_restored_into_its_dicts_and_lists_and_one_in_a_tuple_is_verified(tmp_path: Path) -> None:
+    """Ids and a token count beside the tensors: they were not saved, and the first resumed step went on with the values of
+    the batch carried before the loop while the resume said verified. A value in a tuple cannot be written back: when it
+    differs the resume fails on `carried` instead."""
+    no_replay = legato.CheckpointPolicy(replay_steps=0)
+    session = _session(tmp_path, chaos=legato.Chaos(signal_at_steps=(2,)), checkpoint=no_replay)
+    session.carry(_carried_batch(0))
+    for step in session:
+        session.carry(_carried_batch(step + 1))
+    assert session.exit_code == 75
+    again = _session(tmp_path, checkpoint=no_replay)
+    held = again.carry({**_carried_batch(0), "pair": (2, None)})  # the tuple holds what was carried out of step 2
+    for _ in again:
+        break
+    assert held["ids"] == ["doc2", "doc102"] and held["tokens"] == 20 and torch.equal(held["x"], torch.full((3, 2), 2.0)), held
+    differs = _session(tmp_path, checkpoint=no_replay)
+    differs.carry(_carried_batch(0))
+    with pytest.raises(legato.ResumeMismatchError, match="Differing components: rank 0: carried"):
+        for _ in differs:
+            break
+
+
+@pytest.mark.parametrize(("leaf", "named"), [(np.zeros(3), "a numpy.ndarray"), (Path("x"), "a pathlib.PosixPath")])
+def test_a_carried_batch_with_a_leaf_legato_cannot_save_is_refused_when_carried(tmp_path: Path, leaf: object, named: str) -> None:
+    session = _session(tmp_path)
+    with pytest.raises(legato.UsageError, match=f"session.carry\\(\\) got a batch holding {named}, which legato can neither save"):
+        session.carry({"x": torch.zeros(2), "extra": [leaf]})
 
 
 def test_misuse_is_refused_in_one_paragraph(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

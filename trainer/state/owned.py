@@ -8,7 +8,8 @@
   with the partial sums; `None` stays `None`.
 - `Carried`: the batch a prefetching loop holds into the next step. On
   restore the held tensors are overwritten in place, because the loop keeps
-  its own references to them.
+  its own references to them, and its plain values are written back into
+  their dicts and lists.
 
 Capturing never draws from a generator and never copies more than the state.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import random
 import sys
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 import numpy as np
@@ -137,12 +139,23 @@ class Gradients:
 
 
 class Carried:
-    """The batch the loop keeps between steps (`Session.carry`); restored into the same tensors."""
+    """The batch the loop keeps between steps (`Session.carry`); restored into the same tensors and containers.
+
+    Its plain values (text, numbers, None: ids, lengths, a token count) are saved too and written back into their dict
+    or list; one that sits in a tuple, or is the whole batch, cannot be written back, but is in the digest, so a resume
+    where it differs fails its verification instead of going on with the pre-loop value."""
 
     def __init__(self) -> None:
         self.batch: Any = None
 
     def hold(self, batch: Any) -> None:
+        odd = _unsaveable(batch)
+        if odd is not None:
+            raise UsageError(
+                f"session.carry() got a batch holding {odd}, which legato can neither save nor restore, so a resume would go on "
+                "with another value while it reports itself verified. Carry tensors (nested in dicts, lists and tuples) and plain "
+                "values (text, numbers) in dicts or lists: torch.from_numpy() for arrays, a dict of a dataclass's fields."
+            )
         self.batch = batch
 
     @property
@@ -150,7 +163,9 @@ class Carried:
         return self.batch is not None
 
     def state_dict(self) -> dict:
-        return {"tensors": batch_tensors(self.batch)}
+        values = _plain_values(self.batch)
+        # Only a batch with plain values has the key: a tensor-only batch keeps the digest it always had.
+        return {"tensors": batch_tensors(self.batch), "values": values} if values else {"tensors": batch_tensors(self.batch)}
 
     def load_state_dict(self, state: dict) -> None:
         live = batch_tensors(self.batch)
@@ -163,6 +178,47 @@ class Carried:
         with torch.no_grad():
             for a, b in zip(live, saved):
                 a.copy_(b)
+        values = state.get("values", [])
+        if len(values) == len(_plain_values(self.batch)):
+            _write_back(self.batch, iter(values))
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def _unsaveable(batch: Any) -> str | None:
+    """A description of the first leaf that is neither a tensor nor a plain value, or None."""
+    if isinstance(batch, (torch.Tensor, *_PLAIN)):
+        return None
+    if isinstance(batch, Mapping):
+        return next((odd for odd in map(_unsaveable, batch.values()) if odd is not None), None)
+    if isinstance(batch, (list, tuple)):
+        return next((odd for odd in map(_unsaveable, batch) if odd is not None), None)
+    return f"a {type(batch).__module__}.{type(batch).__qualname__}"
+
+
+def _plain_values(batch: Any) -> list:
+    """The batch's plain values, in batch_tensors' order (dict keys sorted by repr)."""
+    if isinstance(batch, _PLAIN):
+        return [batch]
+    if isinstance(batch, Mapping):
+        return [v for key in sorted(batch, key=repr) for v in _plain_values(batch[key])]
+    if isinstance(batch, (list, tuple)):
+        return [v for item in batch for v in _plain_values(item)]
+    return []
+
+
+def _write_back(batch: Any, values: Any) -> None:
+    """Put the saved plain values into the batch's dicts and lists, in the order `_plain_values` reads them."""
+    slots = ((key, batch[key]) for key in sorted(batch, key=repr)) if isinstance(batch, Mapping) else \
+        enumerate(batch) if isinstance(batch, (list, tuple)) else ()
+    for key, item in slots:
+        if not isinstance(item, _PLAIN):
+            _write_back(item, values)
+            continue
+        value = next(values)
+        if isinstance(batch, (MutableMapping, list)):
+            batch[key] = value
 
 
 class ShardedOptimizer:
