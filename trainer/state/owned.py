@@ -26,7 +26,7 @@ import torch
 
 from legato.errors import UsageError
 from legato.state import components as table
-from legato.state.snapshot import batch_tensors
+from legato.state.snapshot import batch_leaves, batch_tensors
 
 
 class TorchGenerator:
@@ -188,24 +188,13 @@ _PLAIN = (str, int, float, bool, type(None))
 
 def _unsaveable(batch: Any) -> str | None:
     """A description of the first leaf that is neither a tensor nor a plain value, or None."""
-    if isinstance(batch, (torch.Tensor, *_PLAIN)):
-        return None
-    if isinstance(batch, Mapping):
-        return next((odd for odd in map(_unsaveable, batch.values()) if odd is not None), None)
-    if isinstance(batch, (list, tuple)):
-        return next((odd for odd in map(_unsaveable, batch) if odd is not None), None)
-    return f"a {type(batch).__module__}.{type(batch).__qualname__}"
+    odd = next((leaf for leaf in batch_leaves(batch) if not isinstance(leaf, (torch.Tensor, *_PLAIN))), None)
+    return None if odd is None else f"a {type(odd).__module__}.{type(odd).__qualname__}"
 
 
 def _plain_values(batch: Any) -> list:
-    """The batch's plain values, in batch_tensors' order (dict keys sorted by repr)."""
-    if isinstance(batch, _PLAIN):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [v for key in sorted(batch, key=repr) for v in _plain_values(batch[key])]
-    if isinstance(batch, (list, tuple)):
-        return [v for item in batch for v in _plain_values(item)]
-    return []
+    """The batch's plain values, in batch_tensors' order."""
+    return [leaf for leaf in batch_leaves(batch) if isinstance(leaf, _PLAIN)]
 
 
 def _write_back(batch: Any, values: Any) -> None:

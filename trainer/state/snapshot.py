@@ -109,12 +109,15 @@ def _pair(live: Any, copy: Any, everyone: bool, into: dict[int, tuple[torch.Tens
             _pair(value, copied, everyone, into)
 
 
+def batch_leaves(batch: Any) -> list[Any]:
+    """The leaves of a batch (what nested lists, tuples and mappings hold), in a fixed order: mapping keys sorted by repr."""
+    if isinstance(batch, Mapping):
+        return [leaf for key in sorted(batch, key=repr) for leaf in batch_leaves(batch[key])]
+    if isinstance(batch, (list, tuple)):
+        return [leaf for item in batch for leaf in batch_leaves(item)]
+    return [batch]
+
+
 def batch_tensors(batch: Any) -> list[torch.Tensor]:
     """The tensors of a batch (nested lists, tuples and dicts), in a fixed order."""
-    if isinstance(batch, torch.Tensor):
-        return [batch]
-    if isinstance(batch, Mapping):
-        return [t for key in sorted(batch, key=repr) for t in batch_tensors(batch[key])]
-    if isinstance(batch, (list, tuple)):
-        return [t for item in batch for t in batch_tensors(item)]
-    return []
+    return [leaf for leaf in batch_leaves(batch) if isinstance(leaf, torch.Tensor)]
