@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import numpy as np
 import pytest
@@ -110,6 +110,9 @@ def test_a_run_dir_that_is_a_file_is_refused_with_the_config_rule_and_the_file_i
     with pytest.raises(legato.UsageError, match=r"run_dir '.*notes.txt/run' lies under .*notes.txt, which is a file"):
         _session(afile / "run")
     assert afile.read_text() == "keep me"
+    with pytest.raises(legato.UsageError, match=r"Session: run_dir '5' is of type int, not a path\."):
+        _session(5)
+    assert _session(PurePosixPath(tmp_path / "pure")).run_dir == tmp_path / "pure"  # any os.PathLike
 
 
 @pytest.mark.parametrize(("swap", "message"), [

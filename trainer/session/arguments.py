@@ -9,6 +9,7 @@ their own fields as they are made (legato.session.policy). The run directory's r
 from __future__ import annotations
 
 import numbers
+import os
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,8 @@ _EXAMPLE_LENGTH = {"total_steps": 10_000, "total_epochs": 90}
 
 def check_arguments(run_dir: str | Path, model: Any, optimizer: Any, scheduler: Any, scaler: Any) -> None:
     """A UsageError naming the first argument a Session cannot work with, and what to pass instead."""
-    problem = run_dir_problem(Path(run_dir)) if isinstance(run_dir, (str, Path)) else f"is a {type(run_dir).__name__}, not a path"
+    is_path = isinstance(run_dir, (str, os.PathLike))
+    problem = run_dir_problem(Path(run_dir)) if is_path else f"is of type {type(run_dir).__name__}, not a path"
     if problem:
         raise UsageError(f"Session: run_dir {show(str(run_dir), 300)} {problem}. Pass a directory you can write (it is created), "
                          "such as \"runs/exp1\".")
