@@ -154,7 +154,8 @@ class Carried:
             raise UsageError(
                 f"session.carry() got a batch holding {odd}, which legato can neither save nor restore, so a resume would go on "
                 "with another value while it reports itself verified. Carry tensors (nested in dicts, lists and tuples) and plain "
-                "values (text, numbers) in dicts or lists: torch.from_numpy() for arrays, a dict of a dataclass's fields."
+                "values (text, numbers) in dicts or lists: torch.from_numpy() for arrays, .item() for numpy numbers, a dict "
+                "of a dataclass's fields."
             )
         self.batch = batch
 
@@ -186,15 +187,21 @@ class Carried:
 _PLAIN = (str, int, float, bool, type(None))
 
 
+def _is_plain(leaf: Any) -> bool:
+    """Python's own text, numbers and None, exactly: a numpy scalar (a float subclass) would be saved as a numpy object,
+    which a weights-only load refuses, leaving the checkpoint unloadable."""
+    return type(leaf) in _PLAIN
+
+
 def _unsaveable(batch: Any) -> str | None:
     """A description of the first leaf that is neither a tensor nor a plain value, or None."""
-    odd = next((leaf for leaf in batch_leaves(batch) if not isinstance(leaf, (torch.Tensor, *_PLAIN))), None)
+    odd = next((leaf for leaf in batch_leaves(batch) if not (isinstance(leaf, torch.Tensor) or _is_plain(leaf))), None)
     return None if odd is None else f"a {type(odd).__module__}.{type(odd).__qualname__}"
 
 
 def _plain_values(batch: Any) -> list:
     """The batch's plain values, in batch_tensors' order."""
-    return [leaf for leaf in batch_leaves(batch) if isinstance(leaf, _PLAIN)]
+    return [leaf for leaf in batch_leaves(batch) if _is_plain(leaf)]
 
 
 def _write_back(batch: Any, values: Any) -> None:
@@ -202,7 +209,7 @@ def _write_back(batch: Any, values: Any) -> None:
     slots = ((key, batch[key]) for key in sorted(batch, key=repr)) if isinstance(batch, Mapping) else \
         enumerate(batch) if isinstance(batch, (list, tuple)) else ()
     for key, item in slots:
-        if not isinstance(item, _PLAIN):
+        if not _is_plain(item):
             _write_back(item, values)
             continue
         value = next(values)
