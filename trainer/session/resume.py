@@ -155,7 +155,7 @@ class Resumer:
             self.components, path, self.peers.rank, prefix)
         table.restore(self.components, states, self.chaos.skips, last=False, source=path)
         self.feed.resumed()
-        if not self.chaos.skips("data"):
+        if not self.chaos.skips("data"):  # a data position left unrestored on purpose is the verification's to name
             _check_data_position(path, states, self.feed.position, "with this run's loader")
         # RNG goes last, right before the first resumed step: nothing may draw after it.
         table.restore(self.components, states, self.chaos.skips, last=True, source=path)
