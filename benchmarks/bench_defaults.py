@@ -54,7 +54,12 @@ freed; this project's machines do) makes a write or an allocation into returned 
 pages freed a moment ago, so without the wait a variant that ran right after the previous one's files were deleted
 measured up to 4x faster than one that ran seconds later. A checkpoint minutes after the last one meets settled memory.
 
+With `--device cuda` the state lives on the GPU (every rank on the one GPU it is given, the collectives over gloo,
+as ranks that share a GPU run): the memory copies are then copies from the GPU into pinned host memory, the floor of
+a blocking part that stages there, and the peak memory rows count host memory only.
+
     python benchmarks/bench_defaults.py [--ranks 2 4] [--mb 64 256 1024] [--rounds 3] [--dir /tmp] [--settle 3] [--cold]
+                                        [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -102,6 +107,7 @@ ASYNC_STEPS = 12  # periodic at steps 3, 6 and 9 (12 is the final); the first on
 WAITED = 9  # the periodic checkpoint whose write the loop waits for before it trains on: the write's own time
 FULL_BASE = legato.CheckpointPolicy(agree_every_steps=1, replay_steps=2)  # the base of step 2 holds AdamW's moments too
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+DEVICE = torch.device("cpu")  # where each rank's state lives: set once per process by worker()
 PLAIN = "plain loop, no checkpoint"  # the memory rows' reference
 BACKGROUND = "legato Session async_=True, background write"
 BACKGROUND_ALONE = "  the same, the loop waiting (the write alone)"
@@ -119,14 +125,14 @@ STOPS = (  # row, run directory, policy of the stop-checkpoint variants
 def make(megabytes: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     hidden = int((megabytes * 2**20 / 4 / 3) ** 0.5)
-    model = torch.nn.Linear(hidden, hidden, bias=False)
+    model = torch.nn.Linear(hidden, hidden, bias=False, device=DEVICE)
     optimizer = torch.optim.AdamW(model.parameters())
     return model, optimizer
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> torch.Tensor:
     features = getattr(model, "module", model).in_features
-    loss = model(torch.ones(2, features)).square().mean()
+    loss = model(torch.ones(2, features, device=DEVICE)).square().mean()
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -280,6 +286,21 @@ def raw_write(path: Path, data: memoryview) -> None:
         os.fsync(f.fileno())
 
 
+def host_buffer(like: torch.Tensor) -> torch.Tensor:
+    """Where a copy of `like` goes: beside it on the CPU, pinned host memory for a tensor on the GPU."""
+    if like.device.type == "cpu":
+        return torch.empty_like(like)
+    return torch.empty(like.shape, dtype=like.dtype, pin_memory=True)
+
+
+def copy_all(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """Copy every source into its target, waiting for the GPU's copies to finish."""
+    for target, source in zip(targets, sources):
+        target.copy_(source, non_blocking=True)
+    if DEVICE.type == "cuda":
+        torch.cuda.synchronize(DEVICE)
+
+
 def load_into(path: Path | None, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """A plain script's resume: torch.load of the whole state and load_state_dict (nothing where `path` is None)."""
     if path is None:
@@ -290,7 +311,11 @@ def load_into(path: Path | None, model: torch.nn.Module, optimizer: torch.optim.
 
 
 def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, cold: bool, directory: str,
-           out: dict) -> None:
+           device: str, out: dict) -> None:
+    global DEVICE
+    DEVICE = torch.device(device)
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(0)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -348,10 +373,11 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
     total = sum(t.nbytes for t in [*model.state_dict().values(), *[v for s in optimizer.state.values() for v in s.values()]])
     tensors = [*model.state_dict().values(), *[v for s in optimizer.state.values() for v in s.values() if v.dim()]]
-    copies = [t.clone() for t in tensors]
-    share_source = torch.ones(total // world, dtype=torch.uint8)
-    share_copy = share_source.clone()
-    share_bytes = memoryview(share_source.numpy())  # the raw writes' bytes, allocated outside their timings
+    copies = [host_buffer(t) for t in tensors]
+    share_source = torch.ones(total // world, dtype=torch.uint8, device=DEVICE)
+    share_copy = host_buffer(share_source)
+    # The raw writes' bytes, allocated outside their timings.
+    share_bytes = memoryview(torch.ones(total // world, dtype=torch.uint8).numpy())
     all_bytes = memoryview(bytearray(total))
     for r in range(rounds):
         scratch = base / f"r{r}"
@@ -386,12 +412,12 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         del own
         whole = timed(raw_write, scratch / "raw", all_bytes) if rank == 0 else timed(lambda: None)
         record("raw write + fsync, the whole state, rank 0", whole)
-        record("memory copy of the state", timed(lambda: [c.copy_(t) for c, t in zip(copies, tensors)]))
-        record("memory copy of one rank's share (state / ranks)", timed(lambda: share_copy.copy_(share_source)))
+        record("memory copy of the state", timed(copy_all, copies, tensors))
+        record("memory copy of one rank's share (state / ranks)", timed(copy_all, [share_copy], [share_source]))
         # The spread goes by whole tensors, so one rank may stage more than state / ranks: the floor of its blocking part.
-        staged = torch.ones(largest_share(scratch / "async", 2 * ASYNC.every_steps), dtype=torch.uint8)
-        staging = staged.clone()
-        record("memory copy of the largest rank's share", timed(staging.copy_, staged))
+        staged = torch.ones(largest_share(scratch / "async", 2 * ASYNC.every_steps), dtype=torch.uint8, device=DEVICE)
+        staging = host_buffer(staged)
+        record("memory copy of the largest rank's share", timed(copy_all, [staging], [staged]))
         del staged, staging
         cache(scratch / "noreplay")
         resumed, started = session_restore(scratch / "noreplay", megabytes, settle)
@@ -419,12 +445,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--settle", type=float, default=SETTLE_S, help="seconds to wait before each timed part (0: none)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state lives (cuda: every rank on GPU 0)")
     parser.add_argument("--cold", action="store_true",
                         help="start each restore row with the page cache dropped (root), not with its files cached")
     args = parser.parse_args()
     if args.cold and not os.access(DROP_CACHES, os.W_OK):
         print(f"--cold drops the page cache before each restore row, which takes writing {DROP_CACHES}: only root may. Run "
               "the bench as root, or without --cold (each restore row then starts with its files cached).", file=sys.stderr)
+        sys.exit(2)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda puts the state on the GPU, and this torch sees none. Run it on a GPU machine with a CUDA build of "
+              "torch, or without --device.", file=sys.stderr)
         sys.exit(2)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     # Every freed tensor goes back to the system at once (glibc otherwise raises its mmap threshold as large blocks are
@@ -433,13 +464,16 @@ def main() -> None:
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians, {args.settle:g} s settle before each; "
           f"ratios against torch.save + fsync (plain A); restores from {'disk (page cache dropped)' if args.cold else 'the page cache'}")
+    if args.device == "cuda":
+        print(f"state on {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}), every rank on it, gloo; copies go to pinned "
+              "host memory")
     for world in args.ranks:
         for megabytes in args.mb:
             directory = Path(tempfile.mkdtemp(prefix="legato-bench-", dir=args.dir))
             with mp.Manager() as manager:
                 out = manager.dict()
                 mp.spawn(worker, nprocs=world,
-                         args=(world, free_port(), megabytes, args.rounds, args.settle, args.cold, str(directory), out))
+                         args=(world, free_port(), megabytes, args.rounds, args.settle, args.cold, str(directory), args.device, out))
                 results = dict(out)
             shutil.rmtree(directory, ignore_errors=True)
             anchor = results["control: torch.save + fsync, rank 0 (plain A)"]

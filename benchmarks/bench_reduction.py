@@ -12,7 +12,10 @@ and each block is compared with the plain block run just before it, so the
 drift of a shared machine cancels out. The model has several buckets (first
 bucket 1 MiB, then 25 MiB). The one-off costs are timed on rank 0.
 
-    python benchmarks/bench_reduction.py [--world 4] [--steps 20] [--rounds 10] [--hidden 1024]
+With `--device cuda` the model trains on the GPU, every rank on the one GPU it
+is given: one rank over NCCL (DDP's own path on a GPU), several over gloo.
+
+    python benchmarks/bench_reduction.py [--world 4] [--steps 20] [--rounds 10] [--hidden 1024] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -43,13 +46,21 @@ def _model(hidden: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(hidden, 1))
 
 
+def _backend(device: str, world: int) -> str:
+    """NCCL for one rank on a GPU; gloo on the CPU and for ranks that share the one GPU (NCCL refuses them)."""
+    return "nccl" if device == "cuda" and world == 1 else "gloo"
+
+
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    nets = {"plain": DDP(_model(args.hidden)), "plain (control)": DDP(_model(args.hidden)), "restored": DDP(_model(args.hidden))}
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+    dist.init_process_group(_backend(args.device, world), rank=rank, world_size=world)
+    nets = {name: DDP(_model(args.hidden).to(device)) for name in ("plain", "plain (control)", "restored")}
     opts = {name: torch.optim.SGD(net.parameters(), lr=1e-4) for name, net in nets.items()}
-    x, y = torch.randn(32, 256), torch.randn(32, 1)
+    x, y = torch.randn(32, 256, device=device), torch.randn(32, 1, device=device)
     opts["plain"].zero_grad(set_to_none=True)
     F.mse_loss(nets["plain"](x), y).backward()  # DDP rebuilds its buckets after this first backward pass
     start = time.perf_counter()
@@ -67,6 +78,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: dic
             opt.zero_grad(set_to_none=True)
             F.mse_loss(net(x), y).backward()
             opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         return (time.perf_counter() - start) / args.steps
 
     for name in nets:  # warm-up: the first step of each wrapper rebuilds its buckets
@@ -93,10 +106,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains (cuda: every rank on GPU 0)")
     args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda trains on the GPU, and this torch sees none. Run it on a GPU machine with a CUDA build of torch, or "
+              "without --device.", file=sys.stderr)
+        sys.exit(2)
     params = sum(p.numel() for p in _model(args.hidden).parameters())
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, {args.world} ranks gloo, 1 thread each, model {params / 1e6:.2f}M "
-          f"parameters ({params * 4 / 2**20:.1f} MiB of gradients)")
+    where = f", on {torch.cuda.get_device_name(0)}" if args.device == "cuda" else ""
+    print(f"torch {torch.__version__}, {os.cpu_count()} cores, {args.world} ranks {_backend(args.device, args.world)}{where}, 1 thread "
+          f"each, model {params / 1e6:.2f}M parameters ({params * 4 / 2**20:.1f} MiB of gradients)")
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(_worker, args=(args.world, free_port(), args, out), nprocs=args.world, join=True)

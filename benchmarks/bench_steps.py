@@ -11,7 +11,12 @@ and every step boundary but not the Session's start-up or its final checkpoint (
 bench_defaults.py). Blocks of every variant alternate with a plain block, each is divided by the plain block run
 just before it, and the medians are printed; the second plain row is the control that shows the noise floor.
 
+With `--device cuda` the model trains on the GPU (every rank on the one GPU it is given; one rank uses NCCL, several
+share the GPU over gloo) and the loaders pin their batches, which each step copies to the GPU without waiting; the
+Session's `report(loss)` then reads the loss back, a wait for the GPU each step that the plain loop does not have.
+
     python benchmarks/bench_steps.py [--steps 96] [--rounds 8] [--workers 2] [--batch 32] [--variants defaults ...]
+                                     [--world 2] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from legato.runtime.launch import free_port
 from legato.session.session import CheckpointPolicy, Session
 
-WORLD = 2
 VARIANTS = ("defaults", "no-worker-rng", "no-hash", "no-replay")
 
 
@@ -67,10 +71,14 @@ def _model() -> torch.nn.Module:
     )
 
 
-def _timed_epoch(batches: Iterable, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], report: Callable | None) -> float:
-    """Seconds per step between the second batch and the last (start-up and the end of the epoch excluded)."""
+def _timed_epoch(batches: Iterable, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], report: Callable | None,
+                 steps: int, sync: Callable[[], None]) -> float:
+    """Seconds per step between the second batch and the last (start-up and the end of the epoch excluded). `sync` waits
+    for the GPU at those two batches only, so the steps between them queue their work as the loop would."""
     yielded: list[float] = []
     for x, y in batches:
+        if len(yielded) in (1, steps - 1):
+            sync()
         yielded.append(time.perf_counter())
         loss = step(x, y)
         if report is not None:
@@ -86,38 +94,53 @@ def _middle_half(values: list[float]) -> tuple[float, float]:
     return first, third
 
 
+def _backend(device: str, world: int) -> str:
+    """NCCL for one rank on a GPU; gloo on the CPU and for ranks that share the one GPU (NCCL refuses them)."""
+    return "nccl" if device == "cuda" and world == 1 else "gloo"
+
+
 def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=WORLD)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        torch.cuda.set_device(0)
+    world = args.world
+    dist.init_process_group(_backend(args.device, world), rank=rank, world_size=world)
     torch.manual_seed(0)
     random.seed(0)
-    dataset = Augmented(args.steps * args.batch * WORLD)
-    model = DDP(_model())
+    dataset = Augmented(args.steps * args.batch * world)
+    model = DDP(_model().to(device))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         loss = F.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
         return loss.detach()
 
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
     def loader(epoch: int) -> DataLoader:
-        sampler = DistributedSampler(dataset, WORLD, rank, shuffle=True, seed=0, drop_last=True)
+        sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=0, drop_last=True)
         sampler.set_epoch(epoch)
-        return DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers, drop_last=True)
+        return DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers, drop_last=True,
+                          pin_memory=device.type == "cuda")
 
     def plain(r: int) -> float:
         dist.barrier()
-        return _timed_epoch(loader(r), step, None)
+        return _timed_epoch(loader(r), step, None, args.steps, sync)
 
     def session(label: str, policy: CheckpointPolicy, worker_rng: bool = True) -> Callable[[int], float]:
         def run(r: int) -> float:
             dist.barrier()
             s = Session(Path(tmp) / f"{label}-{r}", model=model, optimizer=opt, loader=loader(r),
                         total_steps=args.steps, checkpoint=policy, worker_rng=worker_rng)
-            return _timed_epoch(s, step, s.report)
+            return _timed_epoch(s, step, s.report, args.steps, sync)
         return run
 
     every: dict[str, tuple[str, Callable[[int], float]]] = {
@@ -152,17 +175,24 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument("--workers", type=int, default=2, help="DataLoader worker processes per rank")
     parser.add_argument("--batch", type=int, default=32, help="per-rank batch")
+    parser.add_argument("--world", type=int, default=2, help="ranks")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains (cuda: every rank on GPU 0)")
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                         help="the Session rows to run beside the plain loop and its control (fewer rows: more rounds in the same time)")
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("--device cuda trains on the GPU, and this torch sees none. Run it on a GPU machine with a CUDA build of torch, or "
+              "without --device.", file=sys.stderr)
+        return 2
     params = sum(p.numel() for p in _model().parameters())
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {WORLD} ranks gloo, 1 thread each, {args.workers} workers a rank, "
-          f"batch {args.batch}, model {params / 1e6:.2f}M parameters + AdamW")
+    where = f", on {torch.cuda.get_device_name(0)}" if args.device == "cuda" else ""
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.world} ranks {_backend(args.device, args.world)}{where}, 1 thread "
+          f"each, {args.workers} workers a rank, batch {args.batch}, model {params / 1e6:.2f}M parameters + AdamW")
     print(f"per-step time; overhead = median over {args.rounds} rounds of (variant block / adjacent plain block), "
           f"{args.steps} steps a block")
     with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
         out = manager.dict()
-        mp.spawn(_worker, args=(free_port(), args, tmp, out), nprocs=WORLD, join=True)
+        mp.spawn(_worker, args=(free_port(), args, tmp, out), nprocs=args.world, join=True)
         for name, (seconds, ratio, first, third) in dict(out).items():
             print(f"   {name:<26} {seconds * 1e3:8.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%   "
                   f"middle half of the rounds {100 * (first - 1):+6.2f}% .. {100 * (third - 1):+6.2f}%")

@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
 # The CUDA checks of docs/gpu.md, for anyone with an NVIDIA GPU: bitwise resumes and named planted faults under
-# `legato verify` (tests/e2e/test_cuda.py), the environment capture, and the checkpoint benchmark with the state on
-# the GPU. Everything it prints also lands in OUT_DIR (default gpu-check/).
+# `legato verify` (tests/e2e/test_cuda.py), the environment capture, and the benchmarks with the state on the GPU.
+# Everything it prints also lands in OUT_DIR (default gpu-check/), one file per part.
 #
 #   scripts/gpu_check.sh [OUT_DIR]
 #
 # It uses the machine's own CUDA build of torch: $PYTHON (default python3) must import a torch that sees a GPU,
 # and legato is installed (editable) into that Python's environment, so no torch is downloaded. Without network,
 # put wheels of what is missing (submitit) in a folder and set PIP_FIND_LINKS to it.
-# WORKERS (default 6) tests run at once on the one GPU; BENCH_MB (default "64 256 1024") sets the state sizes.
+#
+# PARTS (default "tests capture defaults steps reduction async") picks the parts, in that order:
+#   tests      tests/e2e/test_cuda.py, WORKERS (default 6) tests at once on the one GPU
+#   capture    legato repro capture
+#   defaults   benchmarks/bench_defaults.py: live Sessions at their defaults, BENCH_RANKS ranks (default "2 4") on the GPU
+#   steps      benchmarks/bench_steps.py: per-step cost at the defaults, one rank over NCCL
+#   reduction  benchmarks/bench_reduction.py: DDP's own bucket layout against the one a resume restores, NCCL
+#   async      benchmarks/bench_checkpoint_async.py: what a checkpoint blocks, one rank
+# BENCH_MB (default "64 256 1024") sets the state sizes, BENCH_ROUNDS (default 3) the rounds, and PART_TIMEOUT (seconds,
+# default none) ends a part that runs longer, so that the parts after it still run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-check}
 PY=${PYTHON:-python3}
+PARTS=" ${PARTS:-tests capture defaults steps reduction async} "
+ROUNDS=${BENCH_ROUNDS:-3}
+read -ra MB <<< "${BENCH_MB:-64 256 1024}"
+read -ra RANKS <<< "${BENCH_RANKS:-2 4}"
 mkdir -p "$OUT"
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
@@ -23,19 +36,33 @@ pip_args=(--quiet --no-build-isolation)
 [ -n "${PIP_FIND_LINKS:-}" ] && pip_args+=(--no-index --find-links "$PIP_FIND_LINKS")
 "$PY" -m pip install "${pip_args[@]}" -e . || exit 2
 "$PY" -c 'import pytest, xdist' 2>/dev/null || "$PY" -m pip install "${pip_args[@]}" pytest pytest-xdist || exit 2
-PYBIN=$PY
 
 {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
-    "$PYBIN" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), "NCCL", ".".join(map(str, torch.cuda.nccl.version())))'
+    "$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda, "cuDNN", torch.backends.cudnn.version(), "NCCL", ".".join(map(str, torch.cuda.nccl.version())))'
     echo "CPUs: $(nproc)"
 } 2>&1 | tee "$OUT/machine.txt"
 
 status=0
-"$PYBIN" -m pytest -v --durations=20 -p no:cacheprovider -n "${WORKERS:-6}" --dist load tests/e2e/test_cuda.py 2>&1 | tee "$OUT/tests.txt" || status=1
-"$PYBIN" -m legato.orchestrator.cli repro capture "$OUT/capture" 2>&1 | tee "$OUT/capture.txt" || status=1
-# shellcheck disable=SC2086  # BENCH_MB is a list of sizes
-"$PYBIN" benchmarks/bench_checkpoint_async.py --device cuda --rounds "${BENCH_ROUNDS:-3}" --mb ${BENCH_MB:-64 256 1024} 2>&1 | tee "$OUT/bench_checkpoint.txt" || status=1
+# part NAME COMMAND...: run COMMAND when PARTS names NAME, its output shown and kept in OUT/NAME.txt.
+part() {
+    local name=$1
+    shift
+    [[ $PARTS == *" $name "* ]] || return 0
+    echo "== $name: $*"
+    local limit=()
+    [ -n "${PART_TIMEOUT:-}" ] && limit=(timeout --signal=INT --kill-after=20 "$PART_TIMEOUT")
+    local start=$SECONDS
+    "${limit[@]}" "$@" 2>&1 | tee "$OUT/$name.txt" || { status=1; echo "== $name FAILED"; }
+    echo "== $name took $((SECONDS - start)) s"
+}
+
+part tests "$PY" -m pytest -v --durations=20 -p no:cacheprovider -n "${WORKERS:-6}" --dist load tests/e2e/test_cuda.py
+part capture "$PY" -m legato.orchestrator.cli repro capture "$OUT/capture"
+part defaults "$PY" benchmarks/bench_defaults.py --device cuda --ranks "${RANKS[@]}" --mb "${MB[@]}" --rounds "$ROUNDS" --settle 0.5
+part steps "$PY" benchmarks/bench_steps.py --device cuda --world 1 --batch 256 --workers 4 --rounds "$((ROUNDS * 2))"
+part reduction "$PY" benchmarks/bench_reduction.py --device cuda --world 1 --rounds "$((ROUNDS * 3))"
+part async "$PY" benchmarks/bench_checkpoint_async.py --device cuda --rounds "$ROUNDS" --mb "${MB[@]}"
 echo "gpu_check: $([ $status = 0 ] && echo passed || echo FAILED), output in $OUT/"
 exit $status
