@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from legato.errors import EXIT_OK
+from legato.errors import EXIT_FAILED, EXIT_OK
 from legato.events import Kind
 from legato.orchestrator.display import LiveView
 from legato.orchestrator.ledger import Ledger
@@ -28,14 +28,24 @@ def is_script_run(run_dir: Path) -> bool:
     return not RunPaths(run_dir).config.is_file() and any(e["event"] == Kind.ATTEMPT_STARTED for e in Ledger(run_dir).read())
 
 
+def script_exit_code(session: list[dict]) -> int | None:
+    """The script's run's exit code once it ended (finished or failed, or its newest attempt left the loop: EXIT_OK after a
+    break, EXIT_FAILED after an exception), else None."""
+    code = session_exit_code(session)
+    ends = [e for e in session if e["event"] in (Kind.ATTEMPT_STARTED, Kind.LOOP_LEFT)]
+    if code is not None or not ends or ends[-1]["event"] != Kind.LOOP_LEFT:
+        return code
+    return EXIT_FAILED if ends[-1].get("exception") else EXIT_OK
+
+
 def follow(run_dir: Path, notify: Callable[[str, dict], None], seen: int, poll_s: float = POLL_S) -> int:
-    """Report the run's events after the first `seen` and its progress until it finishes or fails; the run's exit code."""
+    """Report the script's run's events after the first `seen` and its progress until it ends; the run's exit code."""
     while True:
         events = current_session(Ledger(run_dir).read())
         for event in events[seen:]:
             notify("event", event)
         seen = len(events)
-        code = session_exit_code(events)
+        code = script_exit_code(events)
         if code is not None:
             return code
         progress = read_progress(run_dir)
@@ -49,7 +59,7 @@ def watch_script(run_dir: Path, view: LiveView, show: Callable[[RunSummary], Non
     session = current_session(Ledger(run_dir).read())
     view.learn(session)
     show(summarize(run_dir, session, read_progress(run_dir)))
-    code = session_exit_code(session)
+    code = script_exit_code(session)
     if code is not None:
         return code
     code = follow(run_dir, view, len(session))

@@ -34,7 +34,8 @@ import submitit
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
-from legato.events import DECISIONS, JOB_TAG_FIELDS, Kind, field_names
+from legato.event_fields import JOB_TAG_FIELDS, field_names
+from legato.events import DECISIONS, Kind
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.repro import CaptureRequest, capture

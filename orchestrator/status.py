@@ -16,6 +16,7 @@ from legato.paths import RunPaths
 from legato.session.voice import counted
 
 SUBMITTED = Kind.SUBMITTED.value  # the run's state from `legato run` until its first attempt starts
+LEFT_EARLY = "ended early"  # a script's run whose loop was left before its end (it resumes when run again)
 
 
 @dataclass
@@ -141,6 +142,8 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
             state = kind
             failure = e.get("reason") if kind != Kind.FINISHED else None
             final_hash = e.get("final_global_hash", final_hash)
+        elif kind == Kind.LOOP_LEFT:
+            state, failure = loop_left(e)
         if kind == Kind.REPRO_CAPTURED:
             captures.append(e)  # another node's capture can be written before rank 0 records the attempt
             continue
@@ -168,6 +171,17 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
     )
 
 
+def loop_left(e: dict) -> tuple[str, str]:
+    """The run's state and reason after a script left its loop early: failed (an exception out of the Session's step, a
+    loader's among them), or ended early (a `break`, or an exception in the loop's body, which the Session cannot see)."""
+    since = "the start" if e.get("checkpoint_step") is None else f"the checkpoint at step {e['checkpoint_step']}"
+    unsaved = f"the steps since {since} are not saved, and running the script again resumes from there"
+    if e.get("exception"):
+        return Kind.FAILED, f"the script raised {e['exception']} after step {e['step']}; {unsaved}"
+    how = "a break, or an exception in its body"
+    return LEFT_EARLY, f"the script left the loop after step {e['step']} of {e['total_steps']} ({how}); {unsaved}"
+
+
 def _apply(attempt: Attempt, e: dict) -> None:
     kind = e["event"]
     attempt.last_step = max(attempt.last_step, int(e.get("step") or e.get("last_step") or 0))
@@ -188,6 +202,9 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.ended = "ended unsaved: final checkpoint not written"
     elif kind == Kind.ATTEMPT_STOPPED:
         attempt.ended = "stopped"  # a script's attempt, at a committed checkpoint: its launcher runs it again
+    elif kind == Kind.LOOP_LEFT:
+        exception = e.get("exception")
+        attempt.ended = f"raised {exception.split(':')[0]}" if exception else "left the loop"
     elif kind == Kind.REQUEUE_FAILED:
         attempt.ended = f"not requeued: {e.get('reason')}"
     elif kind in (Kind.REQUEUED, Kind.FINISHED, Kind.FAILED):

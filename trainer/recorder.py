@@ -7,7 +7,8 @@ torchrun, srun or a shell) has no such listener; `LedgerRecorder` is then its
 read the script's run from records, never from a log line: rank 0's
 checkpoints, resumes and their verdicts (hashes, replay), its bucket layout, the state legato does not save,
 how the attempt ended (`ATTEMPT_STOPPED` at a stop checkpoint, `FINISHED` at the
-final one, or at once where the run was already complete), each rank's stop signal, and rank 0's progress in progress.json
+final one, or at once where the run was already complete, `LOOP_LEFT` after a
+`break` or an exception), each rank's stop signal, and rank 0's progress in progress.json
 (`ProgressFile`, the job side's too). Records carry the attempt's job tag
 (`legato.session.identity`) when given one. It must never be used beside a
 listener that writes the ledger itself (every record would be written twice).
@@ -20,7 +21,8 @@ import logging
 import time
 from pathlib import Path
 
-from legato.events import JOB_TAG_FIELDS, Kind, field_names
+from legato.event_fields import JOB_TAG_FIELDS, field_names
+from legato.events import Kind
 from legato.files import write_atomic
 from legato.ledger_file import record
 from legato.paths import RunPaths
@@ -28,7 +30,7 @@ from legato.paths import RunPaths
 log = logging.getLogger(__name__)
 
 RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.CHECKPOINT_FAILED, Kind.RESUMED, Kind.REPLAY_STOPPED, Kind.BUCKET_LAYOUT,
-            Kind.UNSAVED_STATE)
+            Kind.UNSAVED_STATE, Kind.LOOP_LEFT)
 
 
 class ProgressFile:

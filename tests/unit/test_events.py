@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
-from legato.events import FIELDS, JOB_TAG_FIELDS, NOT_IN_LEDGER, TERMINAL, Kind, field_names
+from legato.event_fields import FIELDS, JOB_TAG_FIELDS, field_names
+from legato.events import NOT_IN_LEDGER, TERMINAL, Kind
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.verify import compare_runs
 from legato.recorder import LedgerRecorder

@@ -36,7 +36,7 @@ def test_an_attempt_that_crashed_without_a_cancel_is_recorded_as_failed(tmp_path
 
 def test_the_job_side_writes_every_field_of_a_resume_the_session_reports(tmp_path: Path) -> None:
     """`legato status`'s resume time comes from the ledger: a field the Session reports must not be dropped on the way."""
-    from legato.events import JOB_TAG_FIELDS, field_names
+    from legato.event_fields import JOB_TAG_FIELDS, field_names
 
     ledger = Ledger(tmp_path / "run")
     ident = Identity("local", "123", 1, 0, 2, 0, 2, ("localhost",))

@@ -193,3 +193,105 @@ def test_another_optimizer_class_that_loads_without_an_error_is_named_as_the_lik
     said = str(refused.value)
     assert "Differing components: rank 0: optimizer. This run's optimizer is not what wrote the checkpoint" in said, said
     assert "generator" not in said
+
+
+def _fit(tmp_path: Path, total_steps: int, every_steps: int = 0, dataset: object = None) -> tuple:
+    """A script's Session over a small loader (or none), one rank, and its model; the caller iterates it."""
+    import torch
+
+    import legato
+
+    model = torch.nn.Linear(2, 1)
+    loader = None if dataset is None else torch.utils.data.DataLoader(dataset, batch_size=2)
+    policy = legato.CheckpointPolicy(replay_steps=0, every_steps=every_steps)
+    session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=loader,
+                             total_steps=total_steps, checkpoint=policy)
+    return session, model
+
+
+def test_a_loop_left_with_break_is_recorded_and_status_says_where_the_next_launch_resumes(tmp_path: Path) -> None:
+    """Early stopping: the script breaks out of the loop at step 5 of 9. It used to record nothing: `legato status` showed
+    the run running for ever at its last progress reading. Now the attempt ends "left the loop" at step 5, and the
+    reason names the checkpoint (step 4) that the next launch resumes from."""
+    import torch
+
+    session, model = _fit(tmp_path, total_steps=9, every_steps=4)
+    for _ in session:
+        session.report(fit_step(model, session.optimizer, torch.ones(1, 2), torch.ones(1, 1)))
+        if session.step == 5:
+            break
+    left = [e for e in read_records(tmp_path) if e["event"] == Kind.LOOP_LEFT]
+    assert [(e["step"], e["total_steps"], e["checkpoint_step"], e["exception"]) for e in left] == [(5, 9, 4, None)]
+    summary = summarize(tmp_path, read_records(tmp_path))
+    assert (summary.state, summary.step, [a.ended for a in summary.attempts]) == ("ended early", 5, ["left the loop"])
+    assert "after step 5 of 9" in summary.failure and "since the checkpoint at step 4 are not saved" in summary.failure
+    assert watch_script(tmp_path, LiveView(stream=io.StringIO()), [].append) == 0  # the run ended: watch does not wait for ever
+    assert "the script left the loop after step 5 of 9" in LiveView(stream=io.StringIO()).event_line(left[0])
+
+
+def test_an_exception_out_of_the_loaders_step_fails_the_run_and_names_the_original_error(tmp_path: Path) -> None:
+    """A corrupt sample raises inside the loader, so out of the Session's own step: the run is recorded failed, with the
+    error's type and message in one line, and the attempt's row names the type."""
+    import torch
+
+    class Corrupt(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+            if i == 5:
+                raise ValueError(f"corrupt sample {i}\nsecond line of the message")
+            return torch.ones(2), torch.ones(1)
+
+    session, model = _fit(tmp_path, total_steps=4, dataset=Corrupt())
+    with pytest.raises(ValueError, match="corrupt sample 5"):
+        for x, y in session:
+            session.report(fit_step(model, session.optimizer, x, y))
+    summary = summarize(tmp_path, read_records(tmp_path))
+    assert (summary.state, summary.step, [a.ended for a in summary.attempts]) == ("failed", 2, ["raised ValueError"])
+    assert summary.failure.startswith("the script raised ValueError: corrupt sample 5 ... second line of the message after step 2;")
+    assert "since the start are not saved" in summary.failure
+    assert watch_script(tmp_path, LiveView(stream=io.StringIO()), [].append) == 1
+
+
+def test_a_session_iterated_again_after_its_loop_is_refused_not_reopened(tmp_path: Path) -> None:
+    """A second `for ... in session` used to open a second attempt in the same process: it resumed the run's own final
+    checkpoint and rewrote the first attempt's row in `legato status` as 0 steps resumed at the end."""
+    import torch
+
+    import legato
+
+    session, model = _fit(tmp_path, total_steps=3)
+    for _ in session:
+        session.report(fit_step(model, session.optimizer, torch.ones(1, 2), torch.ones(1, 1)))
+    before = read_records(tmp_path)
+    with pytest.raises(legato.UsageError, match=r"loop already ran \(it ended at step 3\).*make a new Session"):
+        next(iter(session))
+    with pytest.raises(legato.UsageError, match="loop already ran"):
+        next(iter(session.epochs()))
+    assert read_records(tmp_path) == before
+    assert [a.steps_run for a in summarize(tmp_path, before).attempts] == [3]
+
+
+@pytest.mark.parametrize("when", ["after an agreed stop", "after the last step"])
+def test_a_break_that_follows_the_plan_records_no_early_exit(tmp_path: Path, when: str) -> None:
+    """`if session.stopped: break` after an epoch's batches once the ranks agreed to stop, and a break once the last
+    step is done, are how epoch loops end: the attempt ends stopped or finished, as before, with no LOOP_LEFT. (In-process,
+    the stop planted by chaos: a logic test only; test_trackers.py stops such a loop with a real signal from outside.)"""
+    import torch
+
+    import legato
+
+    model = torch.nn.Linear(2, 1)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(8, 2), torch.ones(8, 1)), batch_size=2)
+    chaos = legato.Chaos(signal_rank=0, signal_at_steps=(2,)) if when == "after an agreed stop" else None
+    session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=loader,
+                             total_epochs=2, checkpoint=legato.CheckpointPolicy(replay_steps=0, agree_every_steps=1), chaos=chaos)
+    for _ in session.epochs():
+        for x, y in session.batches():
+            session.report(fit_step(model, session.optimizer, x, y))
+        if session.stopped or session.step == session.total_steps:
+            break
+    kinds = [e["event"] for e in read_records(tmp_path)]
+    assert Kind.LOOP_LEFT not in kinds
+    assert kinds[-1] == (Kind.ATTEMPT_STOPPED if when == "after an agreed stop" else Kind.FINISHED), kinds

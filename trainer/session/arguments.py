@@ -62,6 +62,21 @@ def _run_length(name: str, value: Any) -> int:
     return count
 
 
+def refuse_late_carry(begun: bool, carrying: bool) -> None:
+    """A batch first carried inside the loop is in no checkpoint before it: refused, with the fix."""
+    if begun and not carrying:
+        raise UsageError("session.carry() was first called inside the loop, so the batch it holds is not in the checkpoints. Call "
+                         "it once before the loop too, with the first prefetched batch: X, Y = session.carry(get_batch()).")
+
+
+def refuse_second_loop(begun: bool, step: int) -> None:
+    """A Session runs one loop: iterating it again would open a second attempt in the same process."""
+    if begun:
+        raise UsageError(f"This Session's loop already ran (it ended at step {step}), and a Session runs one loop: its process "
+                         "group and checkpoints are closed. To train on, make a new Session with the same run directory; it "
+                         "resumes from the newest checkpoint.")
+
+
 def loss_value(loss: Any) -> float:
     """A reported loss as a float: a one-element tensor or a real number, or a UsageError saying what to report."""
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:

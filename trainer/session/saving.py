@@ -263,10 +263,18 @@ class Saver:
                  committed.global_hash)
         self._committed(committed, reason)
 
+    def newest_published(self) -> int | None:
+        """The step of the newest checkpoint published in the run directory (where the next launch resumes), None before
+        the first, or when the directory cannot be read (never an error of its own: it is asked while one is raised)."""
+        try:
+            return next((checkpoint_step(p) for p in list_checkpoints(self.root)), None)
+        except OSError:
+            return None
+
     def _not_written(self, reason: str, exc: NotWritten) -> None:
         """A checkpoint the ranks could not write: say it with what stands, record it, and go on (periodic), stop without it
         (a stop: the next attempt resumes the one that stands) or end the run unsaved (final: `unsaved_end`)."""
-        standing = next((checkpoint_step(p) for p in list_checkpoints(self.root)), None)
+        standing = self.newest_published()
         since = "the start" if standing is None else f"step {standing}"
         then = {
             "periodic": "Training goes on, and the next checkpoint tries again: free space (or raise the quota) before the run "

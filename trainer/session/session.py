@@ -49,7 +49,7 @@ from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
 from legato.runtime.lifeline import die_with_launcher
-from legato.session.arguments import check_arguments, loss_value, total_steps_of
+from legato.session.arguments import check_arguments, loss_value, refuse_late_carry, refuse_second_loop, total_steps_of
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
@@ -283,11 +283,7 @@ class Session:
 
         It is saved with every checkpoint; on a resume its tensors are overwritten in place with the saved ones.
         """
-        if self._begun and not any(c.name == CARRIED for c in self.components):
-            raise UsageError(
-                "session.carry() was first called inside the loop, so the batch it holds is not in the checkpoints. "
-                "Call it once before the loop too, with the first prefetched batch: X, Y = session.carry(get_batch())."
-            )
+        refuse_late_carry(self._begun, any(c.name == CARRIED for c in self.components))
         self.carried.hold(batch)
         return batch
 
@@ -360,15 +356,17 @@ class Session:
 
     @contextlib.contextmanager
     def _lifetime(self) -> Iterator[None]:
-        """The loop's span; on its way out the Session closes what it opened. Only an orderly end (done, stopped, left
-        with `break`, or refused on every rank) also ends the control group: ending it joins its threads, which after
-        a lost peer may wait in a collective that never completes."""
-        orderly = False
+        """The loop's span, one per Session; on its way out the Session records an early exit and closes what it opened.
+        Only an orderly end (done, stopped, left with `break`, or refused on every rank) also ends the control group:
+        ending it joins its threads, which after a lost peer may wait in a collective that never completes."""
+        refuse_second_loop(self._begun, self.step)
+        orderly = True
         try:
             yield
-            orderly = True
-        except (GeneratorExit, UsageError, ResumeMismatchError):
-            orderly = True
+        except BaseException as exc:
+            orderly = isinstance(exc, (GeneratorExit, UsageError, ResumeMismatchError))
+            if not self.stopped and self.step < self.total_steps:  # after an agreed stop, or the end, a `break` is the plan
+                self._telemetry.loop_left(self.step, self._saving.newest_published(), exc)
             raise
         finally:
             self._close(orderly)

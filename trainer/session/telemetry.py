@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from legato.errors import ResumeMismatchError
 from legato.events import Kind
 from legato.session.voice import say
 from legato.state.hashing import rank_hash
@@ -23,6 +24,17 @@ from legato.store.trajectory import TrajectoryWriter
 log = logging.getLogger(__name__)
 
 PROGRESS_INTERVAL_S = 1.0
+ERROR_CHARS = 300  # of an exception's text in a LOOP_LEFT record: enough to name it, never a whole traceback
+
+
+def error_text(error: BaseException) -> str:
+    """An exception in one line: its type, its message's first line and, where the message runs on (a DataLoader worker's
+    exception carries the worker's traceback), its last line, which names the original error."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    text = f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+    if len(lines) > 1:
+        text += f" ... {lines[-1]}"
+    return text[:ERROR_CHARS]
 
 
 class Telemetry:
@@ -79,6 +91,20 @@ class Telemetry:
     def stop_agreed(self, step: int, received_at: float | None, **extra: Any) -> None:
         """The ranks agreed to stop after `step`."""
         self.emit(Kind.STOP_AGREED, step=step, signal_received_at=received_at, **extra)
+
+    def loop_left(self, step: int, checkpoint_step: int | None, exc: BaseException) -> None:
+        """The loop was left before the run's end: by an exception out of the step (a loader's too), or by GeneratorExit (a
+        `break`, or an exception in the loop's body, which closes the generator as a break does). A failed verification is
+        recorded by the resume's own verdict."""
+        if isinstance(exc, ResumeMismatchError):
+            return
+        error = None if isinstance(exc, GeneratorExit) else exc
+        if error is None:
+            since = "the start" if checkpoint_step is None else f"the checkpoint at step {checkpoint_step}"
+            self.say("rank %d: the loop was left after step %d of %d (a break, or an exception in its body); the steps since %s "
+                     "are not saved, and running the script again resumes from there", self.rank, step, self.total_steps, since)
+        text = None if error is None else error_text(error)
+        self.emit(Kind.LOOP_LEFT, step=step, total_steps=self.total_steps, checkpoint_step=checkpoint_step, exception=text)
 
     def already_complete(self, step: int, global_hash: str) -> None:
         """The attempt resumed a run whose training is done (relaunched once more, or given a shorter total_steps): it
