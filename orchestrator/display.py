@@ -11,8 +11,8 @@ import sys
 import time
 from typing import TextIO
 
-from legato.events import Kind, resharded_label
-from legato.orchestrator.status import RunSummary, loop_left
+from legato.events import Kind, loop_left_label, resharded_label
+from legato.orchestrator.status import RunSummary
 from legato.session.voice import counted
 from legato.slurm.pending import describe
 
@@ -109,7 +109,7 @@ class LiveView:
             ),
             Kind.REQUEUED: lambda: f"{tag}requeued after step {e['last_step']} ({e['budget_left']} requeues left)",
             Kind.ATTEMPT_STOPPED: lambda: f"{tag}stopped at the committed checkpoint of step {e['step']}; the next launch resumes it",
-            Kind.LOOP_LEFT: lambda: f"{tag}{loop_left(e)[1]}",
+            Kind.LOOP_LEFT: lambda: f"{tag}{loop_left_label(e)}",
             Kind.REQUEUE_FAILED: lambda: f"{tag}could not requeue: {e['reason']}",
             Kind.RANK_LOST: lambda: (
                 f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}"

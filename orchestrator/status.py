@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from legato.events import JOB_SUBMISSIONS, SCRIPT_EXECUTOR, TERMINAL, Kind
+from legato.events import JOB_SUBMISSIONS, SCRIPT_EXECUTOR, TERMINAL, Kind, loop_left_label
 from legato.paths import RunPaths
 from legato.session.voice import counted
 
@@ -174,12 +174,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
 def loop_left(e: dict) -> tuple[str, str]:
     """The run's state and reason after a script left its loop early: failed (an exception out of the Session's step, a
     loader's among them), or ended early (a `break`, or an exception in the loop's body, which the Session cannot see)."""
-    since = "the start" if e.get("checkpoint_step") is None else f"the checkpoint at step {e['checkpoint_step']}"
-    unsaved = f"the steps since {since} are not saved, and running the script again resumes from there"
-    if e.get("exception"):
-        return Kind.FAILED, f"the script raised {e['exception']} after step {e['step']}; {unsaved}"
-    how = "a break, or an exception in its body"
-    return LEFT_EARLY, f"the script left the loop after step {e['step']} of {e['total_steps']} ({how}); {unsaved}"
+    return (Kind.FAILED if e.get("exception") else LEFT_EARLY), loop_left_label(e)
 
 
 def _apply(attempt: Attempt, e: dict) -> None:

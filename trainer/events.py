@@ -112,3 +112,14 @@ NOT_IN_LEDGER = (Kind.PROGRESS, Kind.STOP_AGREED, Kind.ERROR, Kind.WAITING)
 def resharded_label(resharded: dict[str, int]) -> str:
     """How a resharded resume is shown everywhere (log, status, verify): not a bitwise continuation."""
     return f"resharded {resharded['from']} -> {resharded['to']} ranks: data position exact, not bitwise"
+
+
+def loop_left_label(record: dict) -> str:
+    """How a `LOOP_LEFT` record is told everywhere (rank 0's voice, status, watch): how the loop was left, and what the
+    next launch resumes."""
+    since = "the start" if record.get("checkpoint_step") is None else f"the checkpoint at step {record['checkpoint_step']}"
+    unsaved = f"the steps since {since} are not saved, and running the script again resumes from there"
+    if record.get("exception"):
+        return f"the script raised {record['exception']} after step {record['step']}; {unsaved}"
+    how = "a break, or an exception in its body"
+    return f"the script left the loop after step {record['step']} of {record['total_steps']} ({how}); {unsaved}"

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from legato.errors import ResumeMismatchError
-from legato.events import Kind
+from legato.events import Kind, loop_left_label
 from legato.session.voice import say
 from legato.state.hashing import rank_hash
 from legato.store.commit import Committed
@@ -98,13 +98,11 @@ class Telemetry:
         recorded by the resume's own verdict."""
         if isinstance(exc, ResumeMismatchError):
             return
-        error = None if isinstance(exc, GeneratorExit) else exc
-        if error is None:
-            since = "the start" if checkpoint_step is None else f"the checkpoint at step {checkpoint_step}"
-            self.say("rank %d: the loop was left after step %d of %d (a break, or an exception in its body); the steps since %s "
-                     "are not saved, and running the script again resumes from there", self.rank, step, self.total_steps, since)
-        text = None if error is None else error_text(error)
-        self.emit(Kind.LOOP_LEFT, step=step, total_steps=self.total_steps, checkpoint_step=checkpoint_step, exception=text)
+        text = None if isinstance(exc, GeneratorExit) else error_text(exc)
+        record = {"step": step, "total_steps": self.total_steps, "checkpoint_step": checkpoint_step, "exception": text}
+        if text is None:  # an exception is shown by its own traceback
+            self.say("rank %d: %s", self.rank, loop_left_label(record))
+        self.emit(Kind.LOOP_LEFT, **record)
 
     def already_complete(self, step: int, global_hash: str) -> None:
         """The attempt resumed a run whose training is done (relaunched once more, or given a shorter total_steps): it
