@@ -10,7 +10,7 @@
 # put wheels of what is missing (submitit) in a folder and set PIP_FIND_LINKS to it.
 #
 # PARTS (default "tests capture defaults steps reduction async") picks the parts, in that order:
-#   tests      tests/e2e/test_cuda.py, WORKERS (default 6) tests at once on the one GPU
+#   tests      tests/e2e/test_cuda.py, WORKERS (default 6) tests at once on the one GPU; their properties in tests.xml
 #   capture    legato repro capture
 #   defaults   benchmarks/bench_defaults.py: live Sessions at their defaults, BENCH_RANKS ranks (default "2 4") on the GPU
 #   steps      benchmarks/bench_steps.py: per-step cost at the defaults, one rank over NCCL
@@ -58,7 +58,8 @@ part() {
     echo "== $name took $((SECONDS - start)) s"
 }
 
-part tests "$PY" -m pytest -v --durations=20 -p no:cacheprovider -n "${WORKERS:-6}" --dist load tests/e2e/test_cuda.py
+part tests "$PY" -m pytest -v --durations=20 -p no:cacheprovider -n "${WORKERS:-6}" --dist load -o junit_family=xunit1 --junitxml "$OUT/tests.xml" \
+    tests/e2e/test_cuda.py
 part capture "$PY" -m legato.orchestrator.cli repro capture "$OUT/capture"
 part defaults "$PY" benchmarks/bench_defaults.py --device cuda --ranks "${RANKS[@]}" --mb "${MB[@]}" --rounds "$ROUNDS" --settle 0.5
 part steps "$PY" benchmarks/bench_steps.py --device cuda --world 1 --batch 256 --workers 4 --rounds "$((ROUNDS * 2))"
