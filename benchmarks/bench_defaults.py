@@ -81,6 +81,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import bench_device
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -313,9 +314,7 @@ def load_into(path: Path | None, model: torch.nn.Module, optimizer: torch.optim.
 def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, cold: bool, directory: str,
            device: str, out: dict) -> None:
     global DEVICE
-    DEVICE = torch.device(device)
-    if DEVICE.type == "cuda":
-        torch.cuda.set_device(0)
+    DEVICE = bench_device.place(device)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -453,10 +452,7 @@ def main() -> None:
         print(f"--cold drops the page cache before each restore row, which takes writing {DROP_CACHES}: only root may. Run "
               "the bench as root, or without --cold (each restore row then starts with its files cached).", file=sys.stderr)
         sys.exit(2)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda puts the state on the GPU, and this torch sees none. Run it on a GPU machine with a CUDA build of "
-              "torch, or without --device.", file=sys.stderr)
-        sys.exit(2)
+    bench_device.require(args.device)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
     # Every freed tensor goes back to the system at once (glibc otherwise raises its mmap threshold as large blocks are
     # freed, up to 32 MiB, and keeps the freed ones in per-thread arenas): each run's peak memory is then its own, not

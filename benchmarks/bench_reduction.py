@@ -26,6 +26,7 @@ import statistics
 import sys
 import time
 
+import bench_device
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -46,18 +47,11 @@ def _model(hidden: int) -> torch.nn.Module:
     return torch.nn.Sequential(*layers, torch.nn.Linear(hidden, 1))
 
 
-def _backend(device: str, world: int) -> str:
-    """NCCL for one rank on a GPU; gloo on the CPU and for ranks that share the one GPU (NCCL refuses them)."""
-    return "nccl" if device == "cuda" and world == 1 else "gloo"
-
-
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
-    dist.init_process_group(_backend(args.device, world), rank=rank, world_size=world)
+    device = bench_device.place(args.device)
+    dist.init_process_group(bench_device.backend(args.device, world), rank=rank, world_size=world)
     nets = {name: DDP(_model(args.hidden).to(device)) for name in ("plain", "plain (control)", "restored")}
     opts = {name: torch.optim.SGD(net.parameters(), lr=1e-4) for name, net in nets.items()}
     x, y = torch.randn(32, 256, device=device), torch.randn(32, 1, device=device)
@@ -108,13 +102,9 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains (cuda: every rank on GPU 0)")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda trains on the GPU, and this torch sees none. Run it on a GPU machine with a CUDA build of torch, or "
-              "without --device.", file=sys.stderr)
-        sys.exit(2)
+    bench_device.require(args.device)
     params = sum(p.numel() for p in _model(args.hidden).parameters())
-    where = f", on {torch.cuda.get_device_name(0)}" if args.device == "cuda" else ""
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, {args.world} ranks {_backend(args.device, args.world)}{where}, 1 thread "
+    print(f"torch {torch.__version__}, {os.cpu_count()} cores, {bench_device.describe(args.device, args.world)}, 1 thread "
           f"each, model {params / 1e6:.2f}M parameters ({params * 4 / 2**20:.1f} MiB of gradients)")
     with mp.Manager() as manager:
         out = manager.dict()

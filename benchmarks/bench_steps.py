@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import bench_device
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -94,19 +95,12 @@ def _middle_half(values: list[float]) -> tuple[float, float]:
     return first, third
 
 
-def _backend(device: str, world: int) -> str:
-    """NCCL for one rank on a GPU; gloo on the CPU and for ranks that share the one GPU (NCCL refuses them)."""
-    return "nccl" if device == "cuda" and world == 1 else "gloo"
-
-
 def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.cuda.set_device(0)
+    device = bench_device.place(args.device)
     world = args.world
-    dist.init_process_group(_backend(args.device, world), rank=rank, world_size=world)
+    dist.init_process_group(bench_device.backend(args.device, world), rank=rank, world_size=world)
     torch.manual_seed(0)
     random.seed(0)
     dataset = Augmented(args.steps * args.batch * world)
@@ -180,13 +174,9 @@ def main() -> int:
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
                         help="the Session rows to run beside the plain loop and its control (fewer rows: more rounds in the same time)")
     args = parser.parse_args()
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda trains on the GPU, and this torch sees none. Run it on a GPU machine with a CUDA build of torch, or "
-              "without --device.", file=sys.stderr)
-        return 2
+    bench_device.require(args.device)
     params = sum(p.numel() for p in _model().parameters())
-    where = f", on {torch.cuda.get_device_name(0)}" if args.device == "cuda" else ""
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.world} ranks {_backend(args.device, args.world)}{where}, 1 thread "
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {bench_device.describe(args.device, args.world)}, 1 thread "
           f"each, {args.workers} workers a rank, batch {args.batch}, model {params / 1e6:.2f}M parameters + AdamW")
     print(f"per-step time; overhead = median over {args.rounds} rounds of (variant block / adjacent plain block), "
           f"{args.steps} steps a block")
