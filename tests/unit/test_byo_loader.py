@@ -276,6 +276,33 @@ def test_a_resume_that_changes_persistent_workers_is_refused(tmp_path: Path) -> 
     assert "\n" not in str(caught.value)
 
 
+@pytest.mark.parametrize("kind", ["legato", "torch"])
+def test_a_dataset_grown_since_the_checkpoint_is_named_on_resume_even_with_the_replay_off(tmp_path: Path, kind: str) -> None:
+    """40 samples, stopped mid-epoch; the same script over 48 samples draws the epoch's order over 48, so it would train on
+    other batches (before the data position held the size, it did so with no error: the counters agreed, and with the
+    replay off nothing compared a batch). The resume names both sizes, harms no file, and the run goes on over its 40."""
+
+    def launch(samples: int, total_steps: int) -> legato.Session:
+        data = TensorDataset(torch.randn(samples, 3, generator=torch.Generator().manual_seed(0)), torch.zeros(samples, 1))
+        model = torch.nn.Linear(3, 1)
+        loader = (legato.resumable_loader(data, batch_size=4, seed=1) if kind == "legato"
+                  else DataLoader(data, batch_size=4, shuffle=True, drop_last=True))
+        session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), loader=loader,
+                                 total_steps=total_steps, checkpoint=legato.CheckpointPolicy(replay_steps=0))
+        for x, y in session:
+            session.report(fit_step(model, session.optimizer, x, y))
+        return session
+
+    launch(40, 6)
+    before = {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()}
+    with pytest.raises(legato.UsageError) as refused:
+        launch(48, 12)
+    said = str(refused.value)
+    assert "saved over a dataset of 40 samples; this run's dataset has 48" in said and "\n" not in said, said
+    assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()} == before
+    assert launch(40, 12).step == 12
+
+
 class _Curriculum(torch.utils.data.Dataset):
     """A dataset whose samples follow the epoch the loop sets on it (`set_epoch`), read by the workers' copies."""
 

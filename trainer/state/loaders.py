@@ -61,6 +61,29 @@ from legato.state.worker_rng import SeedPerSample
 
 LOADER_GENERATOR = "loader"
 SAMPLER_GENERATOR = "sampler"
+SAMPLES_KEY = "samples"  # the dataset's length, in the data position of a source over a map-style dataset
+
+
+def dataset_size(dataset: Any) -> int | None:
+    """The number of samples of a map-style dataset, None where it has no length (a sampler may index one without)."""
+    try:
+        return len(dataset)
+    except TypeError:
+        return None
+
+
+def same_samples(state: dict, samples: int | None) -> None:
+    """A UsageError when the checkpoint's data position was saved over a dataset of another size (a checkpoint of an older
+    legato does not say, and passes): an epoch's order is drawn over every sample, so the run would go on with other
+    batches than the one that wrote it, and with the replay off nothing else would notice."""
+    saved = state.get(SAMPLES_KEY)
+    if saved is None or samples is None or saved == samples:
+        return
+    raise UsageError(
+        f"The checkpoint's data position was saved over a dataset of {saved} samples; this run's dataset has {samples}. Each "
+        "epoch's order is drawn over all samples, so this run would train on other batches than the run that wrote the "
+        f"checkpoint. Resume with the dataset of {saved} samples, or start training on the new data in a new run directory."
+    )
 
 
 def _set_epoch(obj: Any, epoch: int) -> None:
@@ -120,9 +143,11 @@ class LegatoSource(Source):
         return iter(self.loader)
 
     def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
-        return {"seed": self.sampler.seed, "epoch": epoch, "position": step_in_epoch * self.loader.batch_size}
+        return {"seed": self.sampler.seed, "epoch": epoch, "position": step_in_epoch * self.loader.batch_size,
+                SAMPLES_KEY: self.sampler.length}
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
+        same_samples(state, self.sampler.length)
         if state["position"] % self.loader.batch_size:
             raise UsageError(
                 f"The checkpoint's data position is sample {state['position']} of this rank's share, not a whole number of batches "
@@ -289,9 +314,10 @@ class TorchSource(Source):
         seed = None if self.seeding is None else self.seeding.seed
         return {"epoch": epoch, "step_in_epoch": step_in_epoch, "opened": dict(self._opened), "worker_seed": seed,
                 "sampler_epoch": self._opened_epoch, "persistent_workers": self.keeps_workers,
-                "workers_born": self._born}
+                "workers_born": self._born, SAMPLES_KEY: dataset_size(self.loader.dataset)}
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
+        same_samples(state, dataset_size(self.loader.dataset))
         saved = bool(state.get("persistent_workers", False))
         if saved != self.keeps_workers:
             raise UsageError(
