@@ -77,10 +77,11 @@ def refuse_second_loop(begun: bool, step: int) -> None:
                          "resumes from the newest checkpoint.")
 
 
-def loss_value(loss: Any) -> float:
-    """A reported loss as a float: a one-element tensor or a real number, or a UsageError saying what to report."""
-    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-        return float(loss.detach())
+def checked_loss(loss: Any) -> torch.Tensor | float:
+    """A reported loss as it is (a one-element real tensor) or as a float (a real number), or a UsageError saying what to
+    report. The tensor is not read here: that waits for the device (legato.session.losses)."""
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1 and not loss.is_complex():
+        return loss
     if isinstance(loss, numbers.Real) and not isinstance(loss, bool):
         return float(loss)
     shown = f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}"

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from legato.session.losses import HeldLoss, Loss, number
+
 
 class Position:
     """The step, the epoch and the step within it; the only writer of the three."""
@@ -91,18 +93,33 @@ class DataPosition:
 
 
 class Metrics:
-    """The running loss accumulators (a float sum is state too)."""
+    """The running loss accumulators (a float sum is state too), summed in the order the losses were reported. A loss
+    still on its device is summed once it is read back: reading `values` (every capture does) reads back the rest."""
 
     def __init__(self) -> None:
-        self.values: dict[str, Any] = {"loss_sum": 0.0, "loss_count": 0}
+        self._values: dict[str, Any] = {"loss_sum": 0.0, "loss_count": 0}
+        self._unsummed: list[Loss] = []
 
-    def add(self, loss: float) -> None:
-        """Count one step's loss."""
-        self.values["loss_sum"] += loss
-        self.values["loss_count"] += 1
+    @property
+    def values(self) -> dict[str, Any]:
+        """loss_sum and loss_count, over every loss reported so far."""
+        self._sum(self._unsummed)
+        return self._values
+
+    def add(self, loss: Loss) -> None:
+        """Count one step's loss (summed now when it is a number and nothing before it waits, else later, in order)."""
+        self._unsummed.append(loss)
+        waiting = next((i for i, held in enumerate(self._unsummed) if isinstance(held, HeldLoss) and not held.read), None)
+        self._sum(self._unsummed if waiting is None else self._unsummed[:waiting])
+
+    def _sum(self, losses: list[Loss]) -> None:
+        for loss in losses:
+            self._values["loss_sum"] += number(loss)
+            self._values["loss_count"] += 1
+        del self._unsummed[:len(losses)]
 
     def state_dict(self) -> dict:
         return dict(self.values)
 
     def load_state_dict(self, state: dict) -> None:
-        self.values = dict(state)
+        self._values, self._unsummed = dict(state), []

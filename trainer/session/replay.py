@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import xxhash
 
+from legato.session.losses import HeldLoss, Loss, hex_of
 from legato.state.recipes import SHARE
 from legato.state.snapshot import Snapshot
 
@@ -86,9 +87,13 @@ class HeldBatches:
         self._previous = []
 
 
-def step_record(step: int, loss: float | None, batch: str | None, grads: str | None) -> dict:
-    """One step's trajectory record: the loss as `float.hex`, the batch fingerprint, and the gradients' digest when given."""
-    record: dict[str, Any] = {"step": step, "loss_hex": None if loss is None else loss.hex(), "batch": batch}
+def step_record(step: int, loss: Loss | None, batch: str | None, grads: str | None) -> dict:
+    """One step's trajectory record: the loss as `float.hex`, the batch fingerprint, and the gradients' digest when given.
+    A loss still on its device stands in its own place until it is read back (every capture reads it back, before any
+    record is saved; a record saved before would fail to serialize, never say "no loss")."""
+    record: dict[str, Any] = {"step": step, "loss_hex": loss if isinstance(loss, HeldLoss) else hex_of(loss), "batch": batch}
+    if isinstance(loss, HeldLoss):
+        loss.then(lambda value: record.__setitem__("loss_hex", value.hex()))
     if grads is not None:
         record["grads"] = grads
     return record

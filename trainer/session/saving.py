@@ -33,6 +33,7 @@ from legato.events import Kind
 from legato.paths import STEP_PREFIX
 from legato.session import replay
 from legato.session.base_clock import BaseClock, bound_seconds
+from legato.session.losses import Loss
 from legato.session.position import Position
 from legato.session.telemetry import Telemetry
 from legato.state import components as table
@@ -87,7 +88,7 @@ class Saver:
         self._batch_fingerprint = replay.fingerprint(tensors)
         self.held.yielded(tensors)
 
-    def record_step(self, loss: float | None, module: torch.nn.Module) -> dict | None:
+    def record_step(self, loss: Loss | None, module: torch.nn.Module) -> dict | None:
         """This step's replay record (the gradients' fingerprint only on the first step past the base)."""
         if self.snapshot is None:
             return None
@@ -187,7 +188,7 @@ class Saver:
             return "periodic"
         return None
 
-    def step_end(self, reason: str | None, loss: float | None, lr: float | None, received_at: float | None,
+    def step_end(self, reason: str | None, loss: Loss | None, lr: float | None, received_at: float | None,
                  alongside: AbstractContextManager) -> None:
         """After the agreement: log the trajectory, report progress and a stop, and write the checkpoint due. `alongside`:
         the caller's work that goes with a checkpoint (the census), entered around its write whenever one is due."""

@@ -49,10 +49,11 @@ from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
 from legato.runtime.lifeline import die_with_launcher
-from legato.session.arguments import check_arguments, loss_value, refuse_late_carry, refuse_second_loop, total_steps_of
+from legato.session.arguments import check_arguments, checked_loss, refuse_late_carry, refuse_second_loop, total_steps_of
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
+from legato.session.losses import LossBook
 from legato.session.opening import open_attempt
 from legato.session.policy import CheckpointPolicy, StopPolicy
 from legato.session.position import Metrics, Position
@@ -152,7 +153,7 @@ class Session:
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
         self._saving = Saver(self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry,
                              {"training": training, COMPILED_KEY: compiled, GPUS_KEY: list(gpus)}, self.chaos.kill, background)
-        self._loss: float | None = None
+        self._losses, self._loss = LossBook(), None
         self._lr: float | None = None
         self._begun = False
         self._resumed_step = 0
@@ -270,9 +271,8 @@ class Session:
 
     def report(self, loss: torch.Tensor | float) -> None:
         """Record this step's loss (exactly, as float.hex) and add it to the running accumulators."""
-        value = loss_value(loss)
-        self._loss = value
-        self._metrics.add(value)
+        self._loss = self._losses.take(checked_loss(loss))
+        self._metrics.add(self._loss)
 
     def state_hash(self) -> tuple[dict[str, str], str]:
         """This rank's component digests and rank hash, from the live objects (draws no RNG)."""
@@ -341,6 +341,7 @@ class Session:
         record = self._saving.record_step(self._loss, unwrap(self.model))
         self.chaos.slow_step()
         if self._replayer.active:
+            self._losses.settle()  # the replay compares this step's loss bits now
             outcome = self._replayer.step(self.step, record, self._saving.held.held_at)
             self.stopped = outcome is Outcome.STOPPED
             if outcome is Outcome.FELL_BACK:

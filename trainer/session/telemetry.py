@@ -16,6 +16,7 @@ from typing import Any
 
 from legato.errors import ResumeMismatchError
 from legato.events import Kind, loop_left_label
+from legato.session.losses import Loss, hex_of, number
 from legato.session.voice import say
 from legato.state.hashing import rank_hash
 from legato.store.commit import Committed
@@ -58,9 +59,9 @@ class Telemetry:
         """Start the trajectory log, cut back to the step the run resumes from."""
         self._trajectory = TrajectoryWriter(path, resume_step)
 
-    def record(self, step: int, epoch: int, loss: float | None, lr: float | None, components: dict[str, str] | None) -> None:
+    def record(self, step: int, epoch: int, loss: Loss | None, lr: float | None, components: dict[str, str] | None) -> None:
         """One step's trajectory line; with `components`, the rank's state hash and digests too."""
-        record: dict[str, Any] = {"step": step, "epoch": epoch, "loss_hex": None if loss is None else loss.hex(), "lr": lr}
+        record: dict[str, Any] = {"step": step, "epoch": epoch, "loss_hex": hex_of(loss), "lr": lr}
         if components is not None:
             record["state_hash"] = rank_hash(components)
             record["components"] = components
@@ -72,13 +73,13 @@ class Telemetry:
         assert self._trajectory is not None
         self._trajectory.sync()
 
-    def progress(self, step: int, epoch: int, loss: float | None) -> None:
+    def progress(self, step: int, epoch: int, loss: Loss | None) -> None:
         """At most once a second (and at the last step), rank 0 tells the caller how far it got."""
         now = time.monotonic()
         if self.rank != 0 or (now - self._last_progress_time < PROGRESS_INTERVAL_S and step < self.total_steps):
             return
         self._last_progress_time = now
-        self.emit(Kind.PROGRESS, step=step, total_steps=self.total_steps, epoch=epoch, loss=loss)
+        self.emit(Kind.PROGRESS, step=step, total_steps=self.total_steps, epoch=epoch, loss=number(loss))
 
     def committed(self, committed: Committed, reason: str) -> None:
         """A published checkpoint."""

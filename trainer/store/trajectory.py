@@ -7,7 +7,10 @@ took. Lines are buffered and reach the file within FLUSH_INTERVAL_S and before
 every checkpoint (`sync`): a write call per step costs more than the line (the
 lines a crash loses are past the last checkpoint, and a resume cuts those
 anyway), while whoever follows the file (tests, `tail -f`) still sees a
-slow step's line at once. It must never hold anything but plain JSON.
+slow step's line at once. A value may be a function of no arguments (a loss
+not read back from its device yet), called when its line is written, so a
+step's line costs no wait for the device. It must never write anything but
+plain JSON.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from legato.files import write_atomic
 
@@ -44,20 +47,33 @@ class TrajectoryWriter:
         kept = [r for r in read_trajectory(path) if r["step"] <= resume_step]
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file: IO[str] = path.open("a")
+        self._unwritten: list[dict] = []
         self._flushed = time.monotonic()
 
     def write(self, record: dict) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        now = time.monotonic()
-        if now - self._flushed >= FLUSH_INTERVAL_S:
-            self._file.flush()
-            self._flushed = now
+        self._unwritten.append(record)
+        if time.monotonic() - self._flushed >= FLUSH_INTERVAL_S:
+            self.flush()
 
-    def sync(self) -> None:
+    def flush(self) -> None:
+        """Write out every line held back, calling the functions that stand for values."""
+        lines = "".join(json.dumps(record, default=_called) + "\n" for record in self._unwritten)
+        self._unwritten = []
+        self._file.write(lines)
         self._file.flush()
         self._flushed = time.monotonic()
+
+    def sync(self) -> None:
+        self.flush()
         os.fsync(self._file.fileno())
 
     def close(self) -> None:
         self.sync()
         self._file.close()
+
+
+def _called(value: Any) -> Any:
+    """A value that stands for a later one (see the module's docstring), for json.dumps."""
+    if callable(value):
+        return value()
+    raise TypeError(f"a trajectory value of type {type(value).__name__} is not JSON")

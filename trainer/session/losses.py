@@ -1,0 +1,113 @@
+"""Reported losses kept on their device until a number is needed, then read back together.
+
+`float(loss)` after every step makes the host wait for the device at every
+step, and a GPU loop loses the overlap of its next launches with this step's
+kernels (the plain loop reads its loss only when it logs). `LossBook.take`
+keeps a detached copy of a reported tensor instead (the loop may write into
+its own); the first time any held value is asked for, `settle` reads back
+every loss held so far, one transfer per device and dtype, and hands the
+values over in the order they were reported. That happens at the capture of
+every checkpoint, state hash and replay base (`Metrics` folds its sum there),
+when the trajectory's lines are written (every FLUSH_INTERVAL_S), at a
+progress report, and at every step of a replay, which compares the loss bits
+at once. The values are exact: `tolist()` and `float()` both widen the
+tensor's element to a double. This module must never change a loss's value,
+never change the order in which the waiting code sees the values, and never
+read back one loss at a time while others wait.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+class HeldLoss:
+    """One step's reported loss: a number once read back (`value`), with the code that waits for that number."""
+
+    __slots__ = ("_book", "_tensor", "_value", "_waiting")
+
+    def __init__(self, book: LossBook, tensor: torch.Tensor) -> None:
+        self._book, self._tensor = book, tensor
+        self._value: float | None = None
+        self._waiting: list[Callable[[float], None]] = []
+
+    @property
+    def value(self) -> float:
+        """The loss as a float; asking for one unread reads back every held loss."""
+        if self._value is None:
+            self._book.settle()
+        assert self._value is not None
+        return self._value
+
+    @property
+    def read(self) -> bool:
+        """Whether the value was read back."""
+        return self._value is not None
+
+    def hex(self) -> str:
+        """`float.hex` of the value (the trajectory's and the replay's exact form)."""
+        return self.value.hex()
+
+    def then(self, use: Callable[[float], None]) -> None:
+        """Call `use` with the value when it is read back; at once if it was."""
+        if self._value is None:
+            self._waiting.append(use)
+        else:
+            use(self._value)
+
+    def _read(self, value: float) -> None:
+        self._value, self._tensor = value, None
+        waiting, self._waiting = self._waiting, []
+        for use in waiting:
+            use(value)
+
+
+Loss = float | HeldLoss
+
+
+class LossBook:
+    """The losses reported since the last read-back."""
+
+    def __init__(self) -> None:
+        self._held: list[HeldLoss] = []
+
+    def take(self, loss: torch.Tensor | float) -> Loss:
+        """A reported loss as the Session keeps it: a number as it is, a tensor held on its device. A tensor subclass
+        (a DTensor) is read back at once: stacking it could run collectives."""
+        if type(loss) is not torch.Tensor:
+            return float(loss)
+        held = HeldLoss(self, loss.detach().reshape(()).clone())
+        self._held.append(held)
+        return held
+
+    def settle(self) -> None:
+        """Read back every held loss and hand each value to what waits for it, in the order reported."""
+        held, self._held = self._held, []
+        for loss, value in zip(held, read_back([h._tensor for h in held])):
+            loss._read(value)
+
+
+def read_back(tensors: list[torch.Tensor]) -> list[float]:
+    """The values of one-element tensors, in order: one stack and one copy to the host per device and dtype."""
+    groups: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, t in enumerate(tensors):
+        groups.setdefault((t.device, t.dtype), []).append(i)
+    values: list[float] = [0.0] * len(tensors)
+    for indices in groups.values():
+        for i, value in zip(indices, torch.stack([tensors[i] for i in indices]).cpu().tolist()):
+            values[i] = float(value)
+    return values
+
+
+def number(loss: Loss | None) -> float | None:
+    """A kept loss as a float (None: no loss was reported)."""
+    return loss.value if isinstance(loss, HeldLoss) else loss
+
+
+def hex_of(loss: Loss | None) -> str | Callable[[], str] | None:
+    """A kept loss's `float.hex`, or for one still held, the function that gives it (written out later)."""
+    if isinstance(loss, HeldLoss):
+        return loss.hex() if loss.read else loss.hex
+    return None if loss is None else loss.hex()
