@@ -181,6 +181,24 @@ def fit_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, x: torch.
     return loss
 
 
+def fit_run(run_dir: Path, loader: object, total_steps: int, features: int) -> object:
+    """A one-rank Session over `loader` (batches of `features` inputs and one target), a linear model, SGD and the replay
+    off, trained by fit_step to `total_steps`; the Session."""
+    import legato
+
+    model = torch.nn.Linear(features, 1)
+    session = legato.Session(run_dir, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), loader=loader,
+                             total_steps=total_steps, checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    for x, y in session:
+        session.report(fit_step(model, session.optimizer, x, y))
+    return session
+
+
+def files_under(directory: Path) -> dict[Path, bytes]:
+    """Every file under `directory` and its bytes (to show that a refused attempt changed none)."""
+    return {p: p.read_bytes() for p in directory.rglob("*") if p.is_file()}
+
+
 def trajectory(run_dir: Path, rank: int) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "trajectory" / f"rank{rank}.jsonl").read_text().splitlines()]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import fit_step
+from conftest import files_under, fit_run, fit_step
 from torch.utils.data import DataLoader, IterableDataset, Sampler, TensorDataset
 
 import legato
@@ -284,22 +284,17 @@ def test_a_dataset_grown_since_the_checkpoint_is_named_on_resume_even_with_the_r
 
     def launch(samples: int, total_steps: int) -> legato.Session:
         data = TensorDataset(torch.randn(samples, 3, generator=torch.Generator().manual_seed(0)), torch.zeros(samples, 1))
-        model = torch.nn.Linear(3, 1)
         loader = (legato.resumable_loader(data, batch_size=4, seed=1) if kind == "legato"
                   else DataLoader(data, batch_size=4, shuffle=True, drop_last=True))
-        session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), loader=loader,
-                                 total_steps=total_steps, checkpoint=legato.CheckpointPolicy(replay_steps=0))
-        for x, y in session:
-            session.report(fit_step(model, session.optimizer, x, y))
-        return session
+        return fit_run(tmp_path, loader, total_steps, features=3)
 
     launch(40, 6)
-    before = {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()}
+    before = files_under(tmp_path / "checkpoints")
     with pytest.raises(legato.UsageError) as refused:
         launch(48, 12)
     said = str(refused.value)
     assert "saved over a dataset of 40 samples; this run's dataset has 48" in said and "\n" not in said, said
-    assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()} == before
+    assert files_under(tmp_path / "checkpoints") == before
     assert launch(40, 12).step == 12
 
 

@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import fit_step
+from conftest import files_under, fit_run, fit_step
 
 from legato.dist.peers import Peers
 from legato.events import Kind
@@ -136,14 +136,14 @@ def test_another_model_in_the_same_run_directory_is_named_and_its_checkpoints_ar
             session.report(fit_step(model, session.optimizer, torch.ones(1, 2), torch.ones(1, 1)))
 
     launch(torch.nn.Linear(2, 1))
-    before = {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()}
+    before = files_under(tmp_path / "checkpoints")
     with pytest.raises(legato.UsageError) as refused:
         launch(torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Linear(4, 1)))
     said = str(refused.value)
     checkpoint = tmp_path / "checkpoints" / "step_3"
     assert said.startswith(f"Checkpoint {checkpoint} does not fit this run's model (Sequential): RuntimeError:"), said
     assert 'Missing key(s) in state_dict: "0.weight"' in said and "start this one in a new run directory" in said and "\n" not in said
-    assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").rglob("*") if p.is_file()} == before
+    assert files_under(tmp_path / "checkpoints") == before
 
 
 def test_another_batch_size_on_resume_is_named_not_left_to_a_verification_that_blames_an_rng(tmp_path: Path) -> None:
@@ -156,13 +156,7 @@ def test_another_batch_size_on_resume_is_named_not_left_to_a_verification_that_b
     dataset = torch.utils.data.TensorDataset(torch.arange(128.0).reshape(64, 2), torch.zeros(64, 1))
 
     def launch(batch_size: int, total_steps: int) -> legato.Session:
-        model = torch.nn.Linear(2, 1)
-        loader = legato.resumable_loader(dataset, batch_size=batch_size, seed=1)
-        session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), loader=loader,
-                                 total_steps=total_steps, checkpoint=legato.CheckpointPolicy(replay_steps=0))
-        for x, y in session:
-            session.report(fit_step(model, session.optimizer, x, y))
-        return session
+        return fit_run(tmp_path, legato.resumable_loader(dataset, batch_size=batch_size, seed=1), total_steps, features=2)
 
     launch(4, 10)
     with pytest.raises(legato.UsageError) as refused:
