@@ -50,6 +50,9 @@ def test_a_missing_old_shard_is_refused() -> None:
 def test_the_data_position_is_the_samples_consumed_re_divided() -> None:
     assert reshard._data({"seed": 7, "epoch": 1, "position": 8}, 2, 4) == {"seed": 7, "epoch": 1, "position": 4}
     assert reshard._data({"seed": 7, "epoch": 1, "position": 2}, 4, 2) == {"seed": 7, "epoch": 1, "position": 4}
+    # The dataset's length, which the data position holds since 2026-11-27, goes along unchanged.
+    assert reshard._data({"seed": 7, "epoch": 1, "position": 8, "samples": 96}, 2, 4) == {"seed": 7, "epoch": 1, "position": 4,
+                                                                                        "samples": 96}
     with pytest.raises(UsageError, match="cannot share evenly"):
         reshard._data({"seed": 7, "epoch": 0, "position": 5}, 2, 4)
     with pytest.raises(UsageError, match="resumable loader"):

@@ -35,6 +35,7 @@ from legato.store.manifest_schema import BY_REPLAY
 
 DATA = "data"
 SAMPLER_KEYS = {"seed", "epoch", "position"}  # legato.state.loaders.LegatoSource's state
+SAMPLER_OPTIONAL_KEYS = {"samples"}  # the dataset's length, which a checkpoint of an older legato does not hold
 
 
 def refusal(manifest: dict) -> str | None:
@@ -114,7 +115,7 @@ def _chunk(records: list[dict], rank: int, new: int, where: str) -> dict:
 
 def _data(state: Any, old: int, new: int) -> dict:
     """The data position of one old rank re-divided over `new` ranks: the same count of samples consumed by all ranks."""
-    if not isinstance(state, dict) or set(state) != SAMPLER_KEYS:
+    if not isinstance(state, dict) or not SAMPLER_KEYS <= set(state) <= SAMPLER_KEYS | SAMPLER_OPTIONAL_KEYS:
         raise UsageError(
             "checkpoint.reshard needs legato's resumable loader (legato.resumable_loader), whose position is a count of samples "
             "in one global order; this run's loader keeps its own position per rank. Resume with the world size that wrote it."
