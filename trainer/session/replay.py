@@ -89,10 +89,10 @@ class HeldBatches:
 
 def step_record(step: int, loss: Loss | None, batch: str | None, grads: str | None) -> dict:
     """One step's trajectory record: the loss as `float.hex`, the batch fingerprint, and the gradients' digest when given.
-    A loss still on its device stands in its own place until it is read back (every capture reads it back, before any
-    record is saved; a record saved before would fail to serialize, never say "no loss")."""
-    record: dict[str, Any] = {"step": step, "loss_hex": loss if isinstance(loss, HeldLoss) else hex_of(loss), "batch": batch}
-    if isinstance(loss, HeldLoss):
+    A loss still on its device is a function until it is read back (every capture reads it back, before any record is
+    saved; a record saved before would fail to serialize, never say "no loss")."""
+    record: dict[str, Any] = {"step": step, "loss_hex": hex_of(loss), "batch": batch}
+    if isinstance(loss, HeldLoss) and not loss.read:
         loss.then(lambda value: record.__setitem__("loss_hex", value.hex()))
     if grads is not None:
         record["grads"] = grads

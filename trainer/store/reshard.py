@@ -29,13 +29,14 @@ import torch
 
 from legato.errors import UsageError
 from legato.state.components import MODEL_FILE, Component
+from legato.state.loaders import SAMPLES_KEY
 from legato.state.sharded import MARK, is_record
 from legato.store import layout
 from legato.store.manifest_schema import BY_REPLAY
 
 DATA = "data"
 SAMPLER_KEYS = {"seed", "epoch", "position"}  # legato.state.loaders.LegatoSource's state
-SAMPLER_OPTIONAL_KEYS = {"samples"}  # the dataset's length, which a checkpoint of an older legato does not hold
+SAMPLER_OPTIONAL_KEYS = {SAMPLES_KEY}  # the dataset's length, which a checkpoint of an older legato does not hold
 
 
 def refusal(manifest: dict) -> str | None:
