@@ -40,7 +40,7 @@ KS = (2, 4, 8, 16)
 
 
 class Bench:
-    def __init__(self, steps: int, batch: int) -> None:
+    def __init__(self, steps: int, batch: int, tmp: Path) -> None:
         torch.manual_seed(0)
         self.steps, self.batch = steps, batch
         n = batch * steps
@@ -48,7 +48,7 @@ class Bench:
         self.model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
                                          torch.nn.Linear(1024, 1))
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
-        self.tmp = Path(tempfile.mkdtemp(prefix="bench_replay_"))
+        self.tmp = tmp
         self.blocks = 0
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -156,7 +156,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    b = Bench(args.steps, args.batch)
+    with tempfile.TemporaryDirectory(prefix="bench_replay_") as tmp:
+        return run(args, Bench(args.steps, args.batch, Path(tmp)))
+
+
+def run(args: argparse.Namespace, b: Bench) -> int:
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, {args.threads} thread(s); MLP 256-1024-1024-1 + AdamW, batch {args.batch}")
 
     measured = per_step(b, args.rounds)

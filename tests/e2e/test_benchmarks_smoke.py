@@ -1,14 +1,17 @@
 """Every benchmark runs end to end at its smallest setting, so none rots between the runs that measure.
 
 These are not measurements (nothing here asserts on a time): each benchmark script runs as a user runs it, in a
-process of its own, and must exit 0 and print its table. bench_multinode_requeue needs the multi-node SLURM
-devcluster and is exercised by hand (docs/multinode.md).
+process of its own, and must exit 0, print its table and leave nothing behind in the temporary directory.
+bench_multinode_requeue needs the multi-node SLURM devcluster and is exercised by hand (docs/multinode.md).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,11 +28,21 @@ SMOKE = {
     "bench_launch.py": (["--rounds", "1"], "python -m legato, MLP, defaults"),
 }
 
+# What torch itself leaves in TMPDIR: inductor's compile cache, and torchrun's log directories (plain torchrun
+# leaves one per launch too).
+TORCH_OWN = ("torchinductor_", "torchelastic_")
+
 
 @pytest.mark.parametrize("script", sorted(SMOKE))
-def test_the_benchmark_runs_at_its_smallest_setting(script: str, tmp_path: Path) -> None:
+def test_the_benchmark_runs_at_its_smallest_setting(script: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     args, table_line = SMOKE[script]
+    # Short, so that AF_UNIX socket paths under it (multiprocessing, gloo) stay within their 108 bytes.
+    scratch = Path(tempfile.mkdtemp(prefix="smoke-"))
+    request.addfinalizer(lambda: shutil.rmtree(scratch, ignore_errors=True))
     cmd = [sys.executable, str(ROOT / "benchmarks" / script), *(a.format(tmp=tmp_path) for a in args)]
-    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    env = {**os.environ, "TMPDIR": str(scratch)}
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert table_line in proc.stdout, proc.stdout[-2000:]
+    left = sorted(p.name for p in scratch.iterdir() if not p.name.startswith(TORCH_OWN))
+    assert not left, f"{script} left {left} in its TMPDIR"
