@@ -13,8 +13,8 @@ from typing import TextIO
 
 from legato.events import Kind, loop_left_label, resharded_label
 from legato.orchestrator.status import RunSummary
-from legato.session.voice import counted
 from legato.slurm.pending import describe
+from legato.voice import counted
 
 PLAIN_PROGRESS_EVERY_S = 5.0
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from legato.events import JOB_SUBMISSIONS, SCRIPT_EXECUTOR, TERMINAL, Kind, loop_left_label
 from legato.paths import RunPaths
-from legato.session.voice import counted
+from legato.voice import counted
 
 SUBMITTED = Kind.SUBMITTED.value  # the run's state from `legato run` until its first attempt starts
 LEFT_EARLY = "ended early"  # a script's run whose loop was left before its end (it resumes when run again)

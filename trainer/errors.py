@@ -2,7 +2,10 @@
 
 Every problem a user can fix (a bad config, a missing file, a checkpoint that
 does not fit this run) is raised as a `UsageError`: one paragraph naming the
-problem and the fix. Entry points turn it into exit code 2 with no traceback.
+problem and the fix. Entry points turn it into exit code 2 with no traceback:
+the command line and the launchers catch it; in a user's own script, the public
+API says it and raises it on as a `UsageRefused`, which ends an uncaught script
+the same way.
 This module must never import anything heavy: the CLI imports it first.
 """
 
@@ -21,11 +24,23 @@ class UsageError(Exception):
     exit_code = EXIT_USAGE
 
 
+class UsageRefused(UsageError, SystemExit):
+    """A UsageError the public API has already said (legato.voice.refusing).
+
+    Caught like any UsageError; left uncaught in a user's script, it ends the process as `sys.exit(2)` does, with no
+    traceback under the paragraph.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = EXIT_USAGE  # what the interpreter exits with when nothing catches it
+
+
 class ResumeMismatchError(Exception, SystemExit):
     """The restored state does not hash to what the checkpoint recorded (or its replay diverged).
 
     An Exception to catch like any other; left uncaught in a user's script, it ends the process as `sys.exit(3)`
-    does, with no traceback: the Session has said the one paragraph already (legato.session.voice.refuse).
+    does, with no traceback: the Session has said the one paragraph already (legato.voice.refuse).
     """
 
     exit_code = EXIT_RESUME_MISMATCH

@@ -8,7 +8,8 @@ exited 75 and every other failed rank exited 75 too or was ended by the
 agent's own SIGTERM (the agent ends the others as soon as one exits; a rank
 exits 75 only after the checkpoint is published on every rank), says so in
 one line and exits 75; likewise 3 when the ranks refused a resume that did
-not verify; anything else is torchrun's own outcome.
+not verify, and 2 when legato refused what the script gave it (a UsageError,
+said by the ranks); anything else is torchrun's own outcome.
 
 One launch per attempt: run the same command again after a 75 (a loop in the
 job script, or the scheduler's requeue). `--max-restarts N` instead makes the
@@ -51,7 +52,7 @@ from legato.runtime.launch_env import determinism_environ
 from legato.runtime.lifeline import LAUNCHER_PID
 from legato.runtime.processes import children
 from legato.runtime.signals import parse_signal
-from legato.session.voice import say
+from legato.voice import say
 
 log = logging.getLogger(__name__)
 
@@ -65,6 +66,7 @@ STOP_SIGNALS_ENV = "LEGATO_STOP_SIGNALS"
 OUTCOMES = {
     EXIT_STOPPED: "every rank stopped at a committed checkpoint (exit %d); run the same command again to resume",
     EXIT_RESUME_MISMATCH: "the resume did not verify, see the paragraph above (exit %d); running again would fail the same way",
+    EXIT_USAGE: "the script was refused what it was given, see the paragraph above (exit %d); fix that and run it again",
 }
 
 

@@ -24,7 +24,7 @@ from helpers.cli import legato, status, wait_for
 from helpers.launches import reaped, steps_done
 
 from legato.runtime.launch import free_port
-from legato.session.voice import counted
+from legato.voice import counted
 
 pytestmark = pytest.mark.slow
 

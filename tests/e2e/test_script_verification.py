@@ -1,5 +1,6 @@
-"""A user's own script, as an API user meets legato: strict seeding under legato's launcher, and a resume that does not
-verify ending every rank with exit 3 and one paragraph that names the likeliest cause for the loop's kind.
+"""A user's own script, as an API user meets legato: strict seeding under legato's launcher, an argument legato refuses
+ending the script with exit 2 and one paragraph, and a resume that does not verify ending every rank with exit 3 and one
+paragraph that names the likeliest cause for the loop's kind.
 
 The planted fault is the classic one of a loop without a loader: the ported nanoGPT loop (examples/port) with its
 `session.carry(...)` calls taken out, so the batch it prefetches into the next step is not in the checkpoint. A replay
@@ -42,9 +43,49 @@ def test_strict_seeding_works_under_legato_torchrun_and_an_unset_hash_seed_names
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(line for line in done.stdout.splitlines() if line.startswith("seeded")) == ["seeded 0 0", "seeded 1 0"]
     plain = subprocess.run([sys.executable, str(script)], env=dict(env, RANK="0"), capture_output=True, text=True, timeout=120)
-    assert plain.returncode != 0
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr, plain.stderr[-3000:]
     assert 'seed_everything(mode="strict") needs PYTHONHASHSEED' in plain.stderr and 'mode="fast"' in plain.stderr
     assert "determinism.mode" not in plain.stderr
+
+
+REFUSED = """
+import os, sys, torch, legato
+model = torch.nn.Linear(4, 1)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = legato.resumable_loader(torch.utils.data.TensorDataset(torch.randn(64, 4), torch.randn(64, 1)), 8, seed=0)
+if os.environ.get("CAUGHT"):
+    try:
+        legato.CheckpointPolicy(keep_last=0)
+    except legato.UsageError:
+        print("caught", flush=True)
+if os.environ.get("PLANT"):  # planted fault: the script raises legato's error itself, past the API that says it
+    raise legato.UsageError("CheckpointPolicy: keep_last is 0, planted.")
+session = legato.Session(sys.argv[1], model=model, optimizer=optimizer, loader=loader, total_steps=4,
+                         checkpoint=legato.CheckpointPolicy(keep_last=0))
+"""
+PARAGRAPH = "CheckpointPolicy: keep_last is 0, but it must be positive. Set a value of 1 or more."
+
+
+def test_a_refused_argument_ends_a_script_with_exit_2_and_one_paragraph_plainly_and_under_legato_torchrun(tmp_path: Path) -> None:
+    script = tmp_path / "refused.py"
+    script.write_text(REFUSED)
+    plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain")], capture_output=True, text=True, timeout=120)
+    assert (plain.returncode, plain.stderr) == (2, f"legato: {PARAGRAPH}\n")
+    caught = subprocess.run([sys.executable, str(script), str(tmp_path / "caught")], env=dict(os.environ, CAUGHT="1"),
+                            capture_output=True, text=True, timeout=120)
+    assert caught.returncode == 2 and caught.stdout == "caught\n" and caught.stderr.count(PARAGRAPH) == 2, caught.stderr
+    planted = subprocess.run([sys.executable, str(script), str(tmp_path / "planted")], env=dict(os.environ, PLANT="1"),
+                             capture_output=True, text=True, timeout=120)
+    assert planted.returncode == 1 and "Traceback" in planted.stderr, planted.stderr[-3000:]
+
+    launched = subprocess.run([sys.executable, "-m", "legato.torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
+                               str(script), str(tmp_path / "launched")], capture_output=True, text=True, timeout=300)
+    assert launched.returncode == 2, launched.stderr[-3000:]
+    assert "Traceback" not in launched.stderr and "ChildFailedError" not in launched.stderr, launched.stderr[-3000:]
+    said = [line for line in launched.stderr.splitlines() if line.startswith("legato: ")]
+    assert sorted(said[:-1]) == [f"legato: {PARAGRAPH}", f"legato: rank 1: {PARAGRAPH}"], said  # each rank, once
+    assert said[-1].startswith("legato: the script was refused what it was given") and "(exit 2)" in said[-1], said
+    assert not (tmp_path / "plain").exists() and not (tmp_path / "launched").exists()
 
 
 def test_an_uncaught_resume_mismatch_exits_3_without_a_traceback_and_can_still_be_caught() -> None:

@@ -30,7 +30,7 @@ from conftest import ROOT, manifest
 from helpers.cli import ledger, wait_for
 from helpers.launches import catches_usr2, reaped, start_ranks, steps_done
 
-from legato.session.voice import counted
+from legato.voice import counted
 
 pytestmark = pytest.mark.slow
 

@@ -75,9 +75,10 @@ def test_registered_or_ignored_ema_draws_no_warning(tmp_path: Path, kind: str) -
 
 def test_strict_session_refuses_an_unregistered_averaged_model_before_the_first_step(tmp_path: Path) -> None:
     procs = launch(tmp_path, "--ema", "averaged", "--census", "strict")
-    assert codes(procs) != [0, 0]
-    for proc in procs:
-        assert "UsageError: legato does not save 1 stateful object(s)" in proc.stderr, proc.stderr[-3000:]
+    assert codes(procs) == [2, 2], procs[0].stderr[-3000:]
+    for proc in procs:  # each rank says its refusal (one paragraph), and no traceback
+        assert proc.stderr.count("legato does not save 1 stateful object(s)") == 1, proc.stderr[-3000:]
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
         assert "torch.optim.swa_utils.AveragedModel (module" in proc.stderr and "refuses to train" in proc.stderr
     assert not list((tmp_path / "checkpoints").glob("step_*")) and not (tmp_path / "trajectory" / "rank0.jsonl").exists()
     assert unsaved_records(tmp_path)[0]["strict"] is True

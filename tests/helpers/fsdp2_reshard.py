@@ -11,7 +11,7 @@ replay_steps (default 32: the base of a stop in the first epoch is step 0).
 
 Each rank appends the sample indices of every step to OUT_DIR/samples_rank<R>_ws<W>.jsonl; at the first step of
 the first resumed process at a world size (before it trains), rank 0 writes the full (gathered) model and optimizer state to
-OUT_DIR/resume_point_ws<W>.pt. A refusal (UsageError) is one paragraph on stderr and exit 2.
+OUT_DIR/resume_point_ws<W>.pt. A refusal (UsageError) is, as in any script, one paragraph on stderr and exit 2.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from torch.distributed.fsdp import fully_shard
 from torch.utils.data import TensorDataset
 
 import legato
-from legato.errors import UsageError
 from legato.state.sharded import is_dtensor
 
 GLOBAL_BATCH, SAMPLES, STEPS = 16, 96, 36
@@ -86,8 +85,4 @@ def main(out: Path) -> int:
 
 
 if __name__ == "__main__":
-    try:
-        sys.exit(main(Path(sys.argv[1])))
-    except UsageError as exc:  # as the bundled trainer does: bad input is one paragraph and exit 2
-        print(f"legato: {exc}", file=sys.stderr)
-        sys.exit(UsageError.exit_code)
+    sys.exit(main(Path(sys.argv[1])))

@@ -13,7 +13,7 @@ a replay base every 4 steps, the trajectory hashed every step. Settings by envir
 - DIVERGE=1: planted fault, each rank scales its own (already averaged) gradients by 1 + rank / 8 before the step,
   so the ranks' "replicated" parameters differ from the first step on.
 
-A refusal (UsageError) is one paragraph on stderr and exit 2; a failed resume verification exits 3.
+A refusal (UsageError) is, as in any script, one paragraph on stderr and exit 2; a failed resume verification exits 3.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import legato
-from legato.errors import UsageError
 
 STEPS, SAMPLES, WIDTH = 24, 192, 512
 
@@ -72,9 +71,6 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format=f"rank{os.environ.get('RANK', '0')} %(levelname)s %(name)s: %(message)s")
     try:
         sys.exit(main(Path(sys.argv[1])))
-    except UsageError as exc:  # as the bundled trainer does: bad input is one paragraph and exit 2
-        print(f"legato: {exc}", file=sys.stderr)
-        sys.exit(UsageError.exit_code)
     except legato.ResumeMismatchError as exc:
         logging.error("%s", exc)
         sys.exit(exc.exit_code)

@@ -10,7 +10,7 @@ from pathlib import Path
 from legato.orchestrator.display import LiveView, status_table
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import summarize
-from legato.session.voice import counted
+from legato.voice import counted
 
 
 def test_torn_last_line_is_ignored_and_the_next_append_starts_fresh(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""What a user's own script is told: messages that name the API's arguments, a failed verification that exits 3 without
-a traceback (tests/e2e/test_script_verification.py), the likeliest cause for a loop without a loader, and verify's
+"""What a user's own script is told: messages that name the API's arguments, a refusal said once by the rank that raised
+it and ending an uncaught script with exit 2 (the real scripts: tests/e2e/test_script_verification.py), a failed
+verification that exits 3 without a traceback, the likeliest cause for a loop without a loader, and verify's
 judgement of a script's unseeded RNGs.
 
 The verify checks read trajectories written here by hand (a fake of what two runs wrote, for the logic only); the
@@ -9,14 +10,82 @@ real runs are in tests/e2e/test_verify_command.py.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import pytest
+import torch
 
-from legato.errors import UsageError
+import legato
+from legato.errors import EXIT_USAGE, UsageError, UsageRefused
 from legato.orchestrator.verify import first_divergence, rng_words, unseeded_rngs
 from legato.session.replay import RankReport, judge
 from legato.state.determinism import seed_everything
+from legato.voice import refusing
+
+EVERY_ENTRY = {  # the public API's entry points a script calls first, each with an argument it refuses
+    "CheckpointPolicy": lambda tmp: legato.CheckpointPolicy(keep_last=0),
+    "StopPolicy": lambda tmp: legato.StopPolicy(signals="USR2"),
+    "seed_everything": lambda tmp: legato.seed_everything(0, 0, mode="loose"),
+    "resumable_loader": lambda tmp: legato.resumable_loader([1, 2], 0, seed=0),
+    "Session": lambda tmp: legato.Session(tmp, model=torch.nn.Linear(1, 1), optimizer=None, total_steps=1),
+}
+
+
+@refusing
+def inner() -> None:
+    raise UsageError("inner: the paragraph.")
+
+
+@refusing
+def outer() -> None:
+    inner()
+
+
+@refusing
+def steps(fail: BaseException):
+    yield 1
+    yield 2
+    raise fail
+
+
+def said(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+
+
+def test_a_refusal_is_said_once_and_raised_on_as_a_usage_error_that_ends_an_uncaught_script_with_exit_2(
+        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(UsageRefused) as info:
+        outer()  # the inner entry said it; the outer one passes it on without a second line
+    assert isinstance(info.value, UsageError) and isinstance(info.value, SystemExit) and info.value.code == EXIT_USAGE
+    assert str(info.value) == "inner: the paragraph." and type(info.value.__cause__) is UsageError
+    assert said(caplog) == ["inner: the paragraph."]
+
+
+def test_a_generator_entry_yields_as_before_and_says_a_refusal_only(caplog: pytest.LogCaptureFixture,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    seen = []
+    with pytest.raises(UsageRefused):
+        for item in steps(UsageError("mid-loop.")):
+            seen.append(item)
+    assert seen == [1, 2] and said(caplog) == ["rank 3: mid-loop."]
+    with pytest.raises(ValueError):
+        list(steps(ValueError("not a usage error")))
+    left = steps(UsageError("never reached"))
+    assert next(left) == 1
+    left.close()  # a `break` out of the loop
+    assert said(caplog) == ["rank 3: mid-loop."]
+
+
+@pytest.mark.parametrize("entry", sorted(EVERY_ENTRY))
+def test_every_entry_of_the_public_api_says_its_refusal(entry: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RANK", raising=False)
+    with pytest.raises(UsageRefused) as info:
+        EVERY_ENTRY[entry](tmp_path / "run")
+    assert said(caplog) == [str(info.value)]
 
 
 def test_strict_seeding_without_a_hash_seed_names_the_argument_not_a_config_key(monkeypatch: pytest.MonkeyPatch) -> None:

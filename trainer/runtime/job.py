@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from legato.config import Config
 from legato.dist.stop import StopFlag, stop_signals
-from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
+from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError, UsageRefused
 from legato.events import Kind
 from legato.paths import RunPaths
 from legato.runtime.context import RunContext
@@ -57,11 +57,11 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
     try:
         return _run(cfg, env, report)
     except UsageError as exc:
-        if env.rank == 0:
+        if env.rank == 0 and not isinstance(exc, UsageRefused):  # a refusal was said where it was raised
             sys.stderr.write(f"error: {exc}\n")
         report({"event": Kind.ERROR, "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
-    except ResumeMismatchError as exc:  # the resume already logged its paragraph (legato.session.voice.refuse)
+    except ResumeMismatchError as exc:  # the resume already logged its paragraph (legato.voice.refuse)
         report({"event": Kind.ERROR, "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
     except Exception as exc:

@@ -77,6 +77,18 @@ def refuse_second_loop(begun: bool, step: int) -> None:
                          "resumes from the newest checkpoint.")
 
 
+def check_batches(epoch_mode: bool, loader: Any, own_loader: Any) -> None:
+    """session.batches(loader) is the epoch's part of `for epoch in session.epochs():`, over the Session's own loader."""
+    if not epoch_mode:
+        raise UsageError("session.batches() runs inside `for epoch in session.epochs():`. Iterate the session itself for a loop "
+                         "without epochs.")
+    if own_loader is None:
+        raise UsageError("session.batches() needs a loader: pass loader= to the Session, or iterate the session itself.")
+    if loader is not None and loader is not own_loader:
+        raise UsageError("session.batches(loader) was given another loader than the Session's. Pass the Session the loader you "
+                         "iterate.")
+
+
 def checked_loss(loss: Any) -> torch.Tensor | float:
     """A reported loss as it is (a one-element real tensor) or as a float (a real number), or a UsageError saying what to
     report. The tensor is not read here: that waits for the device (legato.session.losses)."""

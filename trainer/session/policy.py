@@ -15,6 +15,7 @@ from legato.config import CheckpointSection
 from legato.config_build import check_values
 from legato.errors import UsageError
 from legato.runtime.signals import normalize_signal
+from legato.voice import refusing
 
 __all__ = ["CheckpointPolicy", "StopPolicy"]
 
@@ -46,6 +47,7 @@ class CheckpointPolicy:
     # base costs a memory copy of the state (docs/exactness.md); legato.session.base_clock decides when.
     replay_seconds: float | None = None
 
+    @refusing
     def __post_init__(self) -> None:
         check_values(CheckpointSection, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "CheckpointPolicy")
 
@@ -56,6 +58,7 @@ class StopPolicy:
 
     signals: tuple[str, ...] = ("USR2",)
 
+    @refusing
     def __post_init__(self) -> None:
         if isinstance(self.signals, str) or not isinstance(self.signals, (tuple, list)) or not self.signals:
             raise UsageError(f"StopPolicy: signals is {self.signals!r}, but it must be a tuple of one or more signal names. "

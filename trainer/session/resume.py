@@ -33,7 +33,6 @@ from legato.session.feed import Feed
 from legato.session.file_checks import VerifiedTogether
 from legato.session.position import Position
 from legato.session.telemetry import Telemetry
-from legato.session.voice import counted, refuse
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
@@ -41,6 +40,7 @@ from legato.store import bases, layout, reshard
 from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable
 from legato.store.manifest_schema import DIVERGED
 from legato.store.trajectory_changes import trajectory_changes
+from legato.voice import counted, refuse
 
 log = logging.getLogger(__name__)
 

@@ -49,7 +49,7 @@ from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
 from legato.runtime.lifeline import die_with_launcher
-from legato.session.arguments import check_arguments, checked_loss, refuse_late_carry, refuse_second_loop, total_steps_of
+from legato.session.arguments import check_arguments, check_batches, checked_loss, refuse_late_carry, refuse_second_loop, total_steps_of
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
@@ -72,6 +72,7 @@ from legato.state.owned import Carried, as_stateful
 from legato.state.sampler import resumable_loader
 from legato.store.commit import Committed
 from legato.store.manifest_schema import COMPILED_KEY, GPUS_KEY
+from legato.voice import refusing
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.stateful import Stateful
@@ -91,6 +92,7 @@ class Session:
     epoch's last batch.
     """
 
+    @refusing
     def __init__(
         self,
         run_dir: str | Path,
@@ -235,12 +237,14 @@ class Session:
 
     # -- the loop -------------------------------------------------------
 
+    @refusing
     def __iter__(self) -> Iterator[Any]:
         """Yields each step's batch (with no loader: the index of the step about to run), across epochs."""
         with self._lifetime():
             self._begin()
             yield from self._steps()
 
+    @refusing
     def epochs(self) -> Iterator[int]:
         """Yields each epoch number, resumed ones included; the body iterates `batches()` and may validate after it.
 
@@ -257,18 +261,13 @@ class Session:
                 self._position.next_epoch()
                 self._feed.drop()
 
+    @refusing
     def batches(self, loader: Any = None) -> Iterator[Any]:
         """This epoch's batches from the session's loader, from where the run stands (inside `epochs()`)."""
-        if not self._feed.epoch_mode:
-            raise UsageError("session.batches() runs inside `for epoch in session.epochs():`. Iterate the session itself for a loop "
-                             "without epochs.")
-        if loader is not None and loader is not self.loader:
-            raise UsageError("session.batches(loader) was given another loader than the Session's. Pass the Session the loader you "
-                             "iterate.")
-        if self.source is None:
-            raise UsageError("session.batches() needs a loader: pass loader= to the Session, or iterate the session itself.")
+        check_batches(self._feed.epoch_mode, loader, self.loader)
         yield from self._steps()
 
+    @refusing
     def report(self, loss: torch.Tensor | float) -> None:
         """Record this step's loss (exactly, as float.hex) and add it to the running accumulators."""
         self._loss = self._losses.take(checked_loss(loss))
@@ -278,6 +277,7 @@ class Session:
         """This rank's component digests and rank hash, from the live objects (draws no RNG)."""
         return table.state_hash(self.components)
 
+    @refusing
     def carry(self, batch: Any) -> Any:
         """Register the batch the loop holds into the next step (a prefetched batch) and return it unchanged.
 

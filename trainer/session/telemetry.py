@@ -17,10 +17,10 @@ from typing import Any
 from legato.errors import ResumeMismatchError
 from legato.events import Kind, loop_left_label
 from legato.session.losses import Loss, hex_of, number
-from legato.session.voice import say
 from legato.state.hashing import rank_hash
 from legato.store.commit import Committed
 from legato.store.trajectory import TrajectoryWriter
+from legato.voice import say
 
 log = logging.getLogger(__name__)
 

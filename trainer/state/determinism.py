@@ -21,6 +21,7 @@ import torch
 from legato.config_build import whole_number
 from legato.errors import UsageError
 from legato.runtime.launch_env import CUBLAS_WORKSPACE
+from legato.voice import refusing
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def derive_seed(*parts: int | str) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
+@refusing
 def seed_everything(seed: int, rank: int = 0, mode: str = "strict") -> Seeds:
     """Seed python, numpy, torch CPU and every CUDA device for this rank.
 

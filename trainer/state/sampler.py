@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, Sampler
 from legato.config_build import whole_number
 from legato.errors import UsageError
 from legato.state.determinism import derive_seed
+from legato.voice import refusing
 
 
 class ResumableDistributedSampler(Sampler[int]):
@@ -94,6 +95,7 @@ def worker_init(worker_id: int) -> None:
 _SET_BY_RESUMABLE_LOADER = frozenset({"sampler", "batch_sampler", "drop_last", "worker_init_fn", "generator", "persistent_workers"})
 
 
+@refusing
 def resumable_loader(
     dataset: Any, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, shuffle: bool = True,
     **kwargs: Any

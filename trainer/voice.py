@@ -1,0 +1,99 @@
+"""Rank 0's voice: the few lines a person must see reach stderr even when the script configured no logging.
+
+A resume and its verification, and a stop, are news a person running a plain
+script has to see. `say` logs them as usual when logging would show them at
+INFO; otherwise, on rank 0 only, it emits them through its own stderr
+handler (`legato: ...`). `refuse` does the same at ERROR for the paragraph
+that ends every rank (a resume that did not verify). `refusing` wraps the
+public entry points of a user's script: a UsageError leaving one is said by
+the rank that raised it, and ends an uncaught script with exit 2 and no
+traceback. It must never show a line twice, nor repeat on the other ranks a
+verdict they all reached together.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import TypeVar
+
+from legato.errors import UsageError, UsageRefused
+
+_VOICE = "legato.voice"
+Entry = TypeVar("Entry", bound=Callable)
+
+
+def _voice() -> logging.Logger:
+    voice = logging.getLogger(_VOICE)
+    if not voice.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("legato: %(message)s"))
+        voice.addHandler(handler)
+        voice.setLevel(logging.INFO)
+        voice.propagate = False
+    return voice
+
+
+def counted(n: int, noun: str) -> str:
+    """"1 step", "4 steps": a count and its noun, for people (the CLI's lines and the ranks' say the same)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def say(logger: logging.Logger, rank: int, message: str, *args: object) -> None:
+    """Log `message` at INFO; on rank 0, to stderr as well when logging would not show it."""
+    if rank != 0 or (logger.isEnabledFor(logging.INFO) and logger.hasHandlers()):
+        logger.info(message, *args)
+        return
+    _voice().info(message, *args)
+
+
+def refuse(logger: logging.Logger, rank: int, message: str, *args: object) -> None:
+    """Log `message` at ERROR where logging is configured; else rank 0 alone says it on stderr (every rank has the same
+    verdict, so one paragraph is enough, and no other rank falls back to logging's bare last-resort output)."""
+    if logger.isEnabledFor(logging.ERROR) and logger.hasHandlers():
+        logger.error(message, *args)
+    elif rank == 0:
+        _voice().error(message, *args)
+
+
+def refusing(entry: Entry) -> Entry:
+    """`entry` (a function or a generator function of the public API), with a UsageError leaving it said and raised on
+    as UsageRefused: caught like any UsageError, and, uncaught, the end of the script with exit 2 and no traceback."""
+    if inspect.isgeneratorfunction(entry):
+        @functools.wraps(entry)
+        def steps(*args, **kwargs):
+            try:
+                return (yield from entry(*args, **kwargs))
+            except UsageRefused:
+                raise
+            except UsageError as exc:
+                raise _said(exc) from exc
+        return steps  # type: ignore[return-value]
+
+    @functools.wraps(entry)
+    def call(*args, **kwargs):
+        try:
+            return entry(*args, **kwargs)
+        except UsageRefused:
+            raise
+        except UsageError as exc:
+            raise _said(exc) from exc
+    return call  # type: ignore[return-value]
+
+
+def _said(exc: UsageError) -> UsageRefused:
+    """Say `exc` at ERROR and return it as UsageRefused. Every rank that raised it says it (a problem may be one rank's
+    own: its data, its files), the others with their rank in front; before a Session exists, the launcher's environment
+    names the rank."""
+    rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
+    message = str(exc) if rank == 0 else f"rank {rank}: {exc}"
+    logger = logging.getLogger("legato")
+    if logger.isEnabledFor(logging.ERROR) and logger.hasHandlers():
+        logger.error("%s", message)
+    else:
+        _voice().error("%s", message)
+    return UsageRefused(str(exc))
