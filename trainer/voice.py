@@ -87,13 +87,12 @@ def refusing(entry: Entry) -> Entry:
 
 def _said(exc: UsageError) -> UsageRefused:
     """Say `exc` at ERROR and return it as UsageRefused. Every rank that raised it says it (a problem may be one rank's
-    own: its data, its files), the others with their rank in front; before a Session exists, the launcher's environment
-    names the rank."""
-    rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
-    message = str(exc) if rank == 0 else f"rank {rank}: {exc}"
+    own: its data, its files); on stderr, ranks other than 0 put their rank in front (the launcher's environment names
+    it, also before a Session exists), and logging formats its lines as the script chose."""
     logger = logging.getLogger("legato")
     if logger.isEnabledFor(logging.ERROR) and logger.hasHandlers():
-        logger.error("%s", message)
+        logger.error("%s", exc)
     else:
-        _voice().error("%s", message)
+        rank = int(os.environ.get("RANK") or os.environ.get("SLURM_PROCID") or 0)
+        _voice().error("%s", exc if rank == 0 else f"rank {rank}: {exc}")
     return UsageRefused(str(exc))

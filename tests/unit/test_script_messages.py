@@ -54,8 +54,7 @@ def said(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_a_refusal_is_said_once_and_raised_on_as_a_usage_error_that_ends_an_uncaught_script_with_exit_2(
-        caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("RANK", raising=False)
+        caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(UsageRefused) as info:
         outer()  # the inner entry said it; the outer one passes it on without a second line
     assert isinstance(info.value, UsageError) and isinstance(info.value, SystemExit) and info.value.code == EXIT_USAGE
@@ -63,26 +62,22 @@ def test_a_refusal_is_said_once_and_raised_on_as_a_usage_error_that_ends_an_unca
     assert said(caplog) == ["inner: the paragraph."]
 
 
-def test_a_generator_entry_yields_as_before_and_says_a_refusal_only(caplog: pytest.LogCaptureFixture,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("RANK", "3")
+def test_a_generator_entry_yields_as_before_and_says_a_refusal_only(caplog: pytest.LogCaptureFixture) -> None:
     seen = []
     with pytest.raises(UsageRefused):
         for item in steps(UsageError("mid-loop.")):
             seen.append(item)
-    assert seen == [1, 2] and said(caplog) == ["rank 3: mid-loop."]
+    assert seen == [1, 2] and said(caplog) == ["mid-loop."]
     with pytest.raises(ValueError):
         list(steps(ValueError("not a usage error")))
     left = steps(UsageError("never reached"))
     assert next(left) == 1
     left.close()  # a `break` out of the loop
-    assert said(caplog) == ["rank 3: mid-loop."]
+    assert said(caplog) == ["mid-loop."]
 
 
 @pytest.mark.parametrize("entry", sorted(EVERY_ENTRY))
-def test_every_entry_of_the_public_api_says_its_refusal(entry: str, tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                       monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("RANK", raising=False)
+def test_every_entry_of_the_public_api_says_its_refusal(entry: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     with pytest.raises(UsageRefused) as info:
         EVERY_ENTRY[entry](tmp_path / "run")
     assert said(caplog) == [str(info.value)]
