@@ -81,7 +81,9 @@ def up(settings: Settings, say=print) -> list[Daemon]:
             _ok(["sacctmgr", "-i", "add", "cluster", CLUSTER])
             _wait(lambda: _ok(["sacct", "-n", "-X", "-S", "now-1minute"]), "sacct to answer", daemons)
     except BaseException:
-        _save_state(daemons, settings)
+        say("devcluster: not up; stopping the daemons it started (their logs stay)")
+        stop_daemons(daemons, say)
+        (STATE_DIR / "state.json").unlink(missing_ok=True)
         raise
     return daemons
 
@@ -135,8 +137,15 @@ def install_packages(say, packages: tuple[str, ...] = PACKAGES, binaries: tuple[
 def _start(name: str, cmd: list[str], user: str | None = None) -> Daemon:
     log_path = STATE_DIR / f"{name}.log"
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, user=user)
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, user=user,
+                                env=_daemon_environ())
     return Daemon(name, proc.pid, str(log_path))
+
+
+def _daemon_environ() -> dict[str, str]:
+    """The caller's environment less TMPDIR: a private one (a SLURM job's, a test's) is closed to the daemons' own users,
+    and MariaDB, running as mysql, then cannot make its temporary files and does not start."""
+    return {name: value for name, value in os.environ.items() if name != "TMPDIR"}
 
 
 def _runtime_dir(path: str, owner: str) -> None:

@@ -35,7 +35,7 @@ FSDP2_SHORT = ("train.steps=30", "checkpoint.every_steps=10", "chaos.signal_at_s
 
 
 @pytest.fixture(scope="module")
-def cluster() -> None:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> None:
     problem = None
     if os.geteuid() != 0:
         problem = "not root"
@@ -43,7 +43,9 @@ def cluster() -> None:
         problem = "no apt-get to install SLURM"
     already_up = problem is None and legato("devcluster", "status").returncode == 0
     if problem is None and not already_up:
-        proc = legato("devcluster", "up", timeout=900)
+        # From a private TMPDIR (0700, as a SLURM job's own often is): the daemons, MariaDB's mysql user among them,
+        # must not inherit it.
+        proc = legato("devcluster", "up", timeout=900, TMPDIR=str(tmp_path_factory.mktemp("private-tmp")))
         if proc.returncode != 0:
             problem = f"`legato devcluster up` failed: {proc.stdout[-1500:]} {proc.stderr[-1500:]}"
     if problem:
