@@ -4,11 +4,11 @@ A resume and its verification, and a stop, are news a person running a plain
 script has to see. `say` logs them as usual when logging would show them at
 INFO; otherwise, on rank 0 only, it emits them through its own stderr
 handler (`legato: ...`). `refuse` does the same at ERROR for the paragraph
-that ends every rank (a resume that did not verify). `refusing` wraps the
-public entry points of a user's script: a UsageError leaving one is said by
-the rank that raised it, and ends an uncaught script with exit 2 and no
-traceback. It must never show a line twice, nor repeat on the other ranks a
-verdict they all reached together.
+that ends every rank (a resume that did not verify: one verdict the ranks
+reached together, said once). `refusing` wraps the public entry points of a
+user's script: a UsageError leaving one is said by each rank that raised it
+(a problem may be one rank's own), and ends an uncaught script with exit 2
+and no traceback. It must never show a line twice on one rank.
 """
 
 from __future__ import annotations
