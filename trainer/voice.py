@@ -13,18 +13,20 @@ and no traceback. It must never show a line twice on one rank.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TypeVar
 
 from legato.errors import UsageError, UsageRefused
 
 _VOICE = "legato.voice"
 Entry = TypeVar("Entry", bound=Callable)
+_CALLER_SAYS = [False]  # inside `refusals_said_by_caller`: legato's own rank entry says a refusal, once
 
 
 def _voice() -> logging.Logger:
@@ -60,6 +62,17 @@ def refuse(logger: logging.Logger, rank: int, message: str, *args: object) -> No
         _voice().error(message, *args)
 
 
+@contextlib.contextmanager
+def refusals_said_by_caller() -> Iterator[None]:
+    """Within it, `refusing` leaves a UsageError as it is, unsaid: the caller (legato's own rank entry, which says it
+    once on rank 0 as `error: ...`, as for a bad config) has it to say."""
+    before, _CALLER_SAYS[0] = _CALLER_SAYS[0], True
+    try:
+        yield
+    finally:
+        _CALLER_SAYS[0] = before
+
+
 def refusing(entry: Entry) -> Entry:
     """`entry` (a function or a generator function of the public API), with a UsageError leaving it said and raised on
     as UsageRefused: caught like any UsageError, and, uncaught, the end of the script with exit 2 and no traceback."""
@@ -71,6 +84,8 @@ def refusing(entry: Entry) -> Entry:
             except UsageRefused:
                 raise
             except UsageError as exc:
+                if _CALLER_SAYS[0]:
+                    raise
                 raise _said(exc) from exc
         return steps  # type: ignore[return-value]
 
@@ -81,6 +96,8 @@ def refusing(entry: Entry) -> Entry:
         except UsageRefused:
             raise
         except UsageError as exc:
+            if _CALLER_SAYS[0]:
+                raise
             raise _said(exc) from exc
     return call  # type: ignore[return-value]
 

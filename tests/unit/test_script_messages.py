@@ -21,7 +21,7 @@ from legato.errors import EXIT_USAGE, UsageError, UsageRefused
 from legato.orchestrator.verify import first_divergence, rng_words, unseeded_rngs
 from legato.session.replay import RankReport, judge
 from legato.state.determinism import seed_everything
-from legato.voice import refusing
+from legato.voice import refusals_said_by_caller, refusing
 
 EVERY_ENTRY = {  # the public API's entry points a script calls first, each with an argument it refuses
     "CheckpointPolicy": lambda tmp: legato.CheckpointPolicy(keep_last=0),
@@ -74,6 +74,15 @@ def test_a_generator_entry_yields_as_before_and_says_a_refusal_only(caplog: pyte
     assert next(left) == 1
     left.close()  # a `break` out of the loop
     assert said(caplog) == ["mid-loop."]
+
+
+def test_under_legatos_own_rank_entry_a_refusal_is_left_to_it_unsaid(caplog: pytest.LogCaptureFixture) -> None:
+    with refusals_said_by_caller(), pytest.raises(UsageError) as info:  # as runtime.job runs a rank: it says `error: ...`
+        outer()
+    assert type(info.value) is UsageError and said(caplog) == []
+    with pytest.raises(UsageRefused):  # and only within it
+        outer()
+    assert said(caplog) == ["inner: the paragraph."]
 
 
 @pytest.mark.parametrize("entry", sorted(EVERY_ENTRY))

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from legato.config import Config
 from legato.dist.stop import StopFlag, stop_signals
-from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError, UsageRefused
+from legato.errors import EXIT_FAILED, EXIT_OK, ResumeMismatchError, UsageError
 from legato.events import Kind
 from legato.paths import RunPaths
 from legato.runtime.context import RunContext
@@ -32,6 +32,7 @@ from legato.runtime.rank_env import RankEnv
 from legato.runtime.signals import parse_signal
 from legato.runtime.threads import resolve_threads
 from legato.state.determinism import seed_everything
+from legato.voice import refusals_said_by_caller
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +56,10 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
     early.install()
     report = on_event or (lambda event: None)
     try:
-        return _run(cfg, env, report)
+        with refusals_said_by_caller():  # a refusal is said below, once, as for a bad config
+            return _run(cfg, env, report)
     except UsageError as exc:
-        if env.rank == 0 and not isinstance(exc, UsageRefused):  # a refusal was said where it was raised
+        if env.rank == 0:
             sys.stderr.write(f"error: {exc}\n")
         report({"event": Kind.ERROR, "rank": env.rank, "message": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
