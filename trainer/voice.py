@@ -81,25 +81,24 @@ def refusing(entry: Entry) -> Entry:
         def steps(*args, **kwargs):
             try:
                 return (yield from entry(*args, **kwargs))
-            except UsageRefused:
-                raise
             except UsageError as exc:
-                if _CALLER_SAYS[0]:
-                    raise
-                raise _said(exc) from exc
+                _refuse(exc)
         return steps  # type: ignore[return-value]
 
     @functools.wraps(entry)
     def call(*args, **kwargs):
         try:
             return entry(*args, **kwargs)
-        except UsageRefused:
-            raise
         except UsageError as exc:
-            if _CALLER_SAYS[0]:
-                raise
-            raise _said(exc) from exc
+            _refuse(exc)
     return call  # type: ignore[return-value]
+
+
+def _refuse(exc: UsageError) -> None:
+    """Raise what leaves an entry for `exc`: itself when already said or left to the caller, else said, as UsageRefused."""
+    if isinstance(exc, UsageRefused) or _CALLER_SAYS[0]:
+        raise exc
+    raise _said(exc) from exc
 
 
 def _said(exc: UsageError) -> UsageRefused:
