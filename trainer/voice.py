@@ -20,13 +20,15 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from typing import TypeVar
 
 from legato.errors import UsageError, UsageRefused
 
 _VOICE = "legato.voice"
 Entry = TypeVar("Entry", bound=Callable)
-_CALLER_SAYS = [False]  # inside `refusals_said_by_caller`: legato's own rank entry says a refusal, once
+# True inside `refusals_said_by_caller`: legato's own rank entry says a refusal, once.
+_CALLER_SAYS: ContextVar[bool] = ContextVar("legato_refusals_said_by_caller", default=False)
 
 
 def _voice() -> logging.Logger:
@@ -66,11 +68,11 @@ def refuse(logger: logging.Logger, rank: int, message: str, *args: object) -> No
 def refusals_said_by_caller() -> Iterator[None]:
     """Within it, `refusing` leaves a UsageError as it is, unsaid: the caller (legato's own rank entry, which says it
     once on rank 0 as `error: ...`, as for a bad config) has it to say."""
-    before, _CALLER_SAYS[0] = _CALLER_SAYS[0], True
+    token = _CALLER_SAYS.set(True)
     try:
         yield
     finally:
-        _CALLER_SAYS[0] = before
+        _CALLER_SAYS.reset(token)
 
 
 def refusing(entry: Entry) -> Entry:
@@ -96,7 +98,7 @@ def refusing(entry: Entry) -> Entry:
 
 def _refuse(exc: UsageError) -> None:
     """Raise what leaves an entry for `exc`: itself when already said or left to the caller, else said, as UsageRefused."""
-    if isinstance(exc, UsageRefused) or _CALLER_SAYS[0]:
+    if isinstance(exc, UsageRefused) or _CALLER_SAYS.get():
         raise exc
     raise _said(exc) from exc
 
