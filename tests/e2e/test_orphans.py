@@ -321,6 +321,19 @@ def test_the_kill_check_names_a_process_that_outlives_the_launcher_and_not_one_t
         stray.wait(timeout=60)
 
 
+def stacks_of_the_run(token: str, log: Path) -> str:
+    """The state and kernel wait of every process of a launch that stopped making progress, then every thread's stack:
+    SIGABRT, which PYTHONFAULTHANDLER (tests/conftest.py sets it for every process) turns into a dump on the launch's log."""
+    pids = sorted(marked(token))
+    states = ", ".join(described(pid) for pid in pids)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGABRT)
+    with contextlib.suppress(AssertionError):
+        wait_until(lambda: not marked(token), 30, "the aborted processes to end")
+    return f"processes of the launch: {states}\n{log.read_text()[-12000:]}"
+
+
 def commit_a_first_checkpoint(run_dir: Path, token: str, log: Path) -> None:
     """One launch trained until its first checkpoint commits, then killed: without it, a seed whose early kills all
     land before the first commit (start-up, the first batches, the first write) leaves no launch anything to resume."""
@@ -349,7 +362,11 @@ def test_thirty_launcher_sigkills_at_random_moments_leave_nothing_alive_a_second
             since = time.time()
             must_resume += moment == "checkpoint" and newest_step(run_dir) > 0
             launcher = launch_marked(run_dir, token, tmp_path / f"launch{i}.log")
-            wait_for_moment(moment, launcher, token, run_dir, since, rnd)
+            try:
+                wait_for_moment(moment, launcher, token, run_dir, since, rnd)
+            except AssertionError as exc:
+                exc.add_note(f"seed {seed}, launch {i} ({moment}):\n{stacks_of_the_run(token, tmp_path / f'launch{i}.log')}")
+                raise
             assert launcher.poll() is None, (tmp_path / f"launch{i}.log").read_text()[-3000:]
             count, left = kill_and_look(launcher, token)
             shown = [described(p) for p in sorted(left)]
