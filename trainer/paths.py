@@ -5,6 +5,7 @@
       ledger.jsonl, .ledger.lock   the append-only event log and its lock
       progress.json                rank 0's latest step, loss and rate
       run_id                       the run's identity, created once and kept across requeues (trackers continue under it)
+      attempt.lock                 held by the training launch's rank 0 (a POSIX lock), naming it: one launch at a time
       supervisor.lock, supervisor.json, supervisor.log   who supervises, and a detached one's log
       checkpoints/step_<N>/        published barrier checkpoints (manifest.json inside)
       checkpoints/.tmp_step_<N>/   a checkpoint being written, never selectable
@@ -57,6 +58,10 @@ class RunPaths:
     @property
     def run_id(self) -> Path:
         return self.root / "run_id"
+
+    @property
+    def attempt_lock(self) -> Path:
+        return self.root / "attempt.lock"
 
     @property
     def supervisor_lock(self) -> Path:

@@ -5,11 +5,13 @@ slowed from outside (LEGATO_CHAOS_STEP_SLEEP_S) so the signal lands mid-run. The
 alone (`scancel --signal`, `B:`), to every process of the step (`--signal` without `B:`), to one rank, as TERM
 to the launcher (a time limit), and to every process before any rank has a Session. Each time the launcher
 exits 75 with no rank left behind, and the next launch resumes verified and ends bit for bit where the
-uninterrupted run ends.
+uninterrupted run ends. A second launch into the run directory while the first trains (a job submitted twice) is
+refused on every rank having written nothing, and the first goes on unharmed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from helpers.cli import wait_for
+from helpers.cli import ledger, wait_for
 from helpers.launches import process_tree, steps_done
 from helpers.port import UNSEEDED, assert_same_run
 
@@ -112,3 +114,37 @@ def test_a_sigkilled_launcher_takes_its_ranks_with_it(tmp_path: Path) -> None:
         for pid in seen:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_second_launch_into_a_training_run_is_refused_and_harms_nothing(tmp_path: Path, reference: Path) -> None:
+    """A job submitted twice: the second launch waits for the run directory's lock, then every one of its ranks is
+    refused (exit 2, naming the first launch's rank 0) having recorded nothing; the first, stopped from outside, is
+    resumed by a third launch and the run ends bit for bit where the uninterrupted run ends."""
+    out = tmp_path / "run"
+    first = _launch(out, LEGATO_CHAOS_STEP_SLEEP_S="3")  # slow enough to outlast the second launch's start and wait
+    seen: set[int] = {first.pid}
+    try:
+        wait_for(lambda: steps_done(out) >= 2, 180, "two trained steps")
+        seen |= set(process_tree(first.pid))
+        holder = json.loads((out / "attempt.lock").read_text())
+        assert holder["pid"] in seen
+        second = subprocess.run([*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(),
+                                capture_output=True, text=True, timeout=300)
+        assert first.poll() is None, "the first launch ended before the second was refused: the test proves nothing"
+        assert second.returncode == 2, second.stderr[-3000:]
+        assert f"Another launch is training in {out} (pid {holder['pid']} on " in second.stderr, second.stderr[-3000:]
+        assert "Traceback" not in second.stderr
+        os.kill(first.pid, signal.SIGUSR2)
+        _, stderr = first.communicate(timeout=240)
+        assert first.returncode == 75, stderr[-3000:]
+    finally:
+        first.kill()
+        for pid in seen:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    assert [e["event"] for e in ledger(out)].count("attempt_started") == 1, "the refused launch recorded an attempt"
+    done = subprocess.run([*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(),
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "resumed at step" in done.stderr and "verified" in done.stderr, done.stderr[-3000:]
+    assert_same_run(reference, out, STEPS, UNSEEDED)

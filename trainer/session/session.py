@@ -50,6 +50,7 @@ from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
 from legato.runtime.lifeline import die_with_launcher
 from legato.session.arguments import check_arguments, check_batches, checked_loss, refuse_late_carry, refuse_second_loop, total_steps_of
+from legato.session.attempt_lock import AttemptLock
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
@@ -131,6 +132,8 @@ class Session:
         self.carried = Carried()
         self._peers = Peers.join()
         self.rank, self.world_size = self._peers.rank, self._peers.world_size
+        # Before anything is recorded: a second launch into this run directory is refused here, having written nothing.
+        self._attempt_lock = AttemptLock.claim(self.run_dir, self._peers)
         self.identity = Identity.establish(self.run_dir, self._peers, scripted=on_event is None)
         # A script's own Session writes its run into the run directory; under `legato run` the job side does.
         self.on_event = on_event or LedgerRecorder(self.run_dir, self.identity.tag)
@@ -378,5 +381,6 @@ class Session:
         self._flag.uninstall()
         self._feed.close()
         self._telemetry.close()
+        self._attempt_lock.release()
         if orderly:
             self._peers.close()
