@@ -59,6 +59,7 @@ from legato.orchestrator.verify_command import split_command, verify_command
 from legato.orchestrator.verify_config import verify_config
 from legato.orchestrator.waiting import waiting_job
 from legato.paths import RunPaths
+from legato.session.attempt_lock import held_by, refusal
 from legato.slurm import devcluster, multinode
 from legato.slurm.devcluster import Settings
 
@@ -86,8 +87,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"legato: {cfg.run_dir} already completed training; nothing to do.")
             print(status_table(summarize(cfg.run_dir, ledger.read())))
             return code
+        # Nothing to re-attach to without a submitted job: a session that ended, none yet, or a script's own launches.
+        starting = code is not None or current_job(session) is None
+        # A launch that no supervisor of this run started (a script's, a stray one) trains there: refuse before recording anything.
+        holder = held_by(cfg.run_dir) if starting else None
+        if holder is not None:
+            raise UsageError(refusal(cfg.run_dir, holder))
         config_path = capture_config(cfg)
-        if code is not None or not session:
+        if starting:
             start_session(cfg, ledger, Redactor.from_config(cfg).argv(["legato", *sys.argv[1:]]))
         else:
             print(f"legato: {cfg.run_dir} has a run in progress (job {current_job(session)}); re-attaching to it.")

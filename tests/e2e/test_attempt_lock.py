@@ -1,6 +1,7 @@
 """The run directory's attempt lock between real processes: a held directory refuses the next launch by name, a
 hard-killed holder frees it at once even while the DataLoader-style child it forked lives on, and a launch that is
-ending is waited for. No training runs here: each holder is a small Python process taking the lock as rank 0 does.
+ending is waited for; `legato run` into a directory a launch holds is refused before it records anything. No
+training runs here: each holder is a small Python process taking the lock as rank 0 does.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from helpers.cli import assert_usage_error, legato, run_args
 
 from legato.dist.peers import Peers
 from legato.errors import UsageError
@@ -88,3 +90,14 @@ def test_a_launch_that_is_ending_is_waited_for_and_released_locks_are_taken_agai
     lock.release()
     again, _ = holders(tmp_path, 600)
     assert f'"pid": {again.pid},' in (tmp_path / "attempt.lock").read_text()
+
+
+def test_legato_run_into_a_directory_a_launch_holds_is_refused_before_it_records_anything(tmp_path: Path, holders) -> None:
+    """A script's own launch trains in the run directory (here: its rank 0's lock); `legato run` there says who holds
+    it, exit 2, and leaves the directory as it found it (no config, no ledger, no job)."""
+    run_dir = tmp_path / "run"
+    holder, _ = holders(run_dir, 600)
+    before = sorted(p.name for p in run_dir.iterdir())
+    refused = legato(*run_args(run_dir))
+    assert_usage_error(refused, f"Another launch is training in {run_dir} (pid {holder.pid} on ")
+    assert sorted(p.name for p in run_dir.iterdir() if not p.name.startswith("supervisor.")) == before

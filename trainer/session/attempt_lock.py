@@ -12,7 +12,9 @@ The lock is a POSIX record lock (fcntl), not flock: it belongs to the process,
 so the DataLoader workers rank 0 forks do not inherit it, and NFS carries it
 between nodes. The kernel drops it when the process ends however it ends, so a
 hard kill leaves no stale lock. Where the filesystem refuses locks (Lustre
-mounted without `flock`), the launch goes on with a warning. A holder must
+mounted without `flock`), the launch goes on with a warning. `legato run`
+asks `held_by` before it starts a run there, so it refuses before it records
+anything. A holder must
 never open the lock file a second time: closing any descriptor of a file drops
 the process's locks on it. This module must never write anything but the
 holder's line, and never decide anything about training.
@@ -29,10 +31,13 @@ import socket
 import time
 import weakref
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from legato.dist.peers import Peers
 from legato.errors import UsageError
 from legato.paths import RunPaths
+
+if TYPE_CHECKING:  # the supervisor probes the lock without torch (`held_by`)
+    from legato.dist.peers import Peers
 
 log = logging.getLogger(__name__)
 
@@ -91,11 +96,28 @@ def _take(paths: RunPaths, wait_s: float) -> tuple[int | None, str | None]:
             return fd, None
         if time.monotonic() >= deadline:
             os.close(fd)
-            return None, _refusal(paths)
+            return None, refusal(paths.root, holder(paths))
         if not waiting:
             log.info("waiting up to %.0f s for the launch holding %s to end (%s)", wait_s, paths.attempt_lock, holder(paths))
             waiting = True
         time.sleep(_POLL_S)
+
+
+def held_by(run_dir: Path) -> str | None:
+    """Who holds `run_dir`'s lock (as `holder` says it), None when no launch does; for a process that never holds it.
+    Probing takes the lock for an instant: a launch starting then waits, as for one that is ending."""
+    paths = RunPaths(run_dir)
+    try:
+        fd = os.open(paths.attempt_lock, os.O_RDWR | os.O_NOFOLLOW)
+    except OSError:  # no lock file: no launch yet; a link: the launch itself refuses it
+        return None
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        return holder(paths) if exc.errno in _HELD else None
+    finally:
+        os.close(fd)
+    return None
 
 
 def _write_holder(fd: int) -> None:
@@ -115,7 +137,9 @@ def holder(paths: RunPaths) -> str:
         return "holder unknown"
 
 
-def _refusal(paths: RunPaths) -> str:
-    return (f"Another launch is training in {paths.root} ({holder(paths)}): it holds {paths.attempt_lock.name}. Two launches "
+def refusal(run_dir: Path, who: str) -> str:
+    """The paragraph that refuses a launch into `run_dir`, which `who` (as `holder` says it) holds."""
+    paths = RunPaths(run_dir)
+    return (f"Another launch is training in {paths.root} ({who}): it holds {paths.attempt_lock.name}. Two launches "
             "into one run directory would interleave their checkpoints and records. Wait for that launch to end or stop it "
             "(scancel its job, or kill its launcher), or give this launch its own run directory.")
