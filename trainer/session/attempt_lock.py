@@ -14,10 +14,9 @@ between nodes. The kernel drops it when the process ends however it ends, so a
 hard kill leaves no stale lock. Where the filesystem refuses locks (Lustre
 mounted without `flock`), the launch goes on with a warning. `legato run`
 asks `held_by` before it starts a run there, so it refuses before it records
-anything. A holder must
-never open the lock file a second time: closing any descriptor of a file drops
-the process's locks on it. This module must never write anything but the
-holder's line, and never decide anything about training.
+anything. A holder must never open the lock file a second time: closing any
+descriptor of a file drops the process's locks on it. This module must never
+write anything but the holder's line, and never decide anything about training.
 """
 
 from __future__ import annotations
@@ -56,12 +55,12 @@ class AttemptLock:
     @classmethod
     def claim(cls, run_dir: Path, peers: Peers, wait_s: float = WAIT_S) -> AttemptLock:
         """Collective: rank 0 takes the run directory's lock; where another launch holds it, every rank is refused."""
-        fd, refusal = None, None
+        fd, refused = None, None
         if peers.rank == 0:
-            fd, refusal = _take(RunPaths(run_dir), wait_s)
-        refusal = peers.from_leader(refusal)
-        if refusal is not None:
-            raise UsageError(refusal)
+            fd, refused = _take(RunPaths(run_dir), wait_s)
+        refused = peers.from_leader(refused)
+        if refused is not None:
+            raise UsageError(refused)
         return cls(fd)
 
     def release(self) -> None:

@@ -23,7 +23,8 @@ a replay base at most K steps back, and a resume restores that base and runs
 the steps up to the checkpoint again through the user's loop, comparing loss
 bits and digests (legato.session.replay), which proves the resume on the run itself.
 The Session only runs the loop; it delegates its claim on the run directory
-(legato.session.attempt_lock), its table of state (legato.session.table), the attempt's opening (legato.session.opening), resume (legato.session.resume),
+(legato.session.attempt_lock), its table of state (legato.session.table), the
+attempt's opening (legato.session.opening), resume (legato.session.resume),
 saving (legato.session.saving), replay (legato.session.replayer), telemetry
 (legato.session.telemetry) and fault injection (legato.session.chaos), and
 the position (legato.session.position) is written in one place. It must never
