@@ -41,7 +41,7 @@ from legato.events import JOB_SUBMISSIONS, Kind
 from legato.orchestrator.arguments import MULTINODE_ANY, build_parser
 from legato.orchestrator.control import DETACH_WAIT_S, cancel_run, hand_off
 from legato.orchestrator.display import LiveView, status_table, waiting_line
-from legato.orchestrator.follow import is_script_run, show_events, watch_script
+from legato.orchestrator.follow import show_events, watch_script
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.local_train import train_locally, trainer_command
 from legato.orchestrator.plot import plot_losses, replay_spans
@@ -50,7 +50,7 @@ from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.reports import capture_diff_lines, capture_lines, verdict_lines
 from legato.orchestrator.repro import CaptureRequest, capture, read_capture
 from legato.orchestrator.repro_diff import diff_captures, resolve_capture
-from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, newest_run
+from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, is_script_run, newest_run
 from legato.orchestrator.runstate import final_manifest
 from legato.orchestrator.status import current_job, current_session, read_progress, summarize
 from legato.orchestrator.supervisor import Supervisor, session_exit_code, start_session

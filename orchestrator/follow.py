@@ -18,14 +18,8 @@ from legato.orchestrator.display import LiveView
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import RunSummary, current_session, read_progress, summarize
 from legato.orchestrator.supervisor import session_exit_code
-from legato.paths import RunPaths
 
 POLL_S = 1.0
-
-
-def is_script_run(run_dir: Path) -> bool:
-    """Whether `run_dir` was written by a script's own Session: a ledger with attempts, and no config from `legato run`."""
-    return not RunPaths(run_dir).config.is_file() and any(e["event"] == Kind.ATTEMPT_STARTED for e in Ledger(run_dir).read())
 
 
 def script_exit_code(session: list[dict]) -> int | None:

@@ -2,7 +2,7 @@
 
 Before anything is submitted, the config is checked against what the
 directory already holds (a captured config from an earlier `legato run`,
-checkpoints from any run) and refused with a `UsageError` when they cannot
+checkpoints from any run, a script's own run) and refused with a `UsageError` when they cannot
 continue each other. Only then is the resolved config captured as
 `<run_dir>/config.yaml`, which is what every job reads. One supervisor per run
 directory: the lock is an OS file lock, released when its holder dies. This
@@ -22,10 +22,13 @@ from filelock import FileLock, Timeout
 
 from legato.config import Config, config_from_dict, load_config, training_identity, training_settings
 from legato.errors import UsageError
+from legato.events import Kind
 from legato.files import write_atomic
+from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor
 from legato.paths import RunPaths
 from legato.runtime.threads import resolve_threads
+from legato.session.attempt_lock import held_by, refusal
 from legato.slurm.backends import backend_for
 from legato.store import manifest
 from legato.treediff import changed_leaves
@@ -34,6 +37,15 @@ from legato.treediff import changed_leaves
 def check_compatible(cfg: Config) -> None:
     """Refuse a config that cannot continue what the run directory holds."""
     run_dir = cfg.run_dir
+    if is_script_run(run_dir):
+        who = held_by(run_dir)
+        if who is not None:
+            raise UsageError(refusal(run_dir, who))
+        raise UsageError(
+            f"Run directory {run_dir} holds a run of a script's own legato.Session (its ledger records the script's attempts, "
+            "and no `legato run` captured a config there), so this config would continue another loop's checkpoints. Launch "
+            f"that script again to resume it (`legato watch {run_dir}` follows it), or give this config its own run.dir."
+        )
     _check_checkpoints(cfg)
     captured = RunPaths(run_dir).config
     if not captured.is_file():
@@ -50,6 +62,11 @@ def check_compatible(cfg: Config) -> None:
             f"Run directory {run_dir} belongs to another config: {shown}. Continuing it would not be the same training. "
             "Use the config that started it, or give this one its own run.dir (or run.name)."
         )
+
+
+def is_script_run(run_dir: Path) -> bool:
+    """Whether `run_dir` was written by a script's own Session: a ledger with attempts, and no config from `legato run`."""
+    return not RunPaths(run_dir).config.is_file() and any(e["event"] == Kind.ATTEMPT_STARTED for e in Ledger(run_dir).read())
 
 
 def redact_config(cfg: Config) -> tuple[Config, list[str]]:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST_GPT, ROOT, TINY_GPT, run_trainer
+from conftest import FAST_GPT, ROOT, TINY_GPT, run_ranks, run_trainer
 from filelock import FileLock
 from helpers.cli import assert_usage_error, legato
 
@@ -166,3 +166,23 @@ def test_a_refusal_on_one_rank_ends_the_job_instead_of_leaving_the_others_waitin
     while subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True).returncode == 0:
         assert time.monotonic() < deadline, "the job's ranks still run after the run failed"
         time.sleep(1)
+
+
+def test_run_dir_of_a_scripts_own_session_is_left_alone(tmp_path: Path) -> None:
+    """`legato run` into the directory of a run a user's script launches (stopped, then finished) is refused by name, not
+    mistaken for its own: stopped, it would continue the script's checkpoints with another loop; finished, it said
+    "already completed" of a training it never ran."""
+    run_dir = tmp_path / "run"
+    script = [sys.executable, str(ROOT / "examples" / "own_loop.py"), str(run_dir), "--steps", "12"]
+
+    def assert_refused_untouched() -> None:
+        before = tree_digest(run_dir)
+        proc = legato("run", str(TINY_GPT), "--set", f"run.dir={run_dir}")
+        assert_usage_error(proc, "holds a run of a script's own legato.Session", "Launch that script again", "its own run.dir")
+        assert tree_digest(run_dir) == before
+        assert not RunPaths(run_dir).config.exists()
+
+    assert [p.returncode for p in run_ranks([*script, "--signal-at", "4"], timeout=120, PYTHONPATH=str(ROOT))] == [75, 75]
+    assert_refused_untouched()
+    assert [p.returncode for p in run_ranks(script, timeout=120, PYTHONPATH=str(ROOT))] == [0, 0]
+    assert_refused_untouched()
