@@ -2,11 +2,12 @@
 
 Before anything is submitted, the config is checked against what the
 directory already holds (a captured config from an earlier `legato run`,
-checkpoints from any run, a script's own run) and refused with a `UsageError` when they cannot
-continue each other. Only then is the resolved config captured as
-`<run_dir>/config.yaml`, which is what every job reads. One supervisor per run
-directory: the lock is an OS file lock, released when its holder dies. This
-module never deletes or rewrites anything but the captured config.
+checkpoints from any run, the run of a script's own Session) and refused with
+a `UsageError` when they cannot continue each other. Only then is the resolved
+config captured as `<run_dir>/config.yaml`, which is what every job reads. One
+supervisor per run directory: the lock is an OS file lock, released when its
+holder dies. This module never deletes or rewrites anything but the captured
+config.
 """
 
 from __future__ import annotations
