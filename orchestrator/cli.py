@@ -87,7 +87,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             print(f"legato: {cfg.run_dir} already completed training; nothing to do.")
             print(status_table(summarize(cfg.run_dir, ledger.read())))
             return code
-        # Nothing to re-attach to without a submitted job: a session that ended, none yet, or a script's own launches.
+        # Nothing to re-attach to without a submitted job: a session that ended, or none yet (a script's run was refused by
+        # preflight, but one of its launches may hold the directory before it records its first attempt).
         starting = code is not None or current_job(session) is None
         # A launch that no supervisor of this run started (a script's, a stray one) trains there: refuse before recording anything.
         holder = held_by(cfg.run_dir) if starting else None
