@@ -3,7 +3,8 @@
 Every test here needs a CUDA device and is skipped with the reason on machines without one (CI has none);
 `scripts/gpu_check.sh` runs them on a GPU machine, and docs/gpu.md records what they printed there. They drive
 the real `legato verify` (real processes, real stop signals, NCCL or gloo over CUDA tensors) on the bundled
-tiny GPT and MLP in strict mode, and compare bits only.
+tiny GPT and MLP in strict mode, and compare bits only; and the digest of a CUDA tensor (its bytes staged to the host
+in chunks) is that of the same bytes on the host.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import FAST_GPT, MLP, ROOT, TINY_GPT
+
+from legato.state.hashing import STAGING_BYTES, Digests
 
 pytestmark = [
     pytest.mark.slow,
@@ -120,3 +123,37 @@ def test_environment_capture_on_a_gpu_machine_names_the_gpu_and_redacts_secrets(
     assert '"nccl": "' in text and '"cudnn": ' in text
     for value in secrets.values():
         assert value not in text
+
+
+# Sizes around the staging buffers the digest copies a CUDA tensor through (legato.state.hashing.STAGING_BYTES).
+CHUNK = STAGING_BYTES
+DIGESTED = {
+    "one byte": lambda: torch.tensor([7], dtype=torch.uint8),
+    "odd bf16": lambda: torch.randn(1001).to(torch.bfloat16),
+    "one chunk": lambda: torch.randn(CHUNK // 4),
+    "a chunk and a byte": lambda: torch.randint(0, 256, (CHUNK + 1,), dtype=torch.uint8),
+    "three chunks and seven bytes": lambda: torch.randint(0, 256, (3 * CHUNK + 7,), dtype=torch.uint8),
+    "transposed": lambda: torch.randn(1500, 2100).t(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DIGESTED))
+def test_digest_of_a_cuda_tensor_is_that_of_its_bytes_on_the_host(name: str) -> None:
+    """A CUDA tensor is hashed through pinned staging buffers in chunks: the digest is the one of the same bytes on the host."""
+    host = DIGESTED[name]()
+    device = host.cuda()
+    assert Digests().tensor(device) == Digests().tensor(host.contiguous())
+
+
+def test_cuda_digest_follows_the_work_queued_before_it_and_sees_every_chunk() -> None:
+    """The copies wait for the kernel that wrote the tensor (no synchronize in between), and a byte changed in the first or
+    the last chunk changes the digest (planted faults)."""
+    host = torch.randint(0, 256, (2 * CHUNK + 3,), dtype=torch.uint8)
+    device = host.cuda()
+    torch.cuda.synchronize()
+    device.add_(1)  # queued, and hashed at once
+    assert Digests().tensor(device) == Digests().tensor(host + 1)
+    for where in (0, host.numel() - 1):
+        changed = device.clone()
+        changed[where] += 1
+        assert Digests().tensor(changed) != Digests().tensor(device), f"a change at byte {where} went unseen"

@@ -18,6 +18,7 @@ beyond what the state itself defines).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -31,6 +32,8 @@ __all__ = ["DIGEST_BYTES", "HASH_NAME", "Digests", "digest", "global_hash", "ran
 
 DIGEST_BYTES = 16
 HASH_NAME = "xxh3_128"
+# A GPU tensor's bytes reach the hash through two pinned host buffers of this size in turn.
+STAGING_BYTES = 8 << 20
 
 
 def raw_digest(data: Any) -> bytes:
@@ -52,6 +55,8 @@ class Digests:
         t = t.detach()
         if t.numel() == 0:
             return raw_digest(b"")
+        if t.device.type == "cuda":
+            return _cuda_digest(t)
         if t.device.type != "cpu" or not t.is_contiguous():
             return raw_digest(t.cpu().contiguous().view(-1).view(torch.uint8).numpy())
         # The checks run for every tensor of every state hash, so each torch call is made once.
@@ -64,6 +69,43 @@ class Digests:
         if key is not None:
             self.by_storage[key] = d
         return d
+
+
+_staging: list[torch.Tensor] = []
+_staging_lock = threading.Lock()
+
+
+def _cuda_digest(t: torch.Tensor) -> bytes:
+    """XXH3-128 of a CUDA tensor's bytes, copied to the host in chunks through two pinned buffers in turn.
+
+    Each chunk's copy runs while the chunk before it is hashed, and a copy into pinned memory runs at the bus's speed,
+    where `.cpu()` copies the whole tensor through the driver's bounce buffer into pageable memory before anything is
+    hashed: a resume's check and every state hash read the whole state off the GPU this way. The digest is the one-shot
+    digest of the same bytes (XXH3's streaming form is the same function). The copies go on the tensor's current stream,
+    so they follow the work that wrote it.
+    """
+    flat = t.contiguous().view(-1).view(torch.uint8)
+    stream = torch.cuda.current_stream(t.device)
+    h = xxhash.xxh3_128()
+    with _staging_lock:
+        if not _staging:
+            _staging.extend(torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2))
+        landing = None
+        for i, start in enumerate(range(0, flat.numel(), STAGING_BYTES)):
+            chunk = flat[start:start + STAGING_BYTES]
+            buffer = _staging[i % 2][: chunk.numel()]
+            buffer.copy_(chunk, non_blocking=True)
+            copied = stream.record_event()
+            if landing is not None:
+                _hash_when_copied(h, *landing)
+            landing = buffer, copied
+        _hash_when_copied(h, *landing)
+    return h.digest()
+
+
+def _hash_when_copied(h: Any, buffer: torch.Tensor, copied: torch.cuda.Event) -> None:
+    copied.synchronize()
+    h.update(buffer.numpy())
 
 
 def digest(value: Any, seen: Digests | None = None) -> str:
