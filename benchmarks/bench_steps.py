@@ -156,6 +156,9 @@ def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict)
             plain_times.append(before)
             for name, seconds in measured.items():
                 ratios[name].append(seconds / before)
+            if rank == 0:  # a run cut short (a lent machine's minutes) still shows the rounds it finished
+                done = ", ".join(f"{name.strip()} {100 * (seconds / before - 1):+.1f}%" for name, seconds in measured.items())
+                print(f"   round {r}/{args.rounds}: plain {before * 1e3:.3f} ms/step; {done}", flush=True)
     if rank == 0:
         base = statistics.median(plain_times)
         out["plain"] = (base, 1.0, 1.0, 1.0)

@@ -62,7 +62,7 @@ part tests "$PY" -m pytest -v --durations=20 -p no:cacheprovider -n "${WORKERS:-
     tests/e2e/test_cuda.py
 part capture "$PY" -m legato.orchestrator.cli repro capture "$OUT/capture"
 part defaults "$PY" benchmarks/bench_defaults.py --device cuda --ranks "${RANKS[@]}" --mb "${MB[@]}" --rounds "$ROUNDS" --settle 0.5
-part steps "$PY" benchmarks/bench_steps.py --device cuda --world 1 --batch 256 --workers 4 --rounds "$((ROUNDS * 2))"
+part steps "$PY" benchmarks/bench_steps.py --device cuda --world 1 --batch 64 --workers 2 --steps 64 --rounds "$ROUNDS"
 part reduction "$PY" benchmarks/bench_reduction.py --device cuda --world 1 --rounds "$((ROUNDS * 3))"
 part async "$PY" benchmarks/bench_checkpoint_async.py --device cuda --rounds "$ROUNDS" --mb "${MB[@]}"
 echo "gpu_check: $([ $status = 0 ] && echo passed || echo FAILED), output in $OUT/"
