@@ -484,12 +484,18 @@ def main() -> None:
             print(f"async background write / raw write + fsync of the bytes each rank wrote: {results[BACKGROUND] / floor:.2f}x "
                   f"beside training, {results[BACKGROUND_ALONE] / floor:.2f}x alone (the slowest rank's hash, write, fsync and "
                   "report of its share after the staging copy; the writer thread runs at nice 19)")
-            print_peaks(peaks, state)
+            print_peaks(peaks, state, args.device)
     sys.stdout.flush()
 
 
-def print_peaks(peaks: dict[str, float], state: int) -> None:
+def print_peaks(peaks: dict[str, float], state: int, device: str) -> None:
     """Peak memory of each run above the plain loop's (which never saves), the largest rank's, against the state."""
+    if device == "cuda":
+        print("\npeak memory: not a reading with the state on the GPU. The kernel's high-water mark counts host memory only, "
+              "and on an H200 most rows came out negative (docs/gpu.md, section 7): most likely torch's caching host allocator "
+              "keeps pinned staging (gloo's collectives over CUDA tensors, the checkpoints' copies) from one run for the next, "
+              "so a run's peak depends on the runs before it.")
+        return
     plain = peaks.pop(PLAIN)
     print(f"\n{PLAIN}: peak {plain / 2**20:.1f} MiB above its start ({plain / state:.2f}x the state: its model, AdamW's "
           "moments, gradients, DDP's buckets and the optimizer's temporaries)")
