@@ -284,8 +284,11 @@ def _unrestored(names: list[str], step: int) -> str:
     if "buckets" in names:
         parts.append("DDP's gradient bucket layout was not restored (reduction order: with 3 or more ranks the resumed steps "
                      "sum gradients in another order than the uninterrupted run)")
+    if "forward_sync" in names:
+        parts.append("DDP's forward-sync flag was not restored (the resumed step broadcasts rank 0's buffers where the run did not, "
+                     "or the reverse)")
     rest = [n for n in names if not n.startswith("rng.") and n not in ("data", "optimizer", "scheduler", "scaler", "model", "counters",
-                                                                       "metrics", "buckets")]
+                                                                       "metrics", "buckets", "forward_sync")]
     if rest:
         parts.append(f"these components were not restored: {', '.join(rest)}")
     if not parts:

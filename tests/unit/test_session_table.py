@@ -96,6 +96,7 @@ def test_save_restore_verify_continues_bit_for_bit(reference: Path, tmp_path: Pa
         "metrics",
         "grads",
         "buckets",
+        "forward_sync",
         "extra.ema",
         "data",
         "rng.python",
@@ -111,6 +112,7 @@ def test_save_restore_verify_continues_bit_for_bit(reference: Path, tmp_path: Pa
     assert set(own) == {
         "metrics",
         "grads",
+        "forward_sync",
         "extra.ema",
         "data",
         "rng.python",

@@ -4,7 +4,7 @@ The model and optimizer are replicated by DDP (each rank writes its share of
 them), sharded by a ZeroRedundancyOptimizer (each rank its own shard), or held
 as FSDP2 DTensors (each rank its own shards of both). Then come the scheduler
 and scaler, the counters and running metrics, the gradients, DDP's bucket
-layout, the user's extras, the data position and, last, every RNG. This module
+layout and forward-sync flag, the user's extras, the data position and, last, every RNG. This module
 must never read or change the state it lists: it only names it.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from legato.dist.forward_sync import ForwardSync
 from legato.dist.reduction import BucketLayout
 from legato.session.position import Counters, DataPosition, Metrics, Position
 from legato.session.wrappers import ddp_of, unwrap
@@ -50,6 +51,8 @@ def session_table(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
         Component("grads", ShardedGradients(Gradients(module), module) if sharded else Gradients(module)),
         # After the gradients: a restored reducer takes them into its buckets as they are.
         Component("buckets", BucketLayout(ddp_of(model)), table.TRAIN_STATE_FILE),
+        # Each rank's own: whether DDP's next forward broadcasts rank 0's buffers, as the step before left it.
+        Component("forward_sync", ForwardSync(ddp_of(model))),
         *(Component(f"extra.{name}", own(obj), restore_last=is_rng(obj)) for name, obj in extras.items()),
         Component("data", DataPosition(position, source)),
         *(Component(name, obj, restore_last=True) for name, obj in rng.components(generators).items()),
