@@ -319,6 +319,12 @@ def record_verdict(verdict: Verdict, out: Path) -> Path | None:
     return png
 
 
+def final_step(run_dir: Path) -> int:
+    """The step of a finished run's newest usable checkpoint (0 when it has none): how many steps the run trains."""
+    final = _final(run_dir)
+    return 0 if final is None else int(final["step"])
+
+
 def _ranks(run_dir: Path) -> list[Path]:
     return sorted(RunPaths(run_dir).trajectories.glob("rank*.jsonl"))
 

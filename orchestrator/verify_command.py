@@ -13,7 +13,9 @@ there, `legato.recorder`). When the two differ, a second uninterrupted run
 tells the cases apart: training bitwise identical while the script's unseeded
 global RNGs (python's, numpy's: different in any two of its processes, never
 drawn in training) differ, which is compared without them and named; a
-computation that is not reproducible; or a resume that went wrong. Each
+computation that is not reproducible; or a resume that went wrong. A step
+outside the run, or an interrupted run that never stopped, is refused (exit 2):
+a verification with no resume proves nothing. Each
 launch's output goes to a log file inside the verify directory; nothing is
 written anywhere else.
 """
@@ -26,7 +28,7 @@ import subprocess
 from pathlib import Path
 
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
-from legato.orchestrator.verify import Verdict, compare_runs, diagnose, nondeterminism, unseeded_rngs
+from legato.orchestrator.verify import Verdict, compare_runs, diagnose, final_step, nondeterminism, unseeded_rngs
 
 PLACEHOLDER = "{run_dir}"
 CHAOS_VARS = ("LEGATO_CHAOS_SIGNAL_AT", "LEGATO_CHAOS_SIGNAL_RANK")
@@ -75,8 +77,16 @@ def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0,
     code = launch(argv, out / "reference", out / "reference.log", clean, timeout_s)
     if code != EXIT_OK:
         return None, f"the reference run exited {code} (see {out / 'reference.log'}); the command must train to its end first"
+    refuse_outside(steps, final_step(out / "reference"))
     code = run_interrupted(argv, out, steps, signal_rank, timeout_s)
     verdict = compare_runs(out / "reference", out / "interrupted")
+    if code == EXIT_OK and not verdict.resumes:
+        raise UsageError(
+            f"The interrupted run finished without a single stop: no interruption after steps {steps} happened, so nothing was "
+            f"proven (see the interrupted.attempt*.log files in {out}). The script's Session plants the stop itself "
+            "(LEGATO_CHAOS_SIGNAL_AT): make sure the command runs a legato.Session that reaches those steps, and pick steps "
+            "well before its end."
+        )
     if code != EXIT_OK:
         verdict.identical = False
         verdict.cause = f"the interrupted run's last launch exited {code} (see the interrupted.attempt*.log files in {out})"
@@ -88,6 +98,16 @@ def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0,
         launch(argv, again, out / "again.log", clean, timeout_s)
         verdict = _judge_against_again(verdict, out / "reference", out / "interrupted", again)
     return verdict, ""
+
+
+def refuse_outside(steps: list[int], total: int) -> None:
+    """A UsageError when a step to interrupt after is not inside the run (1 to total - 1): it could never be proven."""
+    outside = [s for s in steps if not 1 <= s < total]
+    if outside:
+        raise UsageError(
+            f"--interrupt-at {','.join(map(str, outside))}: the command trains {total} steps (its uninterrupted run just did), so "
+            f"a stop there never happens and would prove nothing. Pick steps from 1 to {total - 1}."
+        )
 
 
 def _judge_against_again(verdict: Verdict, reference: Path, interrupted: Path, again: Path) -> Verdict:

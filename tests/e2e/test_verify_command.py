@@ -93,3 +93,15 @@ def test_an_unseeded_rng_that_feeds_training_is_still_a_divergence(tmp_path: Pat
     assert "two uninterrupted runs of the same config already differ" in proc.stdout
     assert 'legato.seed_everything(seed, rank, mode="strict")' in proc.stdout and "determinism.mode" not in proc.stdout
     assert verdict is not None and not verdict["identical"] and verdict["unseeded"] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("steps", "said"), [("500", "--interrupt-at 500: the command trains 24 steps"),
+                                             ("23", "finished without a single stop")])
+def test_a_proof_with_no_stop_is_refused_not_passed(tmp_path: Path, steps: str, said: str) -> None:
+    """A stop past the end (refused once the reference run shows the run's length), or one so late that the run finishes
+    before it lands: no resume happened, so verify exits 2 saying so, never "bitwise identical" with 0 resumes."""
+    proc, verdict = verify(tmp_path, "imagenet_legato.py", steps, "2", as_json=False)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert said in proc.stderr and "Traceback" not in proc.stderr
+    assert "identical" not in proc.stdout and verdict is None
