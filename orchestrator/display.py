@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from legato.events import Kind, loop_left_label, resharded_label
+from legato.events import Kind, loop_left_label, resharded_label, unverified_label
 from legato.orchestrator.status import RunSummary
 from legato.slurm.pending import describe
 from legato.voice import counted
@@ -103,6 +103,7 @@ class LiveView:
                 + ("verified ✓" if e["match"] else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
                 + _resume_time(e)
             ),
+            Kind.CONTINUED_UNVERIFIED: lambda: f"{tag}{unverified_label(e)}: from here on not proven bitwise with the run's start",
             Kind.CHECKPOINT_FAILED: lambda: f"{tag}{e['message']}",
             Kind.REPLAY_STOPPED: lambda: (
                 f"{tag}stopped during the replay after step {e['step']}; the checkpoint at step {e['checkpoint_step']} still stands"
@@ -215,7 +216,7 @@ def status_table(summary: RunSummary) -> str:
     header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "replay", "resume s", "ckpt s", "environment", "ended")
     rows = [header]
     for a in summary.attempts:
-        verified = "-" if a.verified is None else ("✓" if a.verified else "✗")
+        verified = "-" if a.verified is None else ("✓" if a.verified else "✗, went on" if a.continued_unverified else "✗")
         if a.resharded:
             verified = f"resharded {a.resharded['from']}->{a.resharded['to']}"
         ckpt = f"{max(a.checkpoint_seconds):.2f}" if a.checkpoint_seconds else "-"
@@ -239,6 +240,8 @@ def status_table(summary: RunSummary) -> str:
                     f"{'yes' if summary.all_resumes_verified else 'NO'}"
                     + (f" ({resharded} resharded: chunks checked, not bitwise)" if resharded else ""))
     tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
+    if summary.unverified:
+        tail.append(f"NOT bitwise from its start: {unverified_label(summary.unverified)}; resumes since are verified from there")
     if summary.failure:
         tail.append(f"reason: {summary.failure}")
     return "\n".join([head, "", *lines, *([""] + tail if tail else [])])

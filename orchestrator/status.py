@@ -17,6 +17,7 @@ from legato.voice import counted
 
 SUBMITTED = Kind.SUBMITTED.value  # the run's state from `legato run` until its first attempt starts
 LEFT_EARLY = "ended early"  # a script's run whose loop was left before its end (it resumes when run again)
+NOT_VERIFIED = "resume not verified"  # how an attempt whose resume failed its verification ended
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Attempt:
     stop_signal_step: int | None = None
     checkpoint_seconds: list[float] = field(default_factory=list)
     resume_seconds: float | None = None  # the resume's total time, its replay included
+    continued_unverified: bool = False  # its resume did not verify, and the run went on by the user's choice
     environment: dict[str, str] = field(default_factory=dict, repr=False)
     environment_changed: list[str] | None = None
 
@@ -82,6 +84,7 @@ class RunSummary:
     requeues: int
     resubmissions: int
     excluded_nodes: list[str] = field(default_factory=list)
+    unverified: dict | None = None  # the run went on past a resume that did not verify: step, components, how
 
     @property
     def all_resumes_verified(self) -> bool:
@@ -123,6 +126,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
     requeues = resubmissions = 0
     captures: list[dict] = []
     excluded: list[str] = []
+    unverified: dict | None = None
     for e in events:
         kind, key = e["event"], (str(e.get("job_id")), e.get("restart"))
         attempt = attempts.get(key)
@@ -144,6 +148,12 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
             final_hash = e.get("final_global_hash", final_hash)
         elif kind == Kind.LOOP_LEFT:
             state, failure = loop_left(e)
+        elif kind == Kind.RESUMED and not e["match"]:
+            state, failure = Kind.FAILED, not_verified(e)  # until a continuation says the run went on by choice
+        elif kind == Kind.CONTINUED_UNVERIFIED:
+            state, failure = "running", None
+        if kind in (Kind.RESUMED, Kind.CONTINUED_UNVERIFIED):
+            unverified = unverified or e.get("unverified") or (e if kind == Kind.CONTINUED_UNVERIFIED else None)
         if kind == Kind.REPRO_CAPTURED:
             captures.append(e)  # another node's capture can be written before rank 0 records the attempt
             continue
@@ -167,8 +177,20 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
     step = max((a.last_step for a in ordered), default=0)
     return RunSummary(
         str(run_dir), state, state == Kind.FINISHED, final_hash, failure, total, step, ordered, current_job(events), requeues,
-        resubmissions, excluded
+        resubmissions, excluded, None if unverified is None else {k: unverified.get(k) for k in ("step", "components", "how")}
     )
+
+
+def not_verified(e: dict) -> str:
+    """Why a run failed at a resume that did not verify (a `RESUMED` record with no match), and the two ways on."""
+    replay = e.get("replay") or {}
+    first = replay.get("first_divergence") if not replay.get("identical", True) else None
+    mismatches = "; ".join(f"rank {r}: {', '.join(n)}" for r, n in (e.get("mismatches") or {}).items())
+    what = (f"restored state differs ({mismatches})" if mismatches else "") + ("; " if mismatches and first else "") + (
+        f"replay diverged first at step {first['step']} on rank {first['rank']}: {first.get('cause')}" if first else "")
+    return (f"{NOT_VERIFIED} at step {e['step']}: {what or 'the state hash differs'}. Fix the cause (the rank's log names it) and "
+            "run the same command again, or go on deliberately from this checkpoint with LEGATO_RESUME=unverified (recorded; the "
+            "run then no longer claims bitwise continuity with its start)")
 
 
 def loop_left(e: dict) -> tuple[str, str]:
@@ -181,6 +203,7 @@ def _apply(attempt: Attempt, e: dict) -> None:
     kind = e["event"]
     attempt.last_step = max(attempt.last_step, int(e.get("step") or e.get("last_step") or 0))
     if kind == Kind.RESUMED:
+        attempt.ended = "running" if e["match"] else NOT_VERIFIED
         attempt.resumed_from_step = e["step"]
         attempt.verified = bool(e["match"])
         attempt.resharded = e.get("resharded")
@@ -202,6 +225,8 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.ended = f"raised {exception.split(':')[0]}" if exception else "left the loop"
     elif kind == Kind.REQUEUE_FAILED:
         attempt.ended = f"not requeued: {e.get('reason')}"
+    elif kind == Kind.CONTINUED_UNVERIFIED:
+        attempt.ended, attempt.continued_unverified = "running", True
     elif kind in (Kind.REQUEUED, Kind.FINISHED, Kind.FAILED):
         attempt.ended = kind  # the attempt's end is named after its kind
 

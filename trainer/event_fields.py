@@ -199,6 +199,17 @@ class Resumed(_Attempt):
     # {"from": N, "to": M} ranks on a resume of a checkpoint of another world size (checkpoint.reshard), else None;
     # absent from records written before resharding existed
     resharded: dict[str, int] | None
+    # {"step", "components", "how"} when the run went on past an earlier resume that did not verify (the checkpoint's
+    # `unverified` mark): this resume is verified from that step on, not from the run's start; None otherwise
+    unverified: dict[str, Any] | None
+
+
+class ContinuedUnverified(_Attempt):
+    """The fields of a `CONTINUED_UNVERIFIED` record: the step the run went on from, the differing components, the choice."""
+
+    step: int
+    components: list[str]
+    how: str  # "LEGATO_RESUME=unverified" or "checkpoint.verify: warn"
 
 
 class ReplayStopped(_Attempt):
@@ -337,6 +348,7 @@ FIELDS: dict[Kind, type] = {
     Kind.CHECKPOINT_COMMITTED: CheckpointCommitted,
     Kind.CHECKPOINT_FAILED: CheckpointFailed,
     Kind.RESUMED: Resumed,
+    Kind.CONTINUED_UNVERIFIED: ContinuedUnverified,
     Kind.REPLAY_STOPPED: ReplayStopped,
     Kind.BUCKET_LAYOUT: BucketLayout,
     Kind.UNSAVED_STATE: UnsavedState,

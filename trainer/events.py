@@ -55,6 +55,9 @@ class Kind(str, enum.Enum):
     CHECKPOINT_FAILED = "checkpoint_failed"
     # The Session, after it restored a checkpoint and checked the restored state (and its replay).
     RESUMED = "resumed"
+    # The Session (rank 0 in the ledger), when the run goes on past a resume that did not verify, by the user's choice
+    # (LEGATO_RESUME=unverified, or checkpoint.verify: warn): its step, the differing components, and how it was chosen.
+    CONTINUED_UNVERIFIED = "continued_unverified"
     # The Session, when the ranks stopped during a replay (the checkpoint being replayed still stands).
     REPLAY_STOPPED = "replay_stopped"
     # The Session, at its first step: whether DDP's gradient bucket layout is pinned.
@@ -112,6 +115,13 @@ NOT_IN_LEDGER = (Kind.PROGRESS, Kind.STOP_AGREED, Kind.ERROR, Kind.WAITING)
 def resharded_label(resharded: dict[str, int]) -> str:
     """How a resharded resume is shown everywhere (log, status, verify): not a bitwise continuation."""
     return f"resharded {resharded['from']} -> {resharded['to']} ranks: data position exact, not bitwise"
+
+
+def unverified_label(mark: dict) -> str:
+    """How a continuation past a resume that did not verify (a `CONTINUED_UNVERIFIED` record, or the mark a later checkpoint
+    carries) is told everywhere: its step, the components that differed, and the choice that made it."""
+    components = ", ".join(mark.get("components") or []) or "the replay"
+    return f"continued unverified at step {mark['step']}: {components} ({mark.get('how')})"
 
 
 def loop_left_label(record: dict) -> str:

@@ -29,8 +29,8 @@ from legato.paths import RunPaths
 
 log = logging.getLogger(__name__)
 
-RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.CHECKPOINT_FAILED, Kind.RESUMED, Kind.REPLAY_STOPPED, Kind.BUCKET_LAYOUT,
-            Kind.UNSAVED_STATE, Kind.LOOP_LEFT)
+RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.CHECKPOINT_FAILED, Kind.RESUMED, Kind.CONTINUED_UNVERIFIED, Kind.REPLAY_STOPPED,
+            Kind.BUCKET_LAYOUT, Kind.UNSAVED_STATE, Kind.LOOP_LEFT)
 
 
 class ProgressFile:

@@ -66,3 +66,41 @@ def test_the_flag_left_unrestored_is_caught_by_the_replay(tmp_path: Path) -> Non
     refused = launch(tmp_path, 4, False, "--skip-restore", "forward_sync")
     assert codes(refused) == [3, 3], refused[1].stderr[-3000:]
     assert "extra.ema" in refused[1].stderr
+
+
+def status(run_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "status", str(run_dir)], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_a_resume_that_does_not_verify_fails_by_name_and_goes_on_only_by_a_recorded_choice(tmp_path: Path) -> None:
+    """Refused (exit 3) with FAILED and both ways on in the rank's line and in `legato status`; a bad LEGATO_RESUME is refused
+    before anything is recorded; LEGATO_RESUME=unverified goes on, recorded, and the mark stays with every later resume."""
+    stops = {"LEGATO_CHAOS_SIGNAL_AT": "7,9", "LEGATO_CHAOS_SIGNAL_RANK": "1"}
+    assert codes(launch(tmp_path, 4, False, **stops)) == [75, 75]
+    refused = launch(tmp_path, 4, False, "--skip-restore", "forward_sync", **stops)
+    assert codes(refused) == [3, 3]
+    last = refused[0].stderr.strip().splitlines()[-1]
+    assert "FAILED: resume not verified." in last and "LEGATO_RESUME=unverified" in last and "Traceback" not in refused[0].stderr
+    shown = status(tmp_path).stdout
+    assert "FAILED, step 8/12" in shown and "resume not verified at step 8" in shown and "LEGATO_RESUME=unverified" in shown, shown
+
+    ledger_before = (tmp_path / "ledger.jsonl").read_bytes()
+    bad = launch(tmp_path, 4, False, LEGATO_RESUME="yes please")
+    assert codes(bad) == [2, 2] and "LEGATO_RESUME='yes please' is not a choice" in bad[0].stderr
+    assert (tmp_path / "ledger.jsonl").read_bytes() == ledger_before
+
+    went_on = launch(tmp_path, 4, False, "--skip-restore", "forward_sync", LEGATO_RESUME="unverified", **stops)
+    assert codes(went_on) == [75, 75], went_on[0].stderr[-3000:]
+    assert "continued unverified at step 8: extra.ema, forward_sync, model (LEGATO_RESUME=unverified)" in went_on[0].stderr
+    shown = status(tmp_path).stdout
+    assert "✗, went on" in shown and "NOT bitwise from its start: continued unverified at step 8" in shown, shown
+
+    finished = launch(tmp_path, 4, False, **stops)
+    assert codes(finished) == [0, 0], finished[0].stderr[-3000:]
+    assert "verified by a replay of 1 step from step 9" in finished[0].stderr
+    assert "(bitwise since step 8 only: continued unverified at step 8" in finished[0].stderr
+    final = json.loads((tmp_path / "checkpoints" / "step_12" / "manifest.json").read_text())
+    assert final["unverified"] == {"step": 8, "components": ["extra.ema", "forward_sync", "model"], "how": "LEGATO_RESUME=unverified"}
+    shown = status(tmp_path).stdout
+    assert "FINISHED" in shown and "every resume verified: NO" in shown and "NOT bitwise from its start" in shown, shown

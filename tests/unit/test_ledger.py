@@ -79,7 +79,14 @@ def test_summary_marks_unverified_resume_and_resubmission(tmp_path: Path) -> Non
     first, second = summary.attempts
     assert first.ended == "ended (NODE_FAIL), resubmitted" and first.steps_run == 10
     assert second.verified is False and second.resumed_from_step == 10
-    assert not summary.all_resumes_verified and summary.state == "running"
+    assert not summary.all_resumes_verified and summary.state == "failed" and second.ended == "resume not verified"
+    assert summary.failure is not None and summary.failure.startswith("resume not verified at step 10: restored state differs "
+                                                                      "(rank 0: rng.numpy)")
+    assert "LEGATO_RESUME=unverified" in summary.failure
+    went_on = summarize(tmp_path, [*events, {"event": "continued_unverified", "time": 7, "job_id": "6", "restart": 0, "step": 10,
+                                             "components": ["rng.numpy"], "how": "LEGATO_RESUME=unverified"}])
+    assert went_on.state == "running" and went_on.failure is None and went_on.attempts[1].continued_unverified
+    assert went_on.unverified == {"step": 10, "components": ["rng.numpy"], "how": "LEGATO_RESUME=unverified"}
 
 
 def test_summary_status_table_and_json_show_each_attempts_replay(tmp_path: Path) -> None:

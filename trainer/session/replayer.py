@@ -3,9 +3,11 @@
 A checkpoint at step N carries a base B; the resume restores B, the user's own
 loop runs steps B+1..N again, each step's record is checked against the one
 saved (legato.session.replay), and at N the ranks' reports become one verdict,
-concluded like any resume (legato.session.resume). Under checkpoint.verify:
-warn a divergent replay falls back to loading N itself, unless N holds no state
-of its own (a stop checkpoint held by its replay): then it refuses. This module must
+concluded like any resume (legato.session.resume). Going on unverified
+(checkpoint.verify: warn, or LEGATO_RESUME=unverified), a divergent replay
+falls back to loading N itself; where N holds no state of its own (a stop
+checkpoint held by its replay), warn refuses and LEGATO_RESUME=unverified goes
+on from the replayed state. This module must
 never call back into the Session, and never write a checkpoint or trajectory.
 """
 
@@ -94,11 +96,12 @@ class Replayer:
         verdict.seconds = round(time.perf_counter() - self._started, 3)
         recomputed = global_hash([h for h, _ in reports])
         unrestored = {rep.rank: rep.unrestored for _, rep in reports if rep.unrestored}
-        if verdict.identical or self.verify != "warn" or held_by_replay(manifest):
+        going_on = self.verify == "warn" or r.go_on_unverified
+        if verdict.identical or not going_on or held_by_replay(manifest):
             r.conclude(path, manifest, recomputed, unrestored, verdict)
             return Outcome.VERIFIED
-        log.warning("rank %d: %s. Loading checkpoint %s instead, because checkpoint.verify is 'warn' (CheckpointPolicy(verify=\"warn\")).",
-                    r.peers.rank, replay.describe(verdict), path)
+        log.warning("rank %d: %s. Loading checkpoint %s instead, to go on unverified from its saved state.", r.peers.rank,
+                    replay.describe(verdict), path)
         r.load(path)
         mismatches, recomputed = r.check(manifest["ranks"])
         for rank, names in unrestored.items():

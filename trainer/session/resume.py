@@ -8,8 +8,12 @@ picks again, verifying each candidate's files before loading. Only then is the
 state restored (RNG last, right before the first resumed step); every rank
 recomputes its digests, and the ranks compare them with the manifest. A resume
 that does not verify says one paragraph and raises ResumeMismatchError on every
-rank (exit 3 where nothing catches it), or warns, under checkpoint.verify: warn.
-This module must never call back into the Session (it works on the component
+rank (exit 3 where nothing catches it), naming LEGATO_RESUME=unverified, the
+deliberate way on: with it (or under checkpoint.verify: warn, where the
+checkpoint holds its own state) the run continues from the restored state,
+the `continued_unverified` record names the step and the components, and
+every later checkpoint carries that mark (`unverified` in its manifest), so no
+later resume claims bitwise continuity with the run's start. This module must never call back into the Session (it works on the component
 table, the position's feed and plain data), and never restore into the live
 objects state whose files have not verified.
 """
@@ -26,7 +30,7 @@ import torch
 
 from legato.dist.peers import Peers
 from legato.errors import ResumeMismatchError, UsageError
-from legato.events import Kind, resharded_label
+from legato.events import Kind, resharded_label, unverified_label
 from legato.session import replay
 from legato.session.chaos import Chaos
 from legato.session.feed import Feed
@@ -38,11 +42,14 @@ from legato.state.components import Component
 from legato.state.hashing import global_hash
 from legato.store import bases, layout, reshard
 from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable
-from legato.store.manifest_schema import DIVERGED
+from legato.store.manifest_schema import DIVERGED, UNVERIFIED_KEY
 from legato.store.trajectory_changes import trajectory_changes
 from legato.voice import counted, refuse
 
 log = logging.getLogger(__name__)
+
+RESUME_ENV = "LEGATO_RESUME"
+GO_ON_UNVERIFIED = "unverified"  # LEGATO_RESUME=unverified: continue from a checkpoint whose resume does not verify
 
 # What a resume of a checkpoint (path, manifest) loads first: (directory, file prefix), or None when it loads nothing
 # with `Resumer.load` (a resharded restore, a checkpoint this run cannot resume).
@@ -71,9 +78,13 @@ class Resumer:
     """One rank's side of selecting, restoring and verifying a checkpoint."""
 
     def __init__(self, root: Path, peers: Peers, components: list[Component], feed: Feed, chaos: Chaos, telemetry: Telemetry,
-                 verify: str, reshard: bool = False, compiled: bool = False, gpus: tuple[str | None, ...] | None = None) -> None:
+                 verify: str, reshard: bool = False, compiled: bool = False, gpus: tuple[str | None, ...] | None = None,
+                 carried: dict | None = None, go_on_unverified: bool = False) -> None:
         self.root, self.peers, self.components, self.feed = root, peers, components, feed
         self.chaos, self.telemetry, self.verify, self.reshard = chaos, telemetry, verify, reshard
+        # The manifest fields this run's next checkpoints carry: a continuation past a failed verification goes in there.
+        self.carried = carried if carried is not None else {}
+        self.go_on_unverified = go_on_unverified  # LEGATO_RESUME=unverified
         self.compiled = compiled  # whether this attempt's model runs under torch.compile
         self.gpus = gpus  # every rank's GPU (legato.state.device_kind), in rank order
         self._capabilities: tuple[str, ...] | None = None  # every rank's torch CPU capability, gathered at the pick
@@ -175,11 +186,13 @@ class Resumer:
         table.restore(present, states, self.chaos.skips, last=True, source=path)
         _, recomputed = self.check([{"components": {}}] * new)
         resharded = {"from": old, "to": new}
+        self._carry_mark(manifest)
         seconds = time.perf_counter() - self._started
         self.resumed = Resumed(self.feed.position.step, path, manifest["global_hash"], recomputed, resharded=resharded, seconds=seconds)
         self.telemetry.emit(
             Kind.RESUMED, step=self.resumed.step, path=str(path), expected_hash=manifest["global_hash"], recomputed_hash=recomputed,
             match=True, mismatches={}, replay=None, seconds=round(seconds, 3), resharded=resharded,
+            unverified=self.carried.get(UNVERIFIED_KEY),
         )
         self.telemetry.say("rank %d: resumed at step %d from %s, %s", self.peers.rank, self.resumed.step, path,
                            resharded_label(resharded))
@@ -200,6 +213,7 @@ class Resumer:
         A checkpoint whose state is held by its replay is refused under "warn" too: nothing else proves the state."""
         step, seconds = self.feed.position.step, time.perf_counter() - self._started
         self.resumed = Resumed(step, path, manifest["global_hash"], recomputed, mismatches, verdict, seconds=seconds)
+        mark = self._carry_mark(manifest)
         self.telemetry.emit(
             Kind.RESUMED,
             step=step,
@@ -211,26 +225,65 @@ class Resumer:
             replay=None if verdict is None else verdict.to_event(),
             seconds=round(seconds, 3),
             resharded=None,
+            unverified=mark,
         )
         if self.resumed.match:
             how = ("" if verdict is None else
                    f" by a replay of {counted(verdict.steps, 'step')} from step {verdict.from_step} in {verdict.seconds:.2f}s")
-            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (resume %.2fs)", self.peers.rank, step, path,
-                               recomputed, how, seconds)
+            since = "" if not mark else f" (bitwise since step {mark['step']} only: {unverified_label(mark)})"
+            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (resume %.2fs)%s", self.peers.rank, step,
+                               path, recomputed, how, seconds, since)
             return
         changes = trajectory_changes(manifest, path, torch.get_num_threads(), self._capabilities, self.compiled, self.gpus,
                                      self._by_config)
         message = _problems(step, path, manifest, mismatches, verdict, changes)
+        if self.go_on_unverified:
+            self._continue_unverified(step, mismatches, verdict, message, f"{RESUME_ENV}={GO_ON_UNVERIFIED}")
+            return
         if bases.held_by_replay(manifest):
             message += (f" The checkpoint holds its state at step {manifest['step']} only as its replay, so there is no saved state to "
-                        "fall back to, and the run does not continue unproven (under checkpoint.verify: warn too). Undo what changed "
+                        "fall back to (checkpoint.verify: warn does not go on from it). Undo what changed "
                         "since the run that wrote it (code, data, settings, libraries, the GPU model, a non-deterministic step) and run "
                         "the same command again: the checkpoint is unharmed.")
         elif self.verify == "warn":
-            log.warning("%s Continuing because checkpoint.verify is 'warn' (CheckpointPolicy(verify=\"warn\")).", message)
+            self._continue_unverified(step, mismatches, verdict, message, "checkpoint.verify: warn")
             return
+        message = (f"FAILED: resume not verified. {message} To go on from this checkpoint anyway, by a deliberate choice that the run "
+                   f"records (it then no longer claims to be bitwise the run it started as), run the same command with "
+                   f"{RESUME_ENV}={GO_ON_UNVERIFIED} in its environment.")
         refuse(log, self.peers.rank, "%s Every rank exits %d.", message, ResumeMismatchError.exit_code)
         raise ResumeMismatchError(message)
+
+    def _carry_mark(self, manifest: dict) -> dict | None:
+        """The run's mark of an earlier continuation past a failed verification, carried from `manifest` into the next checkpoints."""
+        mark = manifest.get(UNVERIFIED_KEY)
+        if mark:
+            self.carried.setdefault(UNVERIFIED_KEY, mark)
+        return self.carried.get(UNVERIFIED_KEY)
+
+    def _continue_unverified(self, step: int, mismatches: dict[int, list[str]], verdict: replay.Verdict | None, message: str,
+                             how: str) -> None:
+        """Go on from the restored state by the user's choice (`how`): recorded in the ledger and in every later checkpoint."""
+        differing = {name for names in mismatches.values() for name in names}
+        if verdict is not None:
+            differing.update(name for names in verdict.differing_at_end.values() for name in names)
+        mark = {"step": step, "components": sorted(differing), "how": how}
+        self.carried.setdefault(UNVERIFIED_KEY, mark)
+        self.telemetry.emit(Kind.CONTINUED_UNVERIFIED, **mark)
+        if self.peers.rank == 0:
+            log.warning("%s Continuing unverified by %s: %s. From here on the run is not proven bitwise with its start; later "
+                        "resumes are verified against the state from step %d.", message, how, unverified_label(mark), step)
+
+
+def go_on_unverified(environ: dict[str, str]) -> bool:
+    """Whether this launch goes on past a resume that does not verify (LEGATO_RESUME=unverified); a UsageError for another value."""
+    value = environ.get(RESUME_ENV, "").strip()
+    if value in ("", GO_ON_UNVERIFIED):
+        return value == GO_ON_UNVERIFIED
+    raise UsageError(
+        f"{RESUME_ENV}={value[:40]!r} is not a choice legato knows. {RESUME_ENV}={GO_ON_UNVERIFIED} continues a run from a checkpoint "
+        "whose resume does not verify (recorded as such); unset it otherwise."
+    )
 
 
 def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None,

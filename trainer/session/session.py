@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
@@ -60,7 +61,7 @@ from legato.session.opening import open_attempt
 from legato.session.policy import CheckpointPolicy, StopPolicy
 from legato.session.position import Metrics, Position
 from legato.session.replayer import Outcome, Replayer
-from legato.session.resume import Resumed, Resumer
+from legato.session.resume import Resumed, Resumer, go_on_unverified
 from legato.session.saving import Saver
 from legato.session.table import session_table
 from legato.session.telemetry import Telemetry
@@ -117,6 +118,7 @@ class Session:
         census: str = "warn",
     ) -> None:
         check_arguments(run_dir, model, optimizer, scheduler, scaler)
+        go_on = go_on_unverified(os.environ)  # refused before anything is recorded, as a bad argument is
         self.source = adoption.adopt(loader, worker_rng)
         self.run_dir = Path(run_dir)
         self.model, self.optimizer, self.loader = model, optimizer, loader
@@ -153,12 +155,14 @@ class Session:
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
         # What decides the kernels, besides threads and the CPU's instruction set: recorded, and compared on resume.
         compiled, gpus = runs_compiled(model), tuple(self._peers.gather(gpu_kind(model)))
+        # The manifest fields every checkpoint of this attempt carries; a resume adds its continuation mark, if any.
+        carried = {"training": training, COMPILED_KEY: compiled, GPUS_KEY: list(gpus)}
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
-                                checkpoint.verify, checkpoint.reshard, compiled, gpus)
+                                checkpoint.verify, checkpoint.reshard, compiled, gpus, carried, go_on)
         self._replayer = Replayer(self._resumer, self._agreement, self._flag, checkpoint.verify)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
         self._saving = Saver(self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry,
-                             {"training": training, COMPILED_KEY: compiled, GPUS_KEY: list(gpus)}, self.chaos.kill, background)
+                             carried, self.chaos.kill, background)
         self._losses, self._loss = LossBook(), None
         self._lr: float | None = None
         self._begun = False

@@ -22,6 +22,7 @@ from legato.session.wrappers import ddp_of, unwrap
 from legato.state import components as table
 from legato.state import rng
 from legato.state.components import Component
+from legato.state.optimizer import OptimizerState
 from legato.state.owned import Gradients, ShardedOptimizer, is_rng, is_sharded
 from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
 
@@ -38,7 +39,7 @@ def session_table(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
         Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
         # A ZeroRedundancyOptimizer's state is sharded: each rank saves the shard it owns.
         Component("optimizer", ShardedOptimizer(optimizer)) if is_sharded(optimizer) else
-        Component("optimizer", optimizer, table.TRAIN_STATE_FILE),
+        Component("optimizer", OptimizerState(optimizer), table.TRAIN_STATE_FILE),
     ]
     if scheduler is not None:
         rows.append(Component("scheduler", scheduler, table.TRAIN_STATE_FILE))
@@ -64,4 +65,4 @@ def _sharded_rows(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     """An FSDP2 (fully_shard) model and its optimizer hold DTensors: each rank saves its own shards of both."""
     meshes = meshes_of(module)
     return [Component("model", Shards(module, meshes), table.SHARD_FILE),
-            Component("optimizer", Shards(optimizer, meshes), table.SHARD_FILE)]
+            Component("optimizer", Shards(OptimizerState(optimizer), meshes), table.SHARD_FILE)]

@@ -86,7 +86,10 @@ def restore(table: Iterable[Component], states: Mapping[str, Any], skips: Callab
 def _does_not_fit(source: object, c: Component, exc: Exception) -> str:
     said = " ".join(str(exc).split())
     said = said if len(said) <= 400 else said[:397] + "..."
-    return (f"Checkpoint {source} does not fit this run's {c.name} ({type(c.obj).__name__}): {type(exc).__name__}: {said} The run "
+    held = c.obj
+    while hasattr(held, "obj"):  # legato's adapters (Shards, OptimizerState) hold the user's object as `obj`
+        held = held.obj
+    return (f"Checkpoint {source} does not fit this run's {c.name} ({type(held).__name__}): {type(exc).__name__}: {said} The run "
             "directory holds checkpoints of another model or setup. Resume it with the setup that wrote them, or start this one in "
             "a new run directory.")
 

@@ -28,6 +28,9 @@ CPU_CAPABILITY_KEY = "cpu_capability"
 GPUS_KEY = "gpus"
 # true: the run's model ran under torch.compile (in part or whole) when it wrote; absent in checkpoints that predate it
 COMPILED_KEY = "model_compiled"
+# {"step", "components", "how"}: the run went on past a resume that did not verify (LEGATO_RESUME=unverified); carried by
+# every later checkpoint, so no later resume claims bitwise continuity with the run's start
+UNVERIFIED_KEY = "unverified"
 SHOWN_CHARS = 40
 
 
@@ -40,6 +43,7 @@ def check_manifest(manifest: dict) -> None:
     _optional(manifest, "threads", int)
     _optional(manifest, "training", dict)
     _optional(manifest, COMPILED_KEY, bool)
+    _optional(manifest, UNVERIFIED_KEY, dict)
     for index, gpu in enumerate(_optional(manifest, GPUS_KEY, list) or []):
         if gpu is not None and not isinstance(gpu, str):
             raise ValueError(_wrong_type(f"{GPUS_KEY}[{index}]", gpu, "str"))
