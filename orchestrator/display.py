@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from legato.events import Kind, loop_left_label, resharded_label, unverified_label
+from legato.events import Kind, except_label, loop_left_label, resharded_label, unverified_label
 from legato.orchestrator.status import RunSummary
 from legato.slurm.pending import describe
 from legato.voice import counted
@@ -100,7 +100,8 @@ class LiveView:
                 f"{tag}resumed at step {e['step']}: {resharded_label(e['resharded'])}" + _resume_time(e)
             ) if e.get("resharded") else (
                 f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
-                + ("verified ✓" if e["match"] else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
+                + (f"verified ✓{except_label(e.get('unregistered'))}" if e["match"]
+                   else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
                 + _resume_time(e)
             ),
             Kind.CONTINUED_UNVERIFIED: lambda: f"{tag}{unverified_label(e)}: from here on not proven bitwise with the run's start",
@@ -217,6 +218,8 @@ def status_table(summary: RunSummary) -> str:
     rows = [header]
     for a in summary.attempts:
         verified = "-" if a.verified is None else ("✓" if a.verified else "✗, went on" if a.continued_unverified else "✗")
+        if a.verified and a.unregistered:
+            verified = f"✓ except {len(a.unregistered)}"
         if a.resharded:
             verified = f"resharded {a.resharded['from']}->{a.resharded['to']}"
         ckpt = f"{max(a.checkpoint_seconds):.2f}" if a.checkpoint_seconds else "-"
@@ -240,6 +243,8 @@ def status_table(summary: RunSummary) -> str:
                     f"{'yes' if summary.all_resumes_verified else 'NO'}"
                     + (f" ({resharded} resharded: chunks checked, not bitwise)" if resharded else ""))
     tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
+    if summary.unregistered and any(a.resumed_from_step is not None for a in summary.attempts):
+        tail.append(f"resumes verified{except_label(summary.unregistered)} (legato does not save them: register or ignore each)")
     if summary.unverified:
         tail.append(f"NOT bitwise from its start: {unverified_label(summary.unverified)}; resumes since are verified from there")
     if summary.failure:

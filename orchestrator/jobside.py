@@ -175,7 +175,8 @@ class JobEvents:
         elif kind == Kind.FINISHED:  # the attempt found the run already complete (a requeue after the end)
             self.final_hash = event["final_global_hash"]
         elif kind == Kind.UNSAVED_STATE:
-            self.ledger.append(Kind.UNSAVED_STATE, **self.ident.tag(), **{k: event[k] for k in ("step", "when", "objects", "strict")})
+            fields = {k: event.get(k) for k in sorted(field_names(Kind.UNSAVED_STATE) - JOB_TAG_FIELDS)}
+            self.ledger.append(Kind.UNSAVED_STATE, **self.ident.tag(), **fields)
         elif kind == Kind.ERROR:
             self.error = event["message"]
             self.peer_lost = bool(event.get("peer_lost"))

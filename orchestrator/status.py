@@ -42,6 +42,7 @@ class Attempt:
     checkpoint_seconds: list[float] = field(default_factory=list)
     resume_seconds: float | None = None  # the resume's total time, its replay included
     continued_unverified: bool = False  # its resume did not verify, and the run went on by the user's choice
+    unregistered: list[str] = field(default_factory=list)  # what its resume verified without: objects the census found unsaved
     environment: dict[str, str] = field(default_factory=dict, repr=False)
     environment_changed: list[str] | None = None
 
@@ -85,6 +86,7 @@ class RunSummary:
     resubmissions: int
     excluded_nodes: list[str] = field(default_factory=list)
     unverified: dict | None = None  # the run went on past a resume that did not verify: step, components, how
+    unregistered: list[str] = field(default_factory=list)  # what the census found unsaved in the run, by variable path
 
     @property
     def all_resumes_verified(self) -> bool:
@@ -127,6 +129,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
     captures: list[dict] = []
     excluded: list[str] = []
     unverified: dict | None = None
+    unregistered: set[str] = set()
     for e in events:
         kind, key = e["event"], (str(e.get("job_id")), e.get("restart"))
         attempt = attempts.get(key)
@@ -152,6 +155,8 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
             state, failure = Kind.FAILED, not_verified(e)  # until a continuation says the run went on by choice
         elif kind == Kind.CONTINUED_UNVERIFIED:
             state, failure = "running", None
+        if kind in (Kind.RESUMED, Kind.UNSAVED_STATE):
+            unregistered.update(e.get("unregistered") or e.get("names") or [])
         if kind in (Kind.RESUMED, Kind.CONTINUED_UNVERIFIED):
             unverified = unverified or e.get("unverified") or (e if kind == Kind.CONTINUED_UNVERIFIED else None)
         if kind == Kind.REPRO_CAPTURED:
@@ -177,7 +182,8 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
     step = max((a.last_step for a in ordered), default=0)
     return RunSummary(
         str(run_dir), state, state == Kind.FINISHED, final_hash, failure, total, step, ordered, current_job(events), requeues,
-        resubmissions, excluded, None if unverified is None else {k: unverified.get(k) for k in ("step", "components", "how")}
+        resubmissions, excluded, None if unverified is None else {k: unverified.get(k) for k in ("step", "components", "how")},
+        sorted(unregistered),
     )
 
 
@@ -209,6 +215,7 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.resharded = e.get("resharded")
         attempt.expected_hash, attempt.recomputed_hash = e["expected_hash"], e["recomputed_hash"]
         attempt.replay = e.get("replay")
+        attempt.unregistered = list(e.get("unregistered") or [])
         _apply_resume_time(attempt, e)
     elif kind == Kind.REPLAY_STOPPED:
         attempt.replay = {"stopped_at": e["step"], "checkpoint_step": e["checkpoint_step"]}

@@ -28,6 +28,7 @@ _LAZY = {
     "derive_seed": "legato.state.determinism",
     "seed_everything": "legato.state.determinism",
     "ResumableDistributedSampler": "legato.state.sampler",
+    "attributes": "legato.state.plain",
     "sample_generator": "legato.state.sampler",
     "Chaos": "legato.session.session",
     "CheckpointPolicy": "legato.session.policy",
@@ -49,6 +50,7 @@ __all__ = [
     "Session",
     "StopPolicy",
     "UsageError",
+    "attributes",
     "derive_seed",
     "resumable_loader",
     "sample_generator",
@@ -59,6 +61,7 @@ if TYPE_CHECKING:
     from legato.runtime.context import RunContext
     from legato.session.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
     from legato.state.determinism import Seeds, derive_seed, seed_everything
+    from legato.state.plain import attributes
     from legato.state.sampler import ResumableDistributedSampler, sample_generator
 
 

@@ -202,6 +202,9 @@ class Resumed(_Attempt):
     # {"step", "components", "how"} when the run went on past an earlier resume that did not verify (the checkpoint's
     # `unverified` mark): this resume is verified from that step on, not from the run's start; None otherwise
     unverified: dict[str, Any] | None
+    # the names of the objects the census found unsaved in this run so far (this attempt's start included): the resume is
+    # verified without them; None when there are none
+    unregistered: list[str] | None
 
 
 class ContinuedUnverified(_Attempt):
@@ -230,13 +233,15 @@ class BucketLayout(_Attempt):
 class UnsavedState(_Attempt):
     """The fields of an `UNSAVED_STATE` record: the objects legato does not save, when they were found, and whether refused.
 
-    Each object is {"kind", "type", "where", "size", "ranks"}; `when` is "start" or the checkpoint's reason.
+    Each object is {"kind", "type", "where", "size", "ranks"}; `when` is "start", "early" (the attempt's first steps) or
+    the checkpoint's reason.
     """
 
     step: int
     when: str
     objects: list[dict[str, Any]]
     strict: bool
+    names: list[str]  # the variable paths of the state among them ("losses_m", "saver"): what a resume verifies without
 
 
 class Finished(_Attempt):

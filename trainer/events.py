@@ -124,6 +124,14 @@ def unverified_label(mark: dict) -> str:
     return f"continued unverified at step {mark['step']}: {components} ({mark.get('how')})"
 
 
+def except_label(unregistered: list[str] | None) -> str:
+    """What a verified resume verified without, told everywhere: ", except 2 unregistered objects: ema, saver" (or "")."""
+    if not unregistered:
+        return ""
+    noun = "object" if len(unregistered) == 1 else "objects"
+    return f", except {len(unregistered)} unregistered {noun}: {', '.join(unregistered)}"
+
+
 def loop_left_label(record: dict) -> str:
     """How a `LOOP_LEFT` record is told everywhere (rank 0's voice, status, watch): how the loop was left, and what the
     next launch resumes."""

@@ -26,6 +26,7 @@ SMOKE = {
     "bench_steps.py": (["--steps", "4", "--rounds", "1", "--workers", "0", "--batch", "4"], "legato Session, defaults"),
     "bench_replay.py": (["--steps", "12", "--rounds", "1", "--batch", "4", "--repeats", "1"], "resume to the first new step"),
     "bench_launch.py": (["--rounds", "1"], "python -m legato, MLP, defaults"),
+    "bench_census.py": (["--rounds", "1", "--objects", "10"], "plain-object look (control)"),
 }
 
 # What torch itself leaves in TMPDIR: inductor's compile cache, and torchrun's log directories (plain torchrun

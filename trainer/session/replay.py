@@ -156,9 +156,11 @@ class Verdict:
         return asdict(self)
 
 
-def judge(from_step: int, to_step: int, reports: list[RankReport], loader: bool = True) -> Verdict:
+def judge(from_step: int, to_step: int, reports: list[RankReport], loader: bool = True, unregistered: list[str] | None = None
+          ) -> Verdict:
     """Combine every rank's report of a replay from `from_step` to `to_step` into one Verdict (the first divergence, if any);
-    `loader`: whether the Session feeds the loop from a loader (else the loop draws its own batches)."""
+    `loader`: whether the Session feeds the loop from a loader (else the loop draws its own batches); `unregistered`: what
+    the census found unsaved in this run."""
     verdict = Verdict(from_step, to_step - from_step, identical=not any(r.diverged for r in reports))
     verdict.differing_at_end = {str(r.rank): r.differing for r in reports if r.differing}
     if verdict.identical:
@@ -170,18 +172,21 @@ def judge(from_step: int, to_step: int, reports: list[RankReport], loader: bool 
         "components": first.differing,
         "loss_bits": list(first.loss_bits) if first.loss_bits else None,
         "unrestored": sorted({n for r in reports for n in r.unrestored}),
-        "cause": likely_cause(first, from_step, loader),
+        "cause": likely_cause(first, from_step, loader, unregistered or []),
     }
     return verdict
 
 
-def likely_cause(r: RankReport, from_step: int, loader: bool = True) -> str:
-    """The most likely reason for a rank's divergence, in plain words with the fix, for the loop's kind (`loader`)."""
+def likely_cause(r: RankReport, from_step: int, loader: bool = True, unregistered: list[str] | None = None) -> str:
+    """The most likely reason for a rank's divergence, in plain words with the fix, for the loop's kind (`loader`) and what the
+    census found unsaved (`unregistered`)."""
     if r.unrestored:
         return (
             f"the restore left {', '.join(r.unrestored)} unrestored: the replay base (step {from_step}) does not hash to "
             "what was saved, so the replay started from another state"
         )
+    if unregistered and r.loss_step is None:
+        return _unregistered_cause(r, from_step, unregistered)
     if r.batch_step is not None and r.batch_step == r.first_step:
         return (
             f"the batch of step {r.batch_step} differs from the one the interrupted attempt trained on: randomness drawn "
@@ -202,6 +207,11 @@ def likely_cause(r: RankReport, from_step: int, loader: bool = True) -> str:
             "loop trains on a batch it keeps between steps, outside the checkpoint; train on the batch the session "
             "yields, or register the held batch with the session as an extra"
         )
+    also = f"; the census also named state legato does not save in this run: {', '.join(unregistered)}" if unregistered else ""
+    return _fallback_cause(from_step, loader) + also
+
+
+def _fallback_cause(from_step: int, loader: bool) -> str:
     if not loader:
         # A loop that draws its own batches and prefetches one (nanoGPT's get_batch) holds it across the stop; the session
         # sees no batch, so held_at cannot name it: it is the commonest state a loop without a loader keeps outside.
@@ -216,6 +226,17 @@ def likely_cause(r: RankReport, from_step: int, loader: bool = True) -> str:
         "state outside the checkpoint feeds training: a torch.Generator (or other RNG) that the loop draws from but did "
         "not register, or random numbers were drawn between the restore and the first step; pass it to the session as "
         "an extra (anything with state_dict/load_state_dict)"
+    )
+
+
+def _unregistered_cause(r: RankReport, from_step: int, unregistered: list[str]) -> str:
+    differing = f" and {', '.join(r.differing)} followed" if r.differing else ""
+    return (
+        f"state legato does not save: the census named {', '.join(unregistered)} in this run (objects that change during "
+        f"training and are not registered); after the restore of step {from_step} they held other values than in the "
+        f"interrupted attempt{differing}. Register each one (extras={{'name': legato.attributes(obj)}} for an object of plain "
+        "attributes such as a meter or a saver, the object itself when it has state_dict/load_state_dict), or mark one that "
+        "does not matter with session.ignore(obj)"
     )
 
 

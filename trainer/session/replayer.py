@@ -25,6 +25,7 @@ from legato.session.resume import Resumer
 from legato.state import components as table
 from legato.state.hashing import global_hash
 from legato.store.bases import held_by_replay, location
+from legato.store.manifest_schema import UNREGISTERED_KEY
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class Replayer:
     def start(self, path: Path, manifest: dict) -> None:
         """Restore the replay base B of checkpoint N; the loop then runs steps B+1..N again."""
         base, rank = manifest["replay"], self.resumer.peers.rank
+        self.resumer.carry_marks(manifest)  # what the run found unsaved so far informs the replay's verdict
         self.resumer.load(*location(path, manifest))
         unrestored, _ = self.resumer.check(base["ranks"])
         self.base_restored = not unrestored
@@ -92,7 +94,8 @@ class Replayer:
         check.report.differing = sorted(n for n in set(saved) | set(components) if saved.get(n) != components.get(n))
         check.report.held_at = held_at
         reports = r.peers.gather((own_hash, check.report))
-        verdict = replay.judge(check.from_step, check.to_step, [rep for _, rep in reports], loader=r.feed.source is not None)
+        verdict = replay.judge(check.from_step, check.to_step, [rep for _, rep in reports], loader=r.feed.source is not None,
+                               unregistered=r.carried.get(UNREGISTERED_KEY))
         verdict.seconds = round(time.perf_counter() - self._started, 3)
         recomputed = global_hash([h for h, _ in reports])
         unrestored = {rep.rank: rep.unrestored for _, rep in reports if rep.unrestored}

@@ -30,7 +30,7 @@ import torch
 
 from legato.dist.peers import Peers
 from legato.errors import ResumeMismatchError, UsageError
-from legato.events import Kind, resharded_label, unverified_label
+from legato.events import Kind, except_label, resharded_label, unverified_label
 from legato.session import replay
 from legato.session.chaos import Chaos
 from legato.session.feed import Feed
@@ -42,7 +42,7 @@ from legato.state.components import Component
 from legato.state.hashing import global_hash
 from legato.store import bases, layout, reshard
 from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable
-from legato.store.manifest_schema import DIVERGED, UNVERIFIED_KEY
+from legato.store.manifest_schema import DIVERGED, UNREGISTERED_KEY, UNVERIFIED_KEY
 from legato.store.trajectory_changes import trajectory_changes
 from legato.voice import counted, refuse
 
@@ -85,6 +85,7 @@ class Resumer:
         # The manifest fields this run's next checkpoints carry: a continuation past a failed verification goes in there.
         self.carried = carried if carried is not None else {}
         self.go_on_unverified = go_on_unverified  # LEGATO_RESUME=unverified
+        self.refused = False  # the resume did not verify and the attempt ends: its verdict is the record, not how the loop was left
         self.compiled = compiled  # whether this attempt's model runs under torch.compile
         self.gpus = gpus  # every rank's GPU (legato.state.device_kind), in rank order
         self._capabilities: tuple[str, ...] | None = None  # every rank's torch CPU capability, gathered at the pick
@@ -186,13 +187,13 @@ class Resumer:
         table.restore(present, states, self.chaos.skips, last=True, source=path)
         _, recomputed = self.check([{"components": {}}] * new)
         resharded = {"from": old, "to": new}
-        self._carry_mark(manifest)
+        self.carry_marks(manifest)
         seconds = time.perf_counter() - self._started
         self.resumed = Resumed(self.feed.position.step, path, manifest["global_hash"], recomputed, resharded=resharded, seconds=seconds)
         self.telemetry.emit(
             Kind.RESUMED, step=self.resumed.step, path=str(path), expected_hash=manifest["global_hash"], recomputed_hash=recomputed,
             match=True, mismatches={}, replay=None, seconds=round(seconds, 3), resharded=resharded,
-            unverified=self.carried.get(UNVERIFIED_KEY),
+            unverified=self.carried.get(UNVERIFIED_KEY), unregistered=self.carried.get(UNREGISTERED_KEY),
         )
         self.telemetry.say("rank %d: resumed at step %d from %s, %s", self.peers.rank, self.resumed.step, path,
                            resharded_label(resharded))
@@ -213,7 +214,7 @@ class Resumer:
         A checkpoint whose state is held by its replay is refused under "warn" too: nothing else proves the state."""
         step, seconds = self.feed.position.step, time.perf_counter() - self._started
         self.resumed = Resumed(step, path, manifest["global_hash"], recomputed, mismatches, verdict, seconds=seconds)
-        mark = self._carry_mark(manifest)
+        mark = self.carry_marks(manifest)
         self.telemetry.emit(
             Kind.RESUMED,
             step=step,
@@ -226,13 +227,14 @@ class Resumer:
             seconds=round(seconds, 3),
             resharded=None,
             unverified=mark,
+            unregistered=self.carried.get(UNREGISTERED_KEY),
         )
         if self.resumed.match:
             how = ("" if verdict is None else
                    f" by a replay of {counted(verdict.steps, 'step')} from step {verdict.from_step} in {verdict.seconds:.2f}s")
             since = "" if not mark else f" (bitwise since step {mark['step']} only: {unverified_label(mark)})"
-            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s (resume %.2fs)%s", self.peers.rank, step,
-                               path, recomputed, how, seconds, since)
+            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s%s (resume %.2fs)%s", self.peers.rank, step,
+                               path, recomputed, how, except_label(self.carried.get(UNREGISTERED_KEY)), seconds, since)
             return
         changes = trajectory_changes(manifest, path, torch.get_num_threads(), self._capabilities, self.compiled, self.gpus,
                                      self._by_config)
@@ -252,13 +254,18 @@ class Resumer:
                    f"records (it then no longer claims to be bitwise the run it started as), run the same command with "
                    f"{RESUME_ENV}={GO_ON_UNVERIFIED} in its environment.")
         refuse(log, self.peers.rank, "%s Every rank exits %d.", message, ResumeMismatchError.exit_code)
+        self.refused = True
         raise ResumeMismatchError(message)
 
-    def _carry_mark(self, manifest: dict) -> dict | None:
-        """The run's mark of an earlier continuation past a failed verification, carried from `manifest` into the next checkpoints."""
+    def carry_marks(self, manifest: dict) -> dict | None:
+        """Carry `manifest`'s marks into the next checkpoints: an earlier continuation past a failed verification (returned)
+        and the names of the objects the census found unsaved (joined with this attempt's)."""
         mark = manifest.get(UNVERIFIED_KEY)
         if mark:
             self.carried.setdefault(UNVERIFIED_KEY, mark)
+        unregistered = set(manifest.get(UNREGISTERED_KEY) or []) | set(self.carried.get(UNREGISTERED_KEY) or [])
+        if unregistered:
+            self.carried[UNREGISTERED_KEY] = sorted(unregistered)
         return self.carried.get(UNVERIFIED_KEY)
 
     def _continue_unverified(self, step: int, mismatches: dict[int, list[str]], verdict: replay.Verdict | None, message: str,

@@ -150,13 +150,14 @@ class Session:
         self._feed = Feed(self.source, self._position, per_epoch if total_epochs is not None else None)
         self._telemetry = Telemetry(self.rank, self.total_steps, self.on_event)
         self._ignored = list(ignore)
-        self._census = Census(self._peers, self._telemetry, census, self._registered)
         self._agreement = StopAgreement(self._peers.group, agree_every)
         self._flag = StopFlag(tuple(parse_signal(s) for s in stop.signals))
         # What decides the kernels, besides threads and the CPU's instruction set: recorded, and compared on resume.
         compiled, gpus = runs_compiled(model), tuple(self._peers.gather(gpu_kind(model)))
-        # The manifest fields every checkpoint of this attempt carries; a resume adds its continuation mark, if any.
+        # The manifest fields every checkpoint of this attempt carries; the census adds what it found unsaved, a resume
+        # its continuation mark, if any.
         carried = {"training": training, COMPILED_KEY: compiled, GPUS_KEY: list(gpus)}
+        self._census = Census(self._peers, self._telemetry, census, self._registered, carried)
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
                                 checkpoint.verify, checkpoint.reshard, compiled, gpus, carried, go_on)
         self._replayer = Replayer(self._resumer, self._agreement, self._flag, checkpoint.verify)
@@ -360,6 +361,8 @@ class Session:
             census = self._census.alongside(reason, self.step, sys._getframe())
             self._saving.step_end(reason, self._loss, self._lr, self._flag.received_at, census)
             self.stopped = reason == "signal"
+            if not self.stopped:
+                self._census.early_look(self.step, sys._getframe())
         if self._saving.snapshot_due(self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
 
@@ -374,7 +377,8 @@ class Session:
             yield
         except BaseException as exc:
             orderly = isinstance(exc, (GeneratorExit, UsageError, ResumeMismatchError))
-            if not self.stopped and self.step < self.total_steps:  # after an agreed stop, or the end, a `break` is the plan
+            # After an agreed stop, or the end, a `break` is the plan; after a refused resume its verdict is the record.
+            if not self.stopped and self.step < self.total_steps and not self._resumer.refused:
                 self._telemetry.loop_left(self.step, self._saving.newest_published(), exc)
             raise
         finally:

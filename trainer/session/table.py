@@ -3,7 +3,7 @@
 The model and optimizer are replicated by DDP (each rank writes its share of
 them), sharded by a ZeroRedundancyOptimizer (each rank its own shard), or held
 as FSDP2 DTensors (each rank its own shards of both). Then come the scheduler
-and scaler, the counters and running metrics, the gradients, DDP's bucket
+and scaler (each rank's own), the counters and running metrics, the gradients, DDP's bucket
 layout and forward-sync flag, the user's extras, the data position and, last, every RNG. This module
 must never read or change the state it lists: it only names it.
 """
@@ -41,10 +41,12 @@ def session_table(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
         Component("optimizer", ShardedOptimizer(optimizer)) if is_sharded(optimizer) else
         Component("optimizer", OptimizerState(optimizer), table.TRAIN_STATE_FILE),
     ]
+    # Each rank's own, though usually alike: a scheduler may keep a per-rank metric (timm's step_update(n, metric=this
+    # rank's loss average)), and one saved once would restore rank 0's value on every rank. A few numbers per rank.
     if scheduler is not None:
-        rows.append(Component("scheduler", scheduler, table.TRAIN_STATE_FILE))
+        rows.append(Component("scheduler", scheduler))
     if scaler is not None:
-        rows.append(Component("scaler", scaler, table.TRAIN_STATE_FILE))
+        rows.append(Component("scaler", scaler))
     own = (lambda obj: Shards(obj, meshes_of(module))) if sharded else (lambda obj: obj)
     rows += [
         Component("counters", Counters(position), table.TRAIN_STATE_FILE),

@@ -55,6 +55,7 @@ import torch
 MODULE, OPTIMIZER, SCHEDULER, SCALER = "module", "optimizer", "LR scheduler", "GradScaler"
 TORCH_GENERATOR, NUMPY_GENERATOR, PYTHON_RANDOM, STATEFUL = "torch.Generator", "numpy Generator", "random.Random", "object with state_dict"
 LOADER = "DataLoader with persistent workers"  # only one that draws its workers' seed from the global RNG
+PLAIN = "plain object the loop changes"  # found by legato.state.plain: its plain attributes changed between two looks
 SWEPT = (MODULE, OPTIMIZER, SCHEDULER, SCALER)  # the kinds the garbage-collector sweep looks for; RNGs only as user variables
 MAX_DEPTH = 3  # a root (a variable) is depth 0: trainer.ema.module is as deep as the walk goes
 MAX_NODES = 50_000  # bounds the walk's cost in a process holding big containers
@@ -122,7 +123,7 @@ def find_unsaved(registered: Iterable[Any], frame: types.FrameType | None = None
     """The stateful objects no registered component covers, outermost first; `frame`: where the user's stack starts."""
     covered = Covered(registered)
     found: dict[int, tuple[Any, str, str]] = {}  # id -> (object, kind, where)
-    for where, obj, kind in _walk(_roots(frame or sys._getframe(1)), covered):
+    for where, obj, kind in _walk(user_variables(frame or sys._getframe(1)), covered):
         found.setdefault(id(obj), (obj, kind, where))
     for obj, kind in _confirmed(_sweep(covered, set(found) | _inner(found))):
         found[id(obj)] = (obj, kind, _holder(obj))
@@ -157,6 +158,9 @@ def describe(findings: list[Finding]) -> str:
             "training's random numbers (dropout, augmentation) go on differently while the resume reports itself verified. "
             "Give it generator=torch.Generator() or persistent_workers=False (a training loader: pass it as loader=)."
         )
+    if any(f.kind == PLAIN for f in state):
+        parts.append("An object whose plain attributes change (a meter, a best-checkpoint saver's list, a counter) registers without "
+                     "a class of your own: extras={'saver': legato.attributes(saver)} saves its plain attributes.")
     parts.append("Mark an object that needs none of this with Session(..., ignore=[obj]) or session.ignore(obj) before the loop.")
     return " ".join(parts)
 
@@ -242,7 +246,7 @@ def _children(obj: Any, registered: bool = False) -> Iterator[tuple[str, Any]]:
 # -- the walk of the user's variables -------------------------------------------
 
 
-def _roots(frame: types.FrameType | None) -> Iterator[tuple[str, str, Any]]:
+def user_variables(frame: types.FrameType | None) -> Iterator[tuple[str, str, Any]]:
     """(name, context, value) of every variable of the user's frames, and of `__main__`'s globals."""
     seen_globals: set[int] = set()
     while frame is not None:

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from legato.errors import UsageError
-from legato.state.components import MODEL_FILE, RANK_FILE, SHARD_FILE, Component
+from legato.state.components import MODEL_FILE, RANK_FILE, SHARD_FILE, TRAIN_STATE_FILE, Component
 from legato.state.trees import DESCEND, leaves, rebuilt
 from legato.store.filehash import load_file
 
@@ -181,6 +181,8 @@ def load(table: Iterable[Component], path: Path, rank: int, prefix: str = "") ->
             state = dict(content)
         elif c.name in content:
             state = content[c.name]
+        elif c.name in contents.get(prefix + TRAIN_STATE_FILE, {}):
+            state = contents[prefix + TRAIN_STATE_FILE][c.name]  # saved once for all ranks by an older legato (a scheduler)
         else:
             missing.append(c.name)
             continue

@@ -31,6 +31,8 @@ COMPILED_KEY = "model_compiled"
 # {"step", "components", "how"}: the run went on past a resume that did not verify (LEGATO_RESUME=unverified); carried by
 # every later checkpoint, so no later resume claims bitwise continuity with the run's start
 UNVERIFIED_KEY = "unverified"
+# The names of the objects the census found unsaved in this run so far ("ema", "saver"): a resume verifies without them
+UNREGISTERED_KEY = "unregistered"
 SHOWN_CHARS = 40
 
 
@@ -44,6 +46,7 @@ def check_manifest(manifest: dict) -> None:
     _optional(manifest, "training", dict)
     _optional(manifest, COMPILED_KEY, bool)
     _optional(manifest, UNVERIFIED_KEY, dict)
+    _optional(manifest, UNREGISTERED_KEY, list)
     for index, gpu in enumerate(_optional(manifest, GPUS_KEY, list) or []):
         if gpu is not None and not isinstance(gpu, str):
             raise ValueError(_wrong_type(f"{GPUS_KEY}[{index}]", gpu, "str"))

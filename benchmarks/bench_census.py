@@ -1,0 +1,94 @@
+"""Benchmark of the census of unsaved state: what each look costs, beside a training step and a garbage collection.
+
+The census runs at an attempt's start, beside its first and last checkpoints, and (its plain-object look alone) at
+the end of the attempt's first two trained steps; never on any other step. This measures, in one process with torch
+imported and a timm-style loop's objects on the stack (a model, an EMA, an optimizer, meters, a best-checkpoint saver,
+and `--objects` more plain objects of the user's), each part of a look, side by side with the anchors:
+
+- a training step of the loop's model (what a look costs in steps);
+- `gc.collect()` (the sweep's share: the census confirms what only the collector saw with one collection);
+- the census by kind (`find_unsaved`: the walk of the user's variables and the collector sweep);
+- the plain-object look (`legato.state.plain.fingerprints`), and the same again as a control row.
+
+    python benchmarks/bench_census.py [--rounds 7] [--objects 2000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
+from legato.state.census import find_unsaved
+from legato.state.plain import fingerprints
+
+
+class Meter:
+    def __init__(self) -> None:
+        self.val = self.avg = self.sum = 0.0
+        self.count = 0
+
+
+class Saver:
+    def __init__(self) -> None:
+        self.checkpoint_files: list[tuple[float, str]] = [(0.5, "checkpoint-0.pth.tar")]
+        self.best_epoch, self.best_metric = 0, 0.5
+
+
+def timed(fn: Callable[[], object], rounds: int) -> float:
+    """The median of `rounds` timings of `fn`, in seconds."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--objects", type=int, default=2000, help="more plain objects of the user's, in a list on the stack")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999))
+    meters, saver = {"loss": Meter(), "top1": Meter()}, Saver()
+    more = [Meter() for _ in range(args.objects)]
+    registered = [model, optimizer, ema]
+    x = torch.randn(64, 256)
+    frame = sys._getframe()
+
+    def step() -> None:
+        loss = F.mse_loss(model(x), x)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    step()
+    rows = [
+        ("training step (anchor)", timed(step, args.rounds)),
+        ("gc.collect() (anchor)", timed(gc.collect, args.rounds)),
+        ("census by kind (find_unsaved)", timed(lambda: find_unsaved(registered, frame=frame), args.rounds)),
+        ("plain-object look (fingerprints)", timed(lambda: fingerprints(registered, frame), args.rounds)),
+        ("plain-object look (control)", timed(lambda: fingerprints(registered, frame), args.rounds)),
+    ]
+    found = len(fingerprints(registered, frame))
+    assert meters and saver and more
+    step_s = rows[0][1]
+    print(f"census costs, median of {args.rounds}, {found} plain objects on the stack, torch {torch.__version__}")
+    for name, seconds in rows:
+        print(f"  {name:<36} {seconds * 1e3:9.2f} ms   {seconds / step_s:7.2f} training steps")
+
+
+if __name__ == "__main__":
+    main()
