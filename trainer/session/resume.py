@@ -13,16 +13,17 @@ deliberate way on: with it (or under checkpoint.verify: warn, where the
 checkpoint holds its own state) the run continues from the restored state,
 the `continued_unverified` record names the step and the components, and
 every later checkpoint carries that mark (`unverified` in its manifest), so no
-later resume claims bitwise continuity with the run's start. This module must never call back into the Session (it works on the component
-table, the position's feed and plain data), and never restore into the live
-objects state whose files have not verified.
+later resume claims bitwise continuity with the run's start. This module must
+never call back into the Session (it works on the component table, the
+position's feed and plain data), and never restore into the live objects state
+whose files have not verified.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -282,7 +283,7 @@ class Resumer:
                         "resumes are verified against the state from step %d.", message, how, unverified_label(mark), step)
 
 
-def go_on_unverified(environ: dict[str, str]) -> bool:
+def go_on_unverified(environ: Mapping[str, str]) -> bool:
     """Whether this launch goes on past a resume that does not verify (LEGATO_RESUME=unverified); a UsageError for another value."""
     value = environ.get(RESUME_ENV, "").strip()
     if value in ("", GO_ON_UNVERIFIED):

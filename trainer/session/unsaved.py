@@ -6,11 +6,10 @@ exchange over the control group, so every rank reaches the same verdict). Each
 look also takes the fingerprints of plain Python objects (legato.state.plain),
 and one more look at the end of the attempt's first and second trained steps
 (the exchange after the second): an object whose plain attributes changed
-between two looks is named too (in strict mode refused after the second
-step, before any checkpoint). Every finding's name goes into the manifest fields the next
-checkpoints carry (`unregistered`), so a resume says what it verified
-without. At
-a checkpoint its scan runs in a thread while the checkpoint is written (the
+between two looks is named too (in strict mode refused after the second step,
+before any checkpoint). Every finding's name goes into the manifest fields the
+next checkpoints carry (`unregistered`), so a resume says what it verified
+without. At a checkpoint its scan runs in a thread while the checkpoint is written (the
 write waits on the disk, the scan on the CPU: the stop at the time limit does
 not wait for both in turn), and the exchange follows the commit. A
 finding is told once per attempt: a warning paragraph on rank 0 and an
