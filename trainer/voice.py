@@ -14,6 +14,7 @@ and no traceback. It must never show a line twice on one rank.
 from __future__ import annotations
 
 import contextlib
+import difflib
 import functools
 import inspect
 import logging
@@ -78,6 +79,7 @@ def refusals_said_by_caller() -> Iterator[None]:
 def refusing(entry: Entry) -> Entry:
     """`entry` (a function or a generator function of the public API), with a UsageError leaving it said and raised on
     as UsageRefused: caught like any UsageError, and, uncaught, the end of the script with exit 2 and no traceback."""
+    signature = inspect.signature(entry)
     if inspect.isgeneratorfunction(entry):
         @functools.wraps(entry)
         def steps(*args, **kwargs):
@@ -85,6 +87,8 @@ def refusing(entry: Entry) -> Entry:
                 return (yield from entry(*args, **kwargs))
             except UsageError as exc:
                 _refuse(exc)
+            except TypeError as exc:
+                _refuse(_misbound(entry, signature, args, kwargs, exc))
         return steps  # type: ignore[return-value]
 
     @functools.wraps(entry)
@@ -93,7 +97,39 @@ def refusing(entry: Entry) -> Entry:
             return entry(*args, **kwargs)
         except UsageError as exc:
             _refuse(exc)
+        except TypeError as exc:
+            _refuse(_misbound(entry, signature, args, kwargs, exc))
     return call  # type: ignore[return-value]
+
+
+def _misbound(entry: Callable, signature: inspect.Signature, args: tuple, kwargs: dict, exc: TypeError) -> UsageError:
+    """A call's arguments that do not fit `entry` (a missing `optimizer=`, a misspelt keyword) as a UsageError naming them;
+    any other TypeError (one raised inside the call) goes on as it is. Checked only once a call failed: never per step."""
+    try:
+        signature.bind(*args, **kwargs)
+    except TypeError as unbound:
+        owner, _, method = entry.__qualname__.rpartition(".")
+        name = f"{owner}()" if method == "__init__" else f"{owner.lower() + '.' if owner else ''}{method}()"
+        unknown = [k for k in kwargs if k not in signature.parameters]
+        close = [m for k in unknown for m in difflib.get_close_matches(k, signature.parameters, n=1)]
+        problem = (f"no argument named {', '.join(unknown)}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+                   if unknown else str(unbound))
+        return UsageError(f"{name}: {problem}. Pass the arguments it takes: {name.rstrip('()')}{_shown(signature)}; the README's "
+                          "'Port your loop' shows a Session with each.")
+    raise exc
+
+
+def _shown(signature: inspect.Signature) -> str:
+    """The signature without `self`, annotations and defaults: "(run_dir, *, model, optimizer, loader=..., ...)"."""
+    parts, star = [], False
+    for p in signature.parameters.values():
+        if p.name == "self":
+            continue
+        if p.kind is p.KEYWORD_ONLY and not star:
+            parts.append("*")
+            star = True
+        parts.append(p.name if p.default is p.empty else f"{p.name}=...")
+    return f"({', '.join(parts)})"
 
 
 def _refuse(exc: UsageError) -> None:

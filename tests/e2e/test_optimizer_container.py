@@ -30,7 +30,7 @@ def results(out: Path, world: int) -> list[dict]:
     return [json.loads((out / f"result_rank{rank}.json").read_text()) for rank in range(world)]
 
 
-@pytest.mark.parametrize(("wrap", "world"), [("fsdp2", 2), ("ddp", 2), ("fsdp2", 4)])
+@pytest.mark.parametrize(("wrap", "world"), [("fsdp2", 2), ("ddp", 2), ("fsdp2", 4), ("ddp", 4)])
 def test_the_port_equals_its_plain_loop_uninterrupted_and_resumed(tmp_path: Path, wrap: str, world: int) -> None:
     plain, uninterrupted, resumed = tmp_path / "plain", tmp_path / "uninterrupted", tmp_path / "resumed"
     assert codes(launch(plain, wrap, world, "--plain")) == [0] * world

@@ -92,6 +92,27 @@ def test_every_entry_of_the_public_api_says_its_refusal(entry: str, tmp_path: Pa
     assert said(caplog) == [str(info.value)]
 
 
+def test_arguments_that_do_not_fit_an_entry_are_a_refusal_naming_them_and_other_type_errors_are_not(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    model = torch.nn.Linear(1, 1)
+    with pytest.raises(UsageRefused, match=r"^Session\(\): missing a required argument: 'optimizer'\. Pass the arguments it takes: "
+                       r"Session\(run_dir, \*, model, optimizer, loader=\.\.\."):
+        legato.Session(tmp_path / "a", model=model, total_steps=1)
+    with pytest.raises(UsageRefused, match=r"^Session\(\): no argument named optimiser \(did you mean optimizer\?\)"):
+        legato.Session(tmp_path / "b", model=model, optimiser=torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1)
+    with pytest.raises(UsageRefused, match=r"^steps\(\): no argument named failure \(did you mean fail\?\)"):
+        list(steps(failure=ValueError()))
+    assert len(said(caplog)) == 3 and not (tmp_path / "a").exists()
+
+    @refusing
+    def raises_inside(x: int) -> None:
+        raise TypeError("a TypeError of the call's own")
+
+    with pytest.raises(TypeError, match="of the call's own") as info:
+        raises_inside(1)
+    assert not isinstance(info.value, UsageError) and len(said(caplog)) == 3
+
+
 def test_strict_seeding_without_a_hash_seed_names_the_argument_not_a_config_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     with pytest.raises(UsageError) as info:

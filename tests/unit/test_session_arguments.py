@@ -177,3 +177,35 @@ def test_report_takes_one_number_and_names_what_it_got(tmp_path: Path, loss: obj
             session.report(loss)
         session.carry(held)
         break
+
+
+def _train(session: legato.Session) -> int:
+    for _ in session:
+        loss = session.model(torch.ones(1, 2)).sum()
+        loss.backward()
+        session.optimizer.step()
+        session.optimizer.zero_grad()
+        session.report(loss)
+    return session.exit_code
+
+
+def test_legato_resume_required_refuses_a_launch_with_nothing_to_resume_and_resumes_one_with_something(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job script's relaunch says it must resume: a mistyped run directory is refused (exit 2) before anything is written,
+    and a real one resumes (one whose checkpoints are all unusable is refused at the pick, whatever LEGATO_RESUME says)."""
+    monkeypatch.setenv("LEGATO_RESUME", "required")
+    with pytest.raises(legato.UsageError, match=r"LEGATO_RESUME=required, but .*typo/checkpoints holds no checkpoint to resume"):
+        _session(tmp_path / "typo")
+    assert not (tmp_path / "typo").exists()
+    monkeypatch.delenv("LEGATO_RESUME")
+    assert _train(_session(tmp_path / "run", total_steps=2)) == legato.EXIT_OK
+    monkeypatch.setenv("LEGATO_RESUME", "required")
+    resumed = _session(tmp_path / "run", total_steps=3)
+    assert _train(resumed) == legato.EXIT_OK and resumed.resumed is not None and resumed.resumed.step == 2
+    (tmp_path / "broken" / "checkpoints" / "step_5").mkdir(parents=True)  # a checkpoint directory with no manifest
+    with pytest.raises(legato.UsageError, match="so this run cannot resume, and starting over would replace them"):
+        _train(_session(tmp_path / "broken"))
+    monkeypatch.setenv("LEGATO_RESUME", "always")
+    with pytest.raises(legato.UsageError, match="LEGATO_RESUME='always' is not a choice legato knows"):
+        _session(tmp_path / "other")
+    assert not (tmp_path / "other").exists()

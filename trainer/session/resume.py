@@ -51,6 +51,7 @@ log = logging.getLogger(__name__)
 
 RESUME_ENV = "LEGATO_RESUME"
 GO_ON_UNVERIFIED = "unverified"  # LEGATO_RESUME=unverified: continue from a checkpoint whose resume does not verify
+REQUIRED = "required"  # LEGATO_RESUME=required: this launch must resume (a job script's relaunch), never start fresh
 
 # What a resume of a checkpoint (path, manifest) loads first: (directory, file prefix), or None when it loads nothing
 # with `Resumer.load` (a resharded restore, a checkpoint this run cannot resume).
@@ -283,15 +284,23 @@ class Resumer:
                         "resumes are verified against the state from step %d.", message, how, unverified_label(mark), step)
 
 
-def go_on_unverified(environ: Mapping[str, str]) -> bool:
-    """Whether this launch goes on past a resume that does not verify (LEGATO_RESUME=unverified); a UsageError for another value."""
+def resume_choice(environ: Mapping[str, str]) -> str:
+    """This launch's LEGATO_RESUME: "" (resume when there is a checkpoint), GO_ON_UNVERIFIED or REQUIRED; a UsageError else."""
     value = environ.get(RESUME_ENV, "").strip()
-    if value in ("", GO_ON_UNVERIFIED):
-        return value == GO_ON_UNVERIFIED
+    if value in ("", GO_ON_UNVERIFIED, REQUIRED):
+        return value
     raise UsageError(
         f"{RESUME_ENV}={value[:40]!r} is not a choice legato knows. {RESUME_ENV}={GO_ON_UNVERIFIED} continues a run from a checkpoint "
-        "whose resume does not verify (recorded as such); unset it otherwise."
+        f"whose resume does not verify (recorded as such); {RESUME_ENV}={REQUIRED} refuses a launch that finds no checkpoint to "
+        "resume (a job script's relaunch); unset it for neither."
     )
+
+
+def nothing_to_resume(root: Path) -> str:
+    """The refusal of a launch under LEGATO_RESUME=required that finds no checkpoint under `root`."""
+    return (f"{RESUME_ENV}={REQUIRED}, but {root} holds no checkpoint to resume, so this launch would train from step 0. Check the "
+            "run directory the command names (a relaunch into a mistyped one starts a new run), or unset "
+            f"{RESUME_ENV} to start fresh.")
 
 
 def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None,

@@ -61,7 +61,7 @@ from legato.session.opening import open_attempt
 from legato.session.policy import CheckpointPolicy, StopPolicy
 from legato.session.position import Metrics, Position
 from legato.session.replayer import Outcome, Replayer
-from legato.session.resume import Resumed, Resumer, go_on_unverified
+from legato.session.resume import GO_ON_UNVERIFIED, REQUIRED, Resumed, Resumer, nothing_to_resume, resume_choice
 from legato.session.saving import Saver
 from legato.session.table import session_table
 from legato.session.telemetry import Telemetry
@@ -74,6 +74,7 @@ from legato.state.device_kind import gpu_kind
 from legato.state.owned import Carried, as_stateful
 from legato.state.sampler import resumable_loader
 from legato.store.commit import Committed
+from legato.store.manifest import list_checkpoints
 from legato.store.manifest_schema import COMPILED_KEY, GPUS_KEY
 from legato.voice import refusing
 
@@ -118,7 +119,10 @@ class Session:
         census: str = "warn",
     ) -> None:
         check_arguments(run_dir, model, optimizer, scheduler, scaler)
-        go_on = go_on_unverified(os.environ)  # refused before anything is recorded, as a bad argument is
+        # Refused before anything is recorded, as a bad argument is: a bad LEGATO_RESUME, or nothing to resume where required.
+        resume = resume_choice(os.environ)
+        if resume == REQUIRED and not list_checkpoints(RunPaths(run_dir).checkpoints):
+            raise UsageError(nothing_to_resume(RunPaths(run_dir).checkpoints))
         self.source = adoption.adopt(loader, worker_rng)
         self.run_dir = Path(run_dir)
         self.model, self.optimizer, self.loader = model, optimizer, loader
@@ -159,7 +163,7 @@ class Session:
         carried = {"training": training, COMPILED_KEY: compiled, GPUS_KEY: list(gpus)}
         self._census = Census(self._peers, self._telemetry, census, self._registered, carried)
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
-                                checkpoint.verify, checkpoint.reshard, compiled, gpus, carried, go_on)
+                                checkpoint.verify, checkpoint.reshard, compiled, gpus, carried, go_on_unverified=resume == GO_ON_UNVERIFIED)
         self._replayer = Replayer(self._resumer, self._agreement, self._flag, checkpoint.verify)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
         self._saving = Saver(self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry,
