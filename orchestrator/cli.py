@@ -41,7 +41,7 @@ from legato.events import JOB_SUBMISSIONS, Kind
 from legato.orchestrator.arguments import MULTINODE_ANY, build_parser
 from legato.orchestrator.control import DETACH_WAIT_S, cancel_run, hand_off
 from legato.orchestrator.display import LiveView, status_table, waiting_line
-from legato.orchestrator.follow import show_events, watch_script
+from legato.orchestrator.follow import show_events, wait_for_start, watch_script
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.local_train import train_locally, trainer_command
 from legato.orchestrator.plot import plot_losses, replay_spans
@@ -50,7 +50,7 @@ from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.reports import capture_diff_lines, capture_lines, verdict_lines
 from legato.orchestrator.repro import CaptureRequest, capture, read_capture
 from legato.orchestrator.repro_diff import diff_captures, resolve_capture
-from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, is_script_run, newest_run
+from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, has_started, is_script_run, newest_run
 from legato.orchestrator.runstate import final_manifest
 from legato.orchestrator.status import current_job, current_session, read_progress, summarize
 from legato.orchestrator.supervisor import Supervisor, session_exit_code, start_session
@@ -110,6 +110,14 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_watch(args: argparse.Namespace) -> int:
     """`legato watch`: follow a run's progress; take over its supervision when no other supervisor holds it."""
     run_dir = Path(args.run_dir)
+    if run_dir.exists() and not run_dir.is_dir():
+        raise UsageError(f"{run_dir} is a file, not a run directory. Pass the run directory a run writes to (run.dir, or the "
+                         "directory given to the script's Session).")
+    if not has_started(run_dir):
+        # Right after sbatch, before the first rank wrote anything: wait for it (a script's run has no config to find).
+        print(f"legato: waiting for a run to start in {run_dir} (nothing has written there yet: a queued job, or a script "
+              "not yet at its Session); Ctrl-C to stop", flush=True)
+        wait_for_start(run_dir, has_started)
     if is_script_run(run_dir):
         return watch_script(run_dir, LiveView(), lambda summary: print(status_table(summary)))
     config_path = captured_config(run_dir)

@@ -48,6 +48,12 @@ def follow(run_dir: Path, notify: Callable[[str, dict], None], seen: int, poll_s
         time.sleep(poll_s)
 
 
+def wait_for_start(run_dir: Path, started: Callable[[Path], bool], poll_s: float = POLL_S) -> None:
+    """Return once `started(run_dir)`: a job still queued, or a script not yet at its Session, has written nothing yet."""
+    while not started(run_dir):
+        time.sleep(poll_s)
+
+
 def watch_script(run_dir: Path, view: LiveView, show: Callable[[RunSummary], None]) -> int:
     """`legato watch` of a script's run: show its summary, follow it until it ends, show the summary again; its exit code."""
     session = current_session(Ledger(run_dir).read())
@@ -57,7 +63,7 @@ def watch_script(run_dir: Path, view: LiveView, show: Callable[[RunSummary], Non
     if code is not None:
         return code
     code = follow(run_dir, view, len(session))
-    show(summarize(run_dir, current_session(Ledger(run_dir).read())))
+    show(summarize(run_dir, current_session(Ledger(run_dir).read()), read_progress(run_dir)))
     return code
 
 

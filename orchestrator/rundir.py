@@ -65,6 +65,11 @@ def check_compatible(cfg: Config) -> None:
         )
 
 
+def has_started(run_dir: Path) -> bool:
+    """Whether a run has written to `run_dir`: `legato run`'s captured config, or a script's first attempt in the ledger."""
+    return RunPaths(run_dir).config.is_file() or is_script_run(run_dir)
+
+
 def is_script_run(run_dir: Path) -> bool:
     """Whether `run_dir` was written by a script's own Session: a ledger with attempts, and no config from `legato run`."""
     return not RunPaths(run_dir).config.is_file() and any(e["event"] == Kind.ATTEMPT_STARTED for e in Ledger(run_dir).read())

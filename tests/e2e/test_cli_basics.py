@@ -131,3 +131,35 @@ def test_set_errors_name_the_key_but_never_the_value(capsys: pytest.CaptureFixtu
     assert err.startswith("error: ") and "\n" not in err.strip(), err
     assert item.split("=")[0].split(".")[0] in err, err
     assert not (tmp_path / "run" / "ledger.jsonl").exists()
+
+
+SCRIPT_RUN = """
+import sys, torch, legato
+model = torch.nn.Linear(2, 1)
+session = legato.Session(sys.argv[1], model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), total_steps=3)
+for _ in session:
+    loss = model(torch.ones(1, 2)).sum()
+    loss.backward()
+    session.report(loss)
+sys.exit(session.exit_code)
+"""
+
+
+def test_watch_waits_for_a_script_run_to_start(tmp_path: Path) -> None:
+    """`legato watch` right after sbatch, before any rank wrote: it waits (a script's run has no config), then follows the run
+    that starts there to its end. It used to exit 2, 'not a legato run directory (it has no config.yaml)'."""
+    run_dir = tmp_path / "run"
+    watch = subprocess.Popen([sys.executable, "-m", "legato.orchestrator.cli", "watch", str(run_dir)], cwd=ROOT, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert watch.stdout is not None
+        assert watch.stdout.readline().startswith(f"legato: waiting for a run to start in {run_dir}")
+        script = tmp_path / "train.py"
+        script.write_text(SCRIPT_RUN)
+        assert subprocess.run([sys.executable, str(script), str(run_dir)], timeout=300).returncode == 0
+        out, err = watch.communicate(timeout=120)
+    finally:
+        if watch.poll() is None:
+            watch.kill()
+    assert watch.returncode == 0, err[-2000:]
+    assert "FINISHED, step 3/3" in out, out

@@ -110,9 +110,16 @@ def test_second_supervisor_refuses(tmp_path: Path) -> None:
     assert_usage_error(proc, "Another legato supervisor is attached", "pid 4242 on login1", "legato watch")
 
 
-@pytest.mark.parametrize("command", ["status", "watch", "cancel", "logs"])
+@pytest.mark.parametrize("command", ["status", "cancel", "logs"])
 def test_commands_on_a_directory_that_is_not_a_run(tmp_path: Path, command: str) -> None:
+    """(`legato watch` waits there instead, for a run to start: test_watch_waits_for_a_script_run_to_start.)"""
     assert_usage_error(legato(command, str(tmp_path)), str(tmp_path))
+
+
+def test_watch_of_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("precious")
+    assert_usage_error(legato("watch", str(tmp_path / "notes.txt")), "is a file, not a run directory")
+    assert (tmp_path / "notes.txt").read_text() == "precious"
 
 
 def test_entrypoint_that_is_not_callable_is_refused_before_submitting(tmp_path: Path) -> None:
