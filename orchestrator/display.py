@@ -243,8 +243,11 @@ def status_table(summary: RunSummary) -> str:
                     f"{'yes' if summary.all_resumes_verified else 'NO'}"
                     + (f" ({resharded} resharded: chunks checked, not bitwise)" if resharded else ""))
     tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
-    if summary.unregistered and any(a.resumed_from_step is not None for a in summary.attempts):
-        tail.append(f"resumes verified{except_label(summary.unregistered)} (legato does not save them: register or ignore each)")
+    if summary.unregistered:
+        resumed = any(a.resumed_from_step is not None for a in summary.attempts)
+        tail.append(f"resumes verified{except_label(summary.unregistered)} (legato does not save them: register or ignore each)"
+                    if resumed else f"the census found state legato does not save: {', '.join(summary.unregistered)} (register each "
+                    "one training changes, or ignore it)")
     if summary.unverified:
         tail.append(f"NOT bitwise from its start: {unverified_label(summary.unverified)}; resumes since are verified from there")
     if summary.failure:

@@ -165,3 +165,19 @@ def test_a_replay_of_one_step_reads_as_one_step() -> None:
     line = view.event_line({"event": "resumed", "time": 2, "job_id": "5", "restart": 1, "step": 21, "expected_hash": "ab" * 16,
                             "recomputed_hash": "ab" * 16, "match": True, "mismatches": {}, "replay": replay, "seconds": 0.12})
     assert "replay ✓ 1 step from step 20 in 0.05s" in line, line
+
+
+def test_status_names_what_the_census_found_with_or_without_a_resume(tmp_path: Path) -> None:
+    """The census's findings reach `legato status`, not only the start of a rank's stderr; a resume says it verified without."""
+    tag = {"job_id": "7", "time": 2, "hosts": ["a"], "world_size": 2}
+    found = {"event": "unsaved_state", "time": 3, "job_id": "7", "restart": 0, "step": 2, "when": "early", "strict": False,
+             "objects": [], "names": ["losses_m"]}
+    events = [{"event": "attempt_started", "restart": 0, **tag}, found]
+    assert "the census found state legato does not save: losses_m (register each one training changes" in status_table(
+        summarize(tmp_path, events))
+    resumed = {"event": "resumed", "time": 4, "job_id": "7", "restart": 1, "step": 4, "expected_hash": "h", "recomputed_hash": "h",
+               "match": True, "mismatches": {}, "unregistered": ["losses_m", "saver"]}
+    summary = summarize(tmp_path, [*events, {"event": "attempt_started", "restart": 1, **tag}, resumed])
+    table = status_table(summary)
+    assert summary.unregistered == ["losses_m", "saver"] and "✓ except 2" in table
+    assert "resumes verified, except 2 unregistered objects: losses_m, saver" in table
