@@ -276,11 +276,17 @@ def _verify_command(args: argparse.Namespace) -> int:
     out = fresh_directory(args.out, "command")
     out.mkdir(parents=True, exist_ok=True)
     print(f"legato: verify {args.run_command!r}: stop signal to rank {args.signal_rank} after steps {steps}")
-    verdict, why = verify_command(args.run_command, steps, out, args.signal_rank)
+    verdict, why = verify_command(args.run_command, steps, out, args.signal_rank, phase=_command_phase)
     if verdict is None:
         print(f"legato: no verdict: {why}")
         return EXIT_FAILED
     return _report_verdict(verdict, args.json, record_verdict(verdict, out))
+
+
+def _command_phase(phase: str, data: dict) -> None:
+    """Each launch of `verify --command` as it starts: the phase, the attempt, and where its output goes."""
+    attempt = f", attempt {data['attempt']}" if "attempt" in data else ""
+    print(f"{VERIFY_PHASES[phase]}{attempt} (output: {data['log']})", flush=True)
 
 
 VERIFY_EVENTS = (Kind.ATTEMPT_STARTED, Kind.STOP_SIGNAL, Kind.RESUMED, Kind.FINISHED, Kind.FAILED)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -30,6 +31,9 @@ from legato.store.manifest import checkpoint_step, list_checkpoints, newest_usab
 from legato.store.trajectory import read_trajectory
 
 RNG_WORDS = {"rng.python": "python's", "rng.numpy": "numpy's", "rng.torch": "torch's CPU", "rng.gen.loader": "the data loader's"}
+
+# How a verification tells which of its runs starts: the phase ("reference", "interrupted", "again") and its details.
+Phase = Callable[[str, dict], None]
 
 
 @dataclass

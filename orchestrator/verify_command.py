@@ -28,7 +28,7 @@ import subprocess
 from pathlib import Path
 
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
-from legato.orchestrator.verify import Verdict, compare_runs, diagnose, final_step, nondeterminism, unseeded_rngs
+from legato.orchestrator.verify import Phase, Verdict, compare_runs, diagnose, final_step, nondeterminism, unseeded_rngs
 
 PLACEHOLDER = "{run_dir}"
 CHAOS_VARS = ("LEGATO_CHAOS_SIGNAL_AT", "LEGATO_CHAOS_SIGNAL_RANK")
@@ -59,26 +59,31 @@ def launch(argv: list[str], run_dir: Path, log: Path, env: dict[str, str], timeo
     return proc.returncode
 
 
-def run_interrupted(argv: list[str], out: Path, steps: list[int], signal_rank: int, timeout_s: float) -> int:
+def run_interrupted(argv: list[str], out: Path, steps: list[int], signal_rank: int, timeout_s: float, phase: Phase) -> int:
     """Launch until an exit other than 75; the last exit code."""
     env = dict(os.environ, LEGATO_CHAOS_SIGNAL_AT=",".join(str(s) for s in steps), LEGATO_CHAOS_SIGNAL_RANK=str(signal_rank))
     code = EXIT_STOPPED
     for attempt in range(1, len(steps) + 3):
-        code = launch(argv, out / "interrupted", out / f"interrupted.attempt{attempt}.log", env, timeout_s)
+        log = out / f"interrupted.attempt{attempt}.log"
+        phase("interrupted", {"attempt": attempt, "log": str(log)})
+        code = launch(argv, out / "interrupted", log, env, timeout_s)
         if code != EXIT_STOPPED:
             break
     return code
 
 
-def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0, timeout_s: float = 3600) -> tuple[Verdict | None, str]:
-    """The verdict for `text` interrupted after `steps`, or None and why no comparison was possible."""
+def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0, timeout_s: float = 3600,
+                   phase: Phase = lambda name, data: None) -> tuple[Verdict | None, str]:
+    """The verdict for `text` interrupted after `steps`, or None and why no comparison was possible; `phase` hears each launch
+    as it starts: "reference", "interrupted" (its attempt) and "again", each with its log's path."""
     argv = split_command(text)
     clean = {k: v for k, v in os.environ.items() if k not in CHAOS_VARS}
+    phase("reference", {"log": str(out / "reference.log")})
     code = launch(argv, out / "reference", out / "reference.log", clean, timeout_s)
     if code != EXIT_OK:
         return None, f"the reference run exited {code} (see {out / 'reference.log'}); the command must train to its end first"
     refuse_outside(steps, final_step(out / "reference"))
-    code = run_interrupted(argv, out, steps, signal_rank, timeout_s)
+    code = run_interrupted(argv, out, steps, signal_rank, timeout_s, phase)
     verdict = compare_runs(out / "reference", out / "interrupted")
     if code == EXIT_OK and not verdict.resumes:
         raise UsageError(
@@ -95,6 +100,7 @@ def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0,
         # A script's state may differ between any two of its processes (an unseeded RNG): a second
         # uninterrupted run tells that apart from a resume that went wrong.
         again = out / "again"
+        phase("again", {"log": str(out / "again.log")})
         launch(argv, again, out / "again.log", clean, timeout_s)
         verdict = _judge_against_again(verdict, out / "reference", out / "interrupted", again)
     return verdict, ""

@@ -14,7 +14,6 @@ supervisor events go to the callbacks it is given, the verdict to its caller.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from legato.config import Config
@@ -22,9 +21,7 @@ from legato.errors import EXIT_USAGE
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.rundir import SupervisorLock, capture_config
 from legato.orchestrator.supervisor import Notify, Supervisor, start_session
-from legato.orchestrator.verify import Verdict, compare_runs, nondeterminism, plan_runs
-
-Phase = Callable[[str, dict], None]
+from legato.orchestrator.verify import Phase, Verdict, compare_runs, nondeterminism, plan_runs
 
 
 def verify_config(cfg: Config, steps: list[int], out: Path, phase: Phase, notify: Notify) -> Verdict | None:

@@ -63,6 +63,10 @@ def test_a_script_with_unseeded_global_rngs_verifies_its_training_and_names_them
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     assert "DIVERGED" not in proc.stdout and "determinism.mode" not in proc.stdout
     assert "legato: training bitwise identical: 25 steps, 2 resumes (2 replay-verified)" in proc.stdout, proc.stdout
+    # Each launch is announced as it starts, with its log: verify used to print nothing for minutes.
+    out = tmp_path / "verify"
+    assert f"legato: 1/2 reference run, uninterrupted (output: {out / 'reference.log'})" in proc.stdout
+    assert f"legato: 2/2 interrupted run, attempt 3 (output: {out / 'interrupted.attempt3.log'})" in proc.stdout
     assert "the script's unseeded python's and numpy's RNG states (rng.python, rng.numpy) differ between any two runs" in proc.stdout
     assert verdict is not None and verdict["identical"] and verdict["unseeded"] == ["rng.numpy", "rng.python"]
     assert verdict["divergence"] is None and verdict["reference_final_hash"] != verdict["run_final_hash"]
