@@ -57,7 +57,10 @@ def test_verify_warn_mode_continues_past_a_mismatch(tmp_path: Path) -> None:
     stop_once(tmp_path, 9, "checkpoint.verify=warn")
     resumed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, "chaos.skip_restore=[rng.torch]", "checkpoint.verify=warn")
     assert resumed.returncode == 0
-    assert "Continuing because checkpoint.verify is 'warn'" in resumed.stderr
+    assert "Continuing unverified by checkpoint.verify: warn: continued unverified at step 9: " in resumed.stderr
+    assert "rng.torch (checkpoint.verify: warn)" in resumed.stderr
+    # Carried by every later checkpoint, so that no later resume claims bitwise continuity with the run's start.
+    assert manifest(tmp_path)["unverified"]["how"] == "checkpoint.verify: warn"
 
 
 @pytest.mark.slow

@@ -34,7 +34,9 @@ def finals(run_dir: Path, name: str) -> list[dict]:
     return [json.loads((run_dir / name.format(rank=rank)).read_text()) for rank in range(2)]
 
 
-@pytest.mark.parametrize(("accumulate", "validate"), [(2, False), (3, True), (4, True)])
+# Accumulation over 3 is left out for the suite's time: 2 and 4 cover a base after a synced and after a no_sync
+# micro-step at every position; the validation pass is planted in the one over 2.
+@pytest.mark.parametrize(("accumulate", "validate"), [(2, True), (4, False)])
 def test_stopped_at_every_micro_step_position_the_run_ends_bitwise_as_its_plain_loop(tmp_path: Path, accumulate: int,
                                                                                      validate: bool) -> None:
     plain, run = tmp_path / "plain", tmp_path / "run"

@@ -2,9 +2,9 @@
 
 torch's helper initialises an optimizer with no state by running a step (zero gradients, learning rate 0); the
 Session's capture at step 0 (the replay base) went through it, and AdamW's step count ended one ahead: the port
-differed from its plain loop from step 2 on. Real ranks (gloo) of tests/helpers/titan_loop.py, FSDP2 and DDP, 2 and 4
-ranks; each port, uninterrupted and stopped by a real SIGUSR2 right after the step-0 base and resumed, ends with the
-plain loop's loss bits at every step and its model and optimizer state bit for bit.
+differed from its plain loop from step 2 on. Real ranks (gloo) of tests/helpers/titan_loop.py: FSDP2 at 2 and 4 ranks,
+DDP at 2; each port, stopped by a real SIGUSR2 right after the step-0 base and resumed (and once uninterrupted), ends
+with the plain loop's loss bits at every step and its model and optimizer state bit for bit.
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ def results(out: Path, world: int) -> list[dict]:
     return [json.loads((out / f"result_rank{rank}.json").read_text()) for rank in range(world)]
 
 
-@pytest.mark.parametrize(("wrap", "world"), [("fsdp2", 2), ("ddp", 2), ("fsdp2", 4), ("ddp", 4)])
+# The uninterrupted port runs once (FSDP2, 2 ranks), for the suite's time: every stopped run also equals the plain loop
+# at every step, through the same step-0 base and checkpoints. DDP at 4 ranks is the plain DDP loop's (test_reduction.py).
+@pytest.mark.parametrize(("wrap", "world"), [("fsdp2", 2), ("ddp", 2), ("fsdp2", 4)])
 def test_the_port_equals_its_plain_loop_uninterrupted_and_resumed(tmp_path: Path, wrap: str, world: int) -> None:
     plain, uninterrupted, resumed = tmp_path / "plain", tmp_path / "uninterrupted", tmp_path / "resumed"
     assert codes(launch(plain, wrap, world, "--plain")) == [0] * world
-    ran = launch(uninterrupted, wrap, world)
-    assert codes(ran) == [0] * world, ran[0].stderr[-3000:]
-    assert results(uninterrupted, world) == results(plain, world)
+    if (wrap, world) == ("fsdp2", 2):
+        ran = launch(uninterrupted, wrap, world)
+        assert codes(ran) == [0] * world, ran[0].stderr[-3000:]
+        assert results(uninterrupted, world) == results(plain, world)
     stop = {"LEGATO_CHAOS_SIGNAL_AT": "2", "LEGATO_CHAOS_SIGNAL_RANK": str(world - 1)}
     assert codes(launch(resumed, wrap, world, **stop)) == [75] * world
     last = launch(resumed, wrap, world)
