@@ -42,8 +42,8 @@ class Outcome(Enum):
 class Replayer:
     """One rank's replay of the steps between a checkpoint's replay base and the checkpoint."""
 
-    def __init__(self, resumer: Resumer, agreement: StopAgreement, flag: StopFlag, verify: str) -> None:
-        self.resumer, self.agreement, self.flag, self.verify = resumer, agreement, flag, verify
+    def __init__(self, resumer: Resumer, agreement: StopAgreement, flag: StopFlag) -> None:
+        self.resumer, self.agreement, self.flag = resumer, agreement, flag
         self.check: replay.ReplayCheck | None = None
         self.base_restored = False  # agreed: every rank's base restored to its recorded digests
         self._target: tuple[Path, dict] | None = None
@@ -99,8 +99,8 @@ class Replayer:
         verdict.seconds = round(time.perf_counter() - self._started, 3)
         recomputed = global_hash([h for h, _ in reports])
         unrestored = {rep.rank: rep.unrestored for _, rep in reports if rep.unrestored}
-        going_on = self.verify == "warn" or r.go_on_unverified
-        if verdict.identical or not going_on or held_by_replay(manifest):
+        # Going on from a divergent replay loads N's own state, where N has one (else going on keeps the replayed state).
+        if verdict.identical or held_by_replay(manifest) or r.going_on(manifest) is None:
             r.conclude(path, manifest, recomputed, unrestored, verdict)
             return Outcome.VERIFIED
         log.warning("rank %d: %s. Loading checkpoint %s instead, to go on unverified from its saved state.", r.peers.rank,

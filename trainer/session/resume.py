@@ -241,23 +241,30 @@ class Resumer:
         changes = trajectory_changes(manifest, path, torch.get_num_threads(), self._capabilities, self.compiled, self.gpus,
                                      self._by_config)
         message = _problems(step, path, manifest, mismatches, verdict, changes)
-        if self.go_on_unverified:
-            self._continue_unverified(step, mismatches, verdict, message, f"{RESUME_ENV}={GO_ON_UNVERIFIED}")
+        how = self.going_on(manifest)
+        if how is not None:
+            self._continue_unverified(step, mismatches, verdict, message, how)
             return
         if bases.held_by_replay(manifest):
             message += (f" The checkpoint holds its state at step {manifest['step']} only as its replay, so there is no saved state to "
                         "fall back to (checkpoint.verify: warn does not go on from it). Undo what changed "
                         "since the run that wrote it (code, data, settings, libraries, the GPU model, a non-deterministic step) and run "
                         "the same command again: the checkpoint is unharmed.")
-        elif self.verify == "warn":
-            self._continue_unverified(step, mismatches, verdict, message, "checkpoint.verify: warn")
-            return
         message = (f"FAILED: resume not verified. {message} To go on from this checkpoint anyway, by a deliberate choice that the run "
                    f"records (it then no longer claims to be bitwise the run it started as), run the same command with "
                    f"{RESUME_ENV}={GO_ON_UNVERIFIED} in its environment.")
         refuse(log, self.peers.rank, "%s Every rank exits %d.", message, ResumeMismatchError.exit_code)
         self.refused = True
         raise ResumeMismatchError(message)
+
+    def going_on(self, manifest: dict) -> str | None:
+        """How a resume of `manifest` that does not verify goes on anyway, or None when it is refused: LEGATO_RESUME=unverified
+        always; checkpoint.verify: warn only where the checkpoint holds its own state (not only its replay)."""
+        if self.go_on_unverified:
+            return f"{RESUME_ENV}={GO_ON_UNVERIFIED}"
+        if self.verify == "warn" and not bases.held_by_replay(manifest):
+            return "checkpoint.verify: warn"
+        return None
 
     def carry_marks(self, manifest: dict) -> dict | None:
         """Carry `manifest`'s marks into the next checkpoints: an earlier continuation past a failed verification (returned)

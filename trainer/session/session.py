@@ -164,7 +164,7 @@ class Session:
         self._census = Census(self._peers, self._telemetry, census, self._registered, carried)
         self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
                                 checkpoint.verify, checkpoint.reshard, compiled, gpus, carried, go_on_unverified=resume == GO_ON_UNVERIFIED)
-        self._replayer = Replayer(self._resumer, self._agreement, self._flag, checkpoint.verify)
+        self._replayer = Replayer(self._resumer, self._agreement, self._flag)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
         self._saving = Saver(self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry,
                              carried, self.chaos.kill, background)
