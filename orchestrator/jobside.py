@@ -42,11 +42,11 @@ from legato.orchestrator.repro import CaptureRequest, capture
 from legato.orchestrator.status import current_session
 from legato.paths import RunPaths
 from legato.recorder import ProgressFile
-from legato.runtime.lifeline import die_with_parent
 from legato.runtime.rank_env import RankEnv
-from legato.runtime.threads import resolve_threads
 from legato.slurm.backends import backend_for
 from legato.store.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
+from legato.system.lifeline import die_with_parent
+from legato.system.threads import resolve_threads
 
 log = logging.getLogger(__name__)
 

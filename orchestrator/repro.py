@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from legato.orchestrator.redact import Redactor, is_fingerprint, key_id
-from legato.runtime.processes import run_command
+from legato.system.processes import run_command
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class CaptureRequest:
     argv: tuple[str, ...] = ()
     code_paths: tuple[Path, ...] = ()
     labels: dict | None = None
-    threads: str | None = None  # the torch thread count per rank and where it came from (legato.runtime.threads)
+    threads: str | None = None  # the torch thread count per rank and where it came from (legato.system.threads)
 
 
 def capture(req: CaptureRequest) -> dict:

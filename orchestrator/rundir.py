@@ -28,10 +28,10 @@ from legato.files import write_atomic
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.redact import Redactor
 from legato.paths import RunPaths
-from legato.runtime.threads import resolve_threads
 from legato.session.attempt_lock import held_by, refusal
 from legato.slurm.backends import backend_for
-from legato.store import manifest
+from legato.store import manifest, resumable
+from legato.system.threads import resolve_threads
 from legato.treediff import changed_leaves
 
 
@@ -53,10 +53,10 @@ def check_compatible(cfg: Config) -> None:
         return
     before = load_config(captured)
     differing = changed_leaves(training_identity(before), training_identity(cfg))
-    if cfg.checkpoint.reshard and manifest.global_batch_kept(training_settings(before), training_settings(cfg), before.world_size,
+    if cfg.checkpoint.reshard and resumable.global_batch_kept(training_settings(before), training_settings(cfg), before.world_size,
                                                              cfg.world_size):
         # Opted into resharding: another world size with the per-rank batch changed to keep the global batch is this training.
-        differing = [leaf for leaf in differing if leaf[0] not in ("world_size", manifest.BATCH_KEY)]
+        differing = [leaf for leaf in differing if leaf[0] not in ("world_size", resumable.BATCH_KEY)]
     if differing:
         shown = "; ".join(f"{key} was {old!r}, now {new!r}" for key, old, new in differing[:5])
         raise UsageError(
@@ -159,13 +159,13 @@ class SupervisorLock:
 
 def _check_checkpoints(cfg: Config) -> None:
     manifest.check_tree(RunPaths(cfg.run_dir).checkpoints)
-    run = manifest.RunShape(cfg.world_size, training_settings(cfg), manifest.installed_torch_version(), expected_threads(cfg),
+    run = resumable.RunShape(cfg.world_size, training_settings(cfg), resumable.installed_torch_version(), expected_threads(cfg),
                             cfg.determinism.mode == "strict", cfg.checkpoint.reshard)
-    manifest.newest_usable(RunPaths(cfg.run_dir).checkpoints, run)
+    resumable.newest_usable(RunPaths(cfg.run_dir).checkpoints, run)
 
 
 def expected_threads(cfg: Config) -> int:
-    """The torch thread count each rank of this config's job will use (the rule of `legato.runtime.threads`)."""
+    """The torch thread count each rank of this config's job will use (the rule of `legato.system.threads`)."""
     backend = backend_for(cfg.executor)
     return resolve_threads(cfg.determinism.threads, backend.tasks_per_node(cfg), backend.job_environ(cfg)).count
 

@@ -32,10 +32,10 @@ from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import current_job, current_session, read_progress
 from legato.orchestrator.waiting import PENDING, waiting_job
-from legato.runtime.signals import parse_signal
 from legato.slurm.backend import Backend, JobState
 from legato.slurm.backends import backend_for
 from legato.slurm.jobs import JobHandle
+from legato.system.signals import parse_signal
 
 log = logging.getLogger(__name__)
 

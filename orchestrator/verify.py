@@ -27,7 +27,8 @@ from legato.events import Kind
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.plot import plot_losses, replay_spans
 from legato.paths import RunPaths
-from legato.store.manifest import checkpoint_step, list_checkpoints, newest_usable, read_manifest_file
+from legato.store.manifest import checkpoint_step, list_checkpoints, read_manifest_file
+from legato.store.resumable import newest_usable
 from legato.store.trajectory import read_trajectory
 
 RNG_WORDS = {"rng.python": "python's", "rng.numpy": "numpy's", "rng.torch": "torch's CPU", "rng.gen.loader": "the data loader's"}

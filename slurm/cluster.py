@@ -18,9 +18,9 @@ from typing import Any
 
 from legato.config import Config
 from legato.errors import UsageError
-from legato.runtime import processes
 from legato.slurm import pending, submission
 from legato.slurm.backend import Backend, JobPlace, JobState
+from legato.system import processes
 
 REQUEUE_TIMEOUT_S = 60.0
 ACTIVE = {

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from legato.errors import UsageError
-from legato.runtime import processes
 from legato.slurm.slurmconf import Settings, node_line, slurm_conf
+from legato.system import processes
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ from typing import Any
 
 from legato.config import Config
 from legato.events import Kind
-from legato.runtime import processes
 from legato.slurm import submission
 from legato.slurm.backend import Backend, JobPlace, JobState
+from legato.system import processes
 
 LOCAL_CONTROLLER = b"submitit.local._local"
 LOCAL_REQUEUE_EXIT = 144  # submitit's LocalExecutor restarts every task when one exits with it

@@ -30,10 +30,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from legato.errors import UsageError
-from legato.runtime import processes
 from legato.slurm import netns
 from legato.slurm.devcluster import Daemon, install_packages, stop_daemons
 from legato.slurm.slurmconf import Settings, node_line, slurm_conf
+from legato.system import processes
 
 log = logging.getLogger(__name__)
 

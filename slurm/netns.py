@@ -23,7 +23,7 @@ import logging
 from pathlib import Path
 
 from legato.errors import UsageError
-from legato.runtime import processes
+from legato.system import processes
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from legato.runtime import processes
+from legato.system import processes
 
 TRANSIENT = {
     "Resources": "waiting for nodes or CPUs to free up",

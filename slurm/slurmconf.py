@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from legato.errors import UsageError
-from legato.runtime import processes
+from legato.system import processes
 
 PARTITION = "debug"
 

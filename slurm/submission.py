@@ -25,9 +25,9 @@ from submitit.core.utils import FailedJobError, FailedSubmissionError
 from legato.config import Config
 from legato.errors import UsageError
 from legato.paths import RunPaths
-from legato.runtime.launch_env import determinism_environ
-from legato.runtime.processes import run_command
 from legato.slurm.startmask import launcher
+from legato.system.launch_env import determinism_environ
+from legato.system.processes import run_command
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from legato.config_build import NAME_MAX, PATH_MAX, STEPS_MAX, check_list, show
 from legato.errors import UsageError
-from legato.runtime.signals import normalize_signal
+from legato.system.signals import normalize_signal
 
 if TYPE_CHECKING:
     from legato.config import Config

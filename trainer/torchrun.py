@@ -48,10 +48,10 @@ import sys
 import threading
 
 from legato.errors import EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_STOPPED, EXIT_USAGE, UsageError
-from legato.runtime.launch_env import determinism_environ
-from legato.runtime.lifeline import LAUNCHER_PID
-from legato.runtime.processes import children
-from legato.runtime.signals import parse_signal
+from legato.system.launch_env import determinism_environ
+from legato.system.lifeline import LAUNCHER_PID
+from legato.system.processes import children
+from legato.system.signals import parse_signal
 from legato.voice import say
 
 log = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from helpers.cli import assert_usage_error, legato, run_args
 
 from legato.dist.peers import Peers
 from legato.errors import UsageError
-from legato.runtime.processes import alive
 from legato.session.attempt_lock import AttemptLock
+from legato.system.processes import alive
 
 ALONE = Peers(0, 1, None)
 

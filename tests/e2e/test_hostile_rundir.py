@@ -20,6 +20,7 @@ from legato.state.hashing import rank_hash
 from legato.store import checkpoint as ckpt
 from legato.store import commit
 from legato.store import manifest as manifests
+from legato.store.resumable import newest_usable
 
 STRACE = shutil.which("strace")
 TRACED = (
@@ -136,7 +137,7 @@ def test_manifests_naming_paths_outside_or_oversized_are_not_read(tmp_path: Path
         f.truncate(manifests.MAX_MANIFEST_BYTES + 1)
     with pytest.raises(ValueError, match="larger than 16 MiB"):
         manifests.read_manifest(path)
-    assert manifests.newest_usable(path.parent) is None
+    assert newest_usable(path.parent) is None
 
 
 def test_a_link_made_while_running_is_refused_by_the_writer_on_every_rank(tmp_path: Path) -> None:

@@ -25,7 +25,7 @@ from helpers.launches import process_tree, steps_done
 from helpers.port import UNSEEDED, assert_same_run
 
 from legato.runtime.launch import free_port
-from legato.runtime.processes import alive, children
+from legato.system.processes import alive, children
 
 pytestmark = pytest.mark.slow
 

@@ -108,7 +108,7 @@ import atexit
 import time
 from pathlib import Path
 
-from legato.tasks.loop import train
+from legato.loop import train
 
 MARK = Path(__file__).with_name("hung_once")
 

@@ -26,7 +26,7 @@ from helpers.cli import legato, wait_for
 from helpers.launches import process_tree, steps_done
 
 from legato.runtime.launch import free_port
-from legato.runtime.processes import alive
+from legato.system.processes import alive
 
 pytestmark = pytest.mark.slow
 

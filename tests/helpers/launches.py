@@ -12,7 +12,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from legato.runtime.launch import free_port
-from legato.runtime.processes import children
+from legato.system.processes import children
 
 ROOT = Path(__file__).resolve().parents[2]
 _STDERR: dict[int, Path] = {}  # pid -> the stderr file start_ranks gave it, for a hung rank's stacks

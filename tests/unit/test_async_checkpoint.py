@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 import legato
 from legato.store import commit
-from legato.store.manifest import list_checkpoints, newest_usable, read_manifest
+from legato.store.manifest import list_checkpoints, read_manifest
+from legato.store.resumable import newest_usable
 
 
 def small_run(run_dir: Path, steps: int, policy: legato.CheckpointPolicy, on_step=None) -> legato.Session:

@@ -16,7 +16,7 @@ from conftest import NEEDS_CXX
 import legato
 from legato.errors import EXIT_STOPPED
 from legato.session.wrappers import ddp_of, runs_compiled, unwrap
-from legato.store.manifest import check_compatible
+from legato.store.resumable import check_compatible
 
 # torch's own, when torch.compile first imports dynamo.
 pytestmark = pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from legato.errors import UsageError
-from legato.store.manifest import check_compatible
+from legato.store.resumable import check_compatible
 
 PATH = Path("/r/checkpoints/step_5")
 TRAINING = {"determinism": {"mode": "strict"}}
@@ -59,8 +59,8 @@ def test_a_script_without_a_config_is_told_the_api_fix() -> None:
 def test_the_pin_reaches_the_ranks_from_every_launcher_only_as_the_user_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from legato.config import load_config
     from legato.orchestrator.redact import Redactor
-    from legato.runtime.launch_env import determinism_environ
     from legato.slurm.submission import slurm_parameters
+    from legato.system.launch_env import determinism_environ
 
     assert "ATEN_CPU_CAPABILITY" not in determinism_environ({})
     assert determinism_environ({"ATEN_CPU_CAPABILITY": "avx2"})["ATEN_CPU_CAPABILITY"] == "avx2"

@@ -13,8 +13,8 @@ import torch
 
 import legato
 from legato.state.device_kind import gpu_kind
-from legato.store.manifest import check_compatible
 from legato.store.manifest_schema import check_manifest
+from legato.store.resumable import check_compatible
 
 PATH = Path("/r/checkpoints/step_5")
 A100, H100 = "NVIDIA A100-SXM4-80GB (sm_80)", "NVIDIA H100 80GB HBM3 (sm_90)"

@@ -17,6 +17,7 @@ import torch
 from legato.state.hashing import digest, global_hash, rank_hash
 from legato.store import checkpoint as ckpt
 from legato.store import manifest as manifests
+from legato.store.resumable import newest_usable
 
 
 def write(root: Path, step: int) -> Path:
@@ -37,7 +38,7 @@ def rewrite(path: Path, change) -> None:
 def newest_with_warnings(root: Path, caplog: pytest.LogCaptureFixture) -> tuple[int | None, str]:
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="legato.store.manifest"):
-        found = manifests.newest_usable(root)
+        found = newest_usable(root)
     return (None if found is None else found.step), caplog.text
 
 

@@ -1,4 +1,4 @@
-"""Resharding's pure logic (legato.store.reshard, manifest.check_compatible): plain records and manifests, no ranks.
+"""Resharding's pure logic (legato.store.reshard, resumable.check_compatible): plain records and manifests, no ranks.
 
 The end-to-end proof with real ranks and signals is tests/e2e/test_reshard.py; these pin the arithmetic and the
 refusals: each new chunk is the full tensor's rows FSDP2 gives that rank, a missing old shard is refused, a data
@@ -15,7 +15,7 @@ import torch
 
 from legato.errors import UsageError
 from legato.store import reshard
-from legato.store.manifest import check_compatible
+from legato.store.resumable import check_compatible
 
 FULL = torch.arange(30, dtype=torch.float32).reshape(10, 3)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from legato.errors import UsageError
-from legato.runtime.threads import resolve_threads
-from legato.store.manifest import check_compatible
+from legato.store.resumable import check_compatible
+from legato.system.threads import resolve_threads
 
 
 def test_thread_count_comes_from_config_then_slurm_then_affinity() -> None:

@@ -210,7 +210,7 @@ def test_a_checkpoint_from_before_a_setting_existed_resumes_under_its_default(tm
 
     from legato.config import SETTINGS_ADDED_LATER, load_config, training_settings
     from legato.errors import UsageError
-    from legato.store.manifest import check_compatible
+    from legato.store.resumable import check_compatible
 
     now = training_settings(load_config(None, []))
     before = {**now, "train": {k: v for k, v in now["train"].items() if k not in SETTINGS_ADDED_LATER}}

@@ -29,7 +29,7 @@ import os
 import time
 from pathlib import Path
 
-from legato.runtime.processes import stat_fields
+from legato.system.processes import stat_fields
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from legato.runtime.signals import parse_signal
+from legato.system.signals import parse_signal
 
 log = logging.getLogger(__name__)
 

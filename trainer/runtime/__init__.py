@@ -1,5 +1,5 @@
-"""Where and how a rank runs: placement on devices, threads, launchers, the rank entry, parent death,
-processes and signals.
+"""Where and how a rank runs: placement on devices, the launchers, the rank entry and what an entrypoint receives.
 
-This package must never hold training state.
+It stands on every other package of the core (the operating-system layer is legato.system). This package must never
+hold training state.
 """

@@ -19,6 +19,9 @@ from typing import Any
 from legato.config import Config
 from legato.errors import UsageError
 
+# Named, not imported: the bundled loop stands on this package (it takes a RunContext) like any user's entrypoint.
+BUNDLED_LOOP = "legato.loop:train"
+
 
 def check_entrypoint(cfg: Config) -> None:
     """Refuse a user entrypoint that cannot be imported or called as fn(ctx), before anything starts (the bundled loop
@@ -30,11 +33,7 @@ def check_entrypoint(cfg: Config) -> None:
 def resolve_entrypoint(cfg: Config) -> Callable[[Any], int | None]:
     """The function to call on each rank (with the run context): the user's `pkg.mod:fn` or the bundled loop; a UsageError
     naming the fix when the user's cannot be imported or called so."""
-    if cfg.train.entrypoint is None:
-        from legato.tasks.loop import train
-
-        return train
-    module_name, _, func_name = cfg.train.entrypoint.partition(":")
+    module_name, _, func_name = (cfg.train.entrypoint or BUNDLED_LOOP).partition(":")
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -29,9 +29,9 @@ from legato.runtime.context import RunContext
 from legato.runtime.devices import resolve_placement
 from legato.runtime.entrypoint import resolve_entrypoint
 from legato.runtime.rank_env import RankEnv
-from legato.runtime.signals import parse_signal
-from legato.runtime.threads import resolve_threads
 from legato.state.determinism import seed_everything
+from legato.system.signals import parse_signal
+from legato.system.threads import resolve_threads
 from legato.voice import refusals_said_by_caller
 
 log = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ them, and exits with the job's code: 0 training complete, 75 stopped at a
 committed checkpoint (run the same command again to resume), 2 bad input.
 When one rank fails, the others are killed rather than left in a collective;
 when the launcher dies (even by SIGKILL), its ranks die with it: each rank is
-armed to die with the launcher before it execs (legato.runtime.lifeline), and
+armed to die with the launcher before it execs (legato.system.lifeline), and
 leads a process group of its own (its DataLoader workers join it) that the
 launcher's exit path, whatever it is, kills whole.
 """
@@ -28,10 +28,10 @@ from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageE
 from legato.paths import RunPaths
 from legato.quiet_args import Parser
 from legato.runtime.entrypoint import check_entrypoint
-from legato.runtime.launch_env import determinism_environ
-from legato.runtime.lifeline import LAUNCHER_PID, armed_child
-from legato.runtime.signals import parse_signal
 from legato.store.manifest import check_tree
+from legato.system.launch_env import determinism_environ
+from legato.system.lifeline import LAUNCHER_PID, armed_child
+from legato.system.signals import parse_signal
 
 POLL_S = 0.05
 LOWEST_RENDEZVOUS_PORT = 10000  # above the well-known and most registered services' ports

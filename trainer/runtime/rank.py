@@ -8,8 +8,8 @@ from legato.config import load_config
 from legato.errors import EXIT_USAGE, UsageError
 from legato.runtime.job import run_rank
 from legato.runtime.launch import parse_args
-from legato.runtime.lifeline import die_with_launcher
 from legato.runtime.rank_env import RankEnv
+from legato.system.lifeline import die_with_launcher
 
 
 def main() -> int:

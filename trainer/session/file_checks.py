@@ -1,6 +1,6 @@
 """A checkpoint's files verified by every rank together, each hashing its share of the bytes.
 
-Choosing the checkpoint to resume is rank 0's (legato.store.manifest.newest_usable);
+Choosing the checkpoint to resume is rank 0's (legato.store.resumable.newest_usable);
 verifying its files (a hash pass over every byte: after the resume loaded them,
 or each candidate's before, where that failed) is the longest part of it. Here
 rank 0's verifier hands each request to the other ranks, which wait in `serve`

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from legato.config import CheckpointSection
 from legato.config_build import check_values
 from legato.errors import UsageError
-from legato.runtime.signals import normalize_signal
+from legato.system.signals import normalize_signal
 from legato.voice import refusing
 
 __all__ = ["CheckpointPolicy", "StopPolicy"]

@@ -1,6 +1,6 @@
 """Resuming a run: select the checkpoint, restore it, check the restore, conclude (report or refuse).
 
-Rank 0 picks the newest usable checkpoint (legato.store.manifest.newest_usable)
+Rank 0 picks the newest usable checkpoint (legato.store.resumable.newest_usable)
 and hands it to the others; every rank loads it, then the ranks verify its
 files together (legato.session.file_checks) from the page cache the load
 filled, so a resume reads them from disk once; where they do not verify, rank 0
@@ -42,8 +42,9 @@ from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import global_hash
 from legato.store import bases, layout, reshard
-from legato.store.manifest import RunShape, Verifier, check_listed, newest_usable
+from legato.store.manifest import Verifier, check_listed
 from legato.store.manifest_schema import DIVERGED, UNREGISTERED_KEY, UNVERIFIED_KEY
+from legato.store.resumable import RunShape, newest_usable
 from legato.store.trajectory_changes import trajectory_changes
 from legato.voice import counted, refuse
 

@@ -50,7 +50,6 @@ from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, ResumeMismatchErro
 from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
-from legato.runtime.lifeline import die_with_launcher
 from legato.session.arguments import check_arguments, check_batches, checked_loss, refuse_late_carry, refuse_second_loop, total_steps_of
 from legato.session.attempt_lock import AttemptLock
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
@@ -76,6 +75,7 @@ from legato.state.sampler import resumable_loader
 from legato.store.commit import Committed
 from legato.store.manifest import list_checkpoints
 from legato.store.manifest_schema import COMPILED_KEY, GPUS_KEY
+from legato.system.lifeline import die_with_launcher
 from legato.voice import refusing
 
 if TYPE_CHECKING:

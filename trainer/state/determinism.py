@@ -20,7 +20,7 @@ import torch
 
 from legato.config_build import whole_number
 from legato.errors import UsageError
-from legato.runtime.launch_env import CUBLAS_WORKSPACE
+from legato.system.launch_env import CUBLAS_WORKSPACE
 from legato.voice import refusing
 
 log = logging.getLogger(__name__)

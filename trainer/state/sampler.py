@@ -80,7 +80,7 @@ def worker_init(worker_id: int) -> None:
 
     import numpy as np
 
-    from legato.runtime.lifeline import die_with_parent
+    from legato.system.lifeline import die_with_parent
 
     rank_process = multiprocessing.parent_process()
     die_with_parent(rank_process.pid if rank_process else None)

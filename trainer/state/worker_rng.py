@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from legato.runtime.processes import parent_of
 from legato.state.determinism import derive_seed
+from legato.system.processes import parent_of
 
 
 def seed_globals(seed: int, epoch: int, key: Any) -> None:
@@ -57,7 +57,7 @@ class SeedPerSample:
         self._epoch.fill_(value)
 
     def __call__(self, worker_id: int) -> None:
-        from legato.runtime.lifeline import die_with_parent, die_with_process
+        from legato.system.lifeline import die_with_parent, die_with_process
 
         parent = _expected_parent(self.rank_pid)
         die_with_parent(parent)

@@ -6,21 +6,7 @@ touches the network, the filesystem or the global RNGs outside model init.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:  # the option schema (legato.tasks.options) is read by the config without torch
-    import torch
-
-
-@dataclass
-class Task:
-    """A built-in training task: the model, its dataset, and the loss of the model on a batch."""
-
-    model: torch.nn.Module
-    dataset: torch.utils.data.Dataset
-    loss: Callable[[torch.nn.Module, Any], torch.Tensor]
+from legato.tasks.task import Task
 
 
 def build_task(name: str, options: dict, seed: int) -> Task:

@@ -14,7 +14,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from legato.state.sampler import sample_generator
-from legato.tasks import Task
+from legato.tasks.task import Task
 
 
 class Synthetic(torch.utils.data.Dataset):

@@ -16,8 +16,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from legato.state.sampler import sample_generator
-from legato.tasks import Task
 from legato.tasks.corpus import make_corpus
+from legato.tasks.task import Task
 
 
 class CharCrops(torch.utils.data.Dataset):

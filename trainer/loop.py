@@ -1,4 +1,8 @@
-"""The bundled training loop for the built-in tasks, under DDP or FSDP2, written on the public API only."""
+"""The bundled training loop for the built-in tasks, under DDP or FSDP2, written on the public API only.
+
+It is an entrypoint like a user's: the launchers name it (legato.runtime.entrypoint.BUNDLED_LOOP) rather than import it,
+as it stands on the rank entry's RunContext. It must never be imported by the core.
+"""
 
 from __future__ import annotations
 
