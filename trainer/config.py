@@ -140,28 +140,40 @@ class TrainSection:
     fsdp2: Fsdp2Section = field(default_factory=Fsdp2Section)
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointSection:
-    """When checkpoints are written, how many are kept, and how a resume is checked."""
+    """When checkpoints are written, how many are kept, and how a resume is checked: the config's `checkpoint:` section,
+    and a Session's `CheckpointPolicy` (legato.session.policy), which is this class held to these bounds as it is
+    made. One definition, one default per setting, for both doors."""
 
     every_steps: int = option(0, minimum=0, maximum=STEPS_MAX, doc="periodic checkpoint every N steps, 0 for off")
-    every_minutes: float = option(0.0, minimum=0, maximum=MINUTES_MAX, doc="periodic checkpoint every M minutes, 0 for off")
+    # On by default, so a hard kill (node failure, OOM, SIGKILL at the time limit) loses at most this much work. Young-Daly:
+    # sqrt(2 x checkpoint cost x mean time between failures) = sqrt(2 x 2.6 s x 1 day) ~ 11 min for 256 MiB at defaults
+    # (2026-11-23, 2 cores); 10 minutes costs under 0.5% of the run.
+    every_minutes: float = option(10.0, minimum=0, maximum=MINUTES_MAX, doc="periodic checkpoint every M minutes, 0 for off")
     keep_last: int = option(3, minimum=1, maximum=KEEP_LAST_MAX, doc="checkpoints kept; older ones are pruned")
     verify: str = option("error", choices=("error", "warn"), doc="warn turns a failed resume verification into a warning")
     hash_every_steps: int = option(10, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps")
     agree_every_steps: int = option(0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a "
                                                                          "second apart")
+    # The default is chosen from measurements in docs/benchmarks.md.
     replay_steps: int = option(32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and "
                                                                      "compares; 0 for off")
-    replay_seconds: float | None = option(
-        None, minimum=0, maximum=SECONDS_MAX, doc="...and at most this many seconds back (each new base is a memory copy of the state); "
-        "unset: a tenth of every_minutes, or 60 s without it; 0 for the steps bound alone"
-    )
+    # None: on when the model lives on a GPU, where the device-to-pinned-host copy blocks about 0.01x a synchronous write
+    # (docs/gpu.md); off on the CPU, where the two measured a tie end to end (docs/benchmarks.md) and the copy would only
+    # cost host memory. Written by legato.store.async_checkpoint.
     async_: bool | None = option(
         None, key="async", doc="periodic checkpoints copy the state and write it in the background; unset: on when the model is on a GPU"
     )
     reshard: bool = option(False, doc="resume an FSDP2 checkpoint written by another world size, resharded: data position exact, "
                                       "not bitwise (docs/fsdp2.md)")
+    # So that a resume replays a bounded time whatever the step time: 32 steps of 5 s were 160 s of replay, a quarter of
+    # the 10-minute interval. Each new base costs a memory copy of the state (docs/exactness.md); legato.session.base_clock
+    # decides when.
+    replay_seconds: float | None = option(
+        None, minimum=0, maximum=SECONDS_MAX, doc="...and at most this many seconds back (each new base is a memory copy of the state); "
+        "unset: a tenth of every_minutes, or 60 s without it; 0 for the steps bound alone"
+    )
 
 
 @dataclass

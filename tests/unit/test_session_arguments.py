@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import legato
-from legato.config import CheckpointSection
+from legato.config import CheckpointSection, config_from_dict
 from legato.config_build import yaml_key
 
 
@@ -88,6 +88,15 @@ def test_the_defaults_and_values_at_every_bound_are_accepted() -> None:
     assert legato.CheckpointPolicy() == legato.CheckpointPolicy(every_minutes=10)  # an int where a float goes
     legato.CheckpointPolicy(every_steps=0, every_minutes=0, keep_last=1, replay_steps=0, replay_seconds=0, async_=True, verify="warn")
     assert legato.StopPolicy(signals=("usr2", "SIGTERM")).signals == ("usr2", "SIGTERM")
+
+
+def test_a_config_and_a_session_get_the_same_checkpoint_defaults() -> None:
+    """One definition: a `legato run` config that leaves out its checkpoint section checkpoints as a Session does (every
+    10 minutes among the rest); they were two copies, and a config had no periodic checkpoint."""
+    section = config_from_dict({"train": {"task": "mlp"}}).checkpoint
+    policy = legato.CheckpointPolicy()
+    assert dataclasses.asdict(section) == dataclasses.asdict(policy) and policy.every_minutes == 10
+    assert isinstance(policy, CheckpointSection)
 
 
 def test_every_bounded_checkpoint_key_refuses_the_value_just_past_its_bound_through_the_policy_too() -> None:

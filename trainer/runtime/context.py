@@ -8,6 +8,7 @@ config values into the public API; it holds no training logic.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,8 +64,7 @@ class RunContext:
         kwargs.setdefault("census", "strict" if self.cfg.determinism.mode == "strict" else "warn")
         return Session(
             self.run_dir,
-            checkpoint=CheckpointPolicy(c.every_steps, c.every_minutes, c.keep_last, c.verify, c.hash_every_steps, c.agree_every_steps,
-                                        c.replay_steps, c.async_, c.reshard, c.replay_seconds),
+            checkpoint=CheckpointPolicy(**{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}),
             stop=StopPolicy(stop_signals(self.cfg.slurm.signal, self.cfg.slurm.handle_sigterm)),
             chaos=Chaos(
                 signal_rank=chaos.signal_rank,
