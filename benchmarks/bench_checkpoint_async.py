@@ -156,8 +156,11 @@ def hash_speeds(size: int = 256 * 2**20) -> dict[str, float]:
     buf = memoryview(data.numpy())
     dst = torch.empty_like(data)
     out = {}
-    variants = {"memory copy": lambda: dst.copy_(data), "XXH3-128": lambda: xxhash.xxh3_128_digest(buf),
-                "SHA-256": lambda: hashlib.sha256(buf).digest()}
+    variants = {
+        "memory copy": lambda: dst.copy_(data),
+        "XXH3-128": lambda: xxhash.xxh3_128_digest(buf),
+        "SHA-256": lambda: hashlib.sha256(buf).digest(),
+    }
     if blake3 is not None:
         variants["BLAKE3 (1 thread)"] = lambda: blake3.blake3(buf, max_threads=1).digest()
     for name, fn in variants.items():

@@ -39,8 +39,9 @@ from legato.store import checkpoint as ckpt
 
 
 def _model() -> torch.nn.Module:
-    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-                               torch.nn.Linear(1024, 1))
+    return torch.nn.Sequential(
+        torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1)
+    )
 
 
 def _loop_worker(rank: int, port: int, steps: int, rounds: int, tmp: str, out: dict) -> None:
@@ -80,8 +81,14 @@ def _loop_worker(rank: int, port: int, steps: int, rounds: int, tmp: str, out: d
         loader = resumable_loader(data, 64, seed=r, rank=rank, world_size=2)
         dist.barrier()
         start = time.perf_counter()
-        session = Session(Path(tmp) / f"run{r}", model=model, optimizer=opt, loader=loader, total_steps=steps,
-                          checkpoint=CheckpointPolicy(hash_every_steps=0))
+        session = Session(
+            Path(tmp) / f"run{r}",
+            model=model,
+            optimizer=opt,
+            loader=loader,
+            total_steps=steps,
+            checkpoint=CheckpointPolicy(hash_every_steps=0),
+        )
         for x, y in session:
             session.report(step(x, y))
         # The session ends with one final checkpoint; checkpoint cost is measured separately.
@@ -171,8 +178,10 @@ def main() -> int:
     args = parser.parse_args()
 
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, checkpoint dir {args.dir}")
-    print(f"\n1. per-step time, 2 ranks gloo; overhead = median over {args.rounds} cycles of (variant block / adjacent plain block), "
-          f"{args.steps} steps a block")
+    print(
+        f"\n1. per-step time, 2 ranks gloo; overhead = median over {args.rounds} cycles of (variant block / adjacent plain block), "
+        f"{args.steps} steps a block"
+    )
     loop = bench_loop(args.steps, args.rounds)
     for name, (seconds, ratio) in loop.items():
         print(f"   {name:<26} {seconds * 1e3:8.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%")

@@ -161,8 +161,9 @@ def session_checkpoint(run_dir: Path, megabytes: int, policy: legato.CheckpointP
     return checkpoint_steps(run_dir, megabytes, policy, stop, settle)[0]
 
 
-def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, settle: float,
-                     total: int = STEPS, waited: int | None = None) -> list[Checkpointed]:
+def checkpoint_steps(
+    run_dir: Path, megabytes: int, policy: legato.CheckpointPolicy, stop: bool, settle: float, total: int = STEPS, waited: int | None = None
+) -> list[Checkpointed]:
     """What the loop sees of each checkpoint step of a live Session (the stop's, or every periodic one), less its median
     other step, and the bytes each wrote. An asynchronous checkpoint's write is waited for outside the timed steps (a
     private attribute: the Session tells no one), so that the next one's step is its own blocking part, not a wait for
@@ -173,8 +174,7 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
     model, optimizer = make(megabytes)
     ddp = torch.nn.parallel.DistributedDataParallel(model)
     chaos = legato.Chaos(signal_rank=dist.get_world_size() - 1, signal_at_steps=(STOP_AFTER - 1,)) if stop else legato.Chaos()
-    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=total, checkpoint=policy, chaos=chaos,
-                             ignore=ANCHORS)
+    session = legato.Session(run_dir, model=ddp, optimizer=optimizer, total_steps=total, checkpoint=policy, chaos=chaos, ignore=ANCHORS)
     due = {STOP_AFTER} if stop else set(range(policy.every_steps, total, policy.every_steps))
     gaps, it = [], iter(session)
     writes: dict[int, float] = {}  # step -> its asynchronous write's seconds after the staging copy
@@ -199,8 +199,11 @@ def checkpoint_steps(run_dir: Path, megabytes: int, policy: legato.CheckpointPol
         session.report(train_step(ddp, optimizer))
         while background is not None and background.flags()["writing_local"]:
             time.sleep(0.01)
-    steps = [session.last_checkpoint.step] if stop and session.last_checkpoint is not None else list(
-        range(policy.every_steps, total, policy.every_steps))
+    steps = (
+        [session.last_checkpoint.step]
+        if stop and session.last_checkpoint is not None
+        else list(range(policy.every_steps, total, policy.every_steps))
+    )
     # gaps[i] ends step i (gaps[0] is the start-up); the checkpoints are at `steps`; a step that took a snapshot is no normal step.
     snapshots = {i for i in range(len(gaps)) if policy.replay_steps and i % policy.replay_steps == 0}
     others = [g for i, g in enumerate(gaps[1:], start=1) if i not in steps and i < len(gaps) - 1 and i not in snapshots] or [0.0]
@@ -231,7 +234,6 @@ def share_written(run_dir: Path, step: int, rank: int) -> int:
 def written_by(run_dir: Path, step: int) -> int:
     """The bytes of the checkpoint of `step`'s own files, not a base on disk it refers to."""
     return sum(f["bytes"] for f in manifest_of(run_dir, step)["files"].values())
-
 
 
 def session_restore(run_dir: Path, megabytes: int, settle: float) -> tuple[float, float]:
@@ -311,8 +313,9 @@ def load_into(path: Path | None, model: torch.nn.Module, optimizer: torch.optim.
     optimizer.load_state_dict(loaded["optimizer"])
 
 
-def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, cold: bool, directory: str,
-           device: str, out: dict) -> None:
+def worker(
+    rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, cold: bool, directory: str, device: str, out: dict
+) -> None:
     global DEVICE
     DEVICE = bench_device.place(device)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -342,11 +345,13 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
         def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
             if rank == 0:
                 torch_save_fsync({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+
         return save
 
     def saved_by_dcp(path: Path) -> Save:
         def save(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
             dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(path))
+
         return save
 
     def go() -> float:
@@ -384,15 +389,26 @@ def worker(rank: int, world: int, port: int, megabytes: int, rounds: int, settle
             scratch.mkdir(parents=True, exist_ok=True)
         dist.barrier()
         for label in ("plain A", "plain B"):
-            record(f"control: torch.save + fsync, rank 0 ({label})",
-                   timed(torch_save_fsync, state, scratch / f"{label[-1]}.pt") if rank == 0 else timed(lambda: None))
+            record(
+                f"control: torch.save + fsync, rank 0 ({label})",
+                timed(torch_save_fsync, state, scratch / f"{label[-1]}.pt") if rank == 0 else timed(lambda: None),
+            )
         peak(PLAIN, plain_loop, megabytes, None)
         peak("plain loop, torch.save + fsync at the stop (rank 0)", plain_loop, megabytes, saved_by_rank_0(scratch / "peak.pt"))
         peak("plain loop, DCP save at the stop", plain_loop, megabytes, saved_by_dcp(scratch / "peak_dcp"))
         for name, run, policy in STOPS:
             record_session(name, peak(name, session_checkpoint, scratch / run, megabytes, policy, True, settle))
-        first, later, alone = peak("legato Session async_=True (three periodic, final)", checkpoint_steps, scratch / "async",
-                                   megabytes, ASYNC, False, settle, ASYNC_STEPS, WAITED)
+        first, later, alone = peak(
+            "legato Session async_=True (three periodic, final)",
+            checkpoint_steps,
+            scratch / "async",
+            megabytes,
+            ASYNC,
+            False,
+            settle,
+            ASYNC_STEPS,
+            WAITED,
+        )
         record_session("legato Session async_=True, first periodic", first)
         record_session("legato Session async_=True, blocking (periodic)", later)
         record(BACKGROUND, later.background)
@@ -445,12 +461,16 @@ def main() -> None:
     parser.add_argument("--dir", default=tempfile.gettempdir())
     parser.add_argument("--settle", type=float, default=SETTLE_S, help="seconds to wait before each timed part (0: none)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the state lives (cuda: every rank on GPU 0)")
-    parser.add_argument("--cold", action="store_true",
-                        help="start each restore row with the page cache dropped (root), not with its files cached")
+    parser.add_argument(
+        "--cold", action="store_true", help="start each restore row with the page cache dropped (root), not with its files cached"
+    )
     args = parser.parse_args()
     if args.cold and not os.access(DROP_CACHES, os.W_OK):
-        print(f"--cold drops the page cache before each restore row, which takes writing {DROP_CACHES}: only root may. Run "
-              "the bench as root, or without --cold (each restore row then starts with its files cached).", file=sys.stderr)
+        print(
+            f"--cold drops the page cache before each restore row, which takes writing {DROP_CACHES}: only root may. Run "
+            "the bench as root, or without --cold (each restore row then starts with its files cached).",
+            file=sys.stderr,
+        )
         sys.exit(2)
     bench_device.require(args.device)
     signal.signal(signal.SIGUSR2, signal.SIG_IGN)
@@ -458,18 +478,24 @@ def main() -> None:
     # freed, up to 32 MiB, and keeps the freed ones in per-thread arenas): each run's peak memory is then its own, not
     # lowered by what earlier runs left in the allocator. Tensors above 32 MiB (256 MiB states and up) are mapped anyway.
     os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians, {args.settle:g} s settle before each; "
-          f"ratios against torch.save + fsync (plain A); restores from {'disk (page cache dropped)' if args.cold else 'the page cache'}")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians, {args.settle:g} s settle before each; "
+        f"ratios against torch.save + fsync (plain A); restores from {'disk (page cache dropped)' if args.cold else 'the page cache'}"
+    )
     if args.device == "cuda":
-        print(f"state on {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}), every rank on it, gloo; copies go to pinned "
-              "host memory")
+        print(
+            f"state on {torch.cuda.get_device_name(0)} (CUDA {torch.version.cuda}), every rank on it, gloo; copies go to pinned host memory"
+        )
     for world in args.ranks:
         for megabytes in args.mb:
             directory = Path(tempfile.mkdtemp(prefix="legato-bench-", dir=args.dir))
             with mp.Manager() as manager:
                 out = manager.dict()
-                mp.spawn(worker, nprocs=world,
-                         args=(world, free_port(), megabytes, args.rounds, args.settle, args.cold, str(directory), args.device, out))
+                mp.spawn(
+                    worker,
+                    nprocs=world,
+                    args=(world, free_port(), megabytes, args.rounds, args.settle, args.cold, str(directory), args.device, out),
+                )
                 results = dict(out)
             shutil.rmtree(directory, ignore_errors=True)
             anchor = results["control: torch.save + fsync, rank 0 (plain A)"]
@@ -481,9 +507,11 @@ def main() -> None:
                 mib = f"{written[name] / 2**20:11.1f}" if name in written else " " * 11
                 print(f"| {name:<50} | {seconds:7.3f} | {seconds / anchor:5.2f} | {mib} |")
             floor = results[RAW_WRITTEN]
-            print(f"async background write / raw write + fsync of the bytes each rank wrote: {results[BACKGROUND] / floor:.2f}x "
-                  f"beside training, {results[BACKGROUND_ALONE] / floor:.2f}x alone (the slowest rank's hash, write, fsync and "
-                  "report of its share after the staging copy; the writer thread runs at nice 19)")
+            print(
+                f"async background write / raw write + fsync of the bytes each rank wrote: {results[BACKGROUND] / floor:.2f}x "
+                f"beside training, {results[BACKGROUND_ALONE] / floor:.2f}x alone (the slowest rank's hash, write, fsync and "
+                "report of its share after the staging copy; the writer thread runs at nice 19)"
+            )
             print_peaks(peaks, state, args.device)
     sys.stdout.flush()
 
@@ -491,18 +519,23 @@ def main() -> None:
 def print_peaks(peaks: dict[str, float], state: int, device: str) -> None:
     """Peak memory of each run above the plain loop's (which never saves), the largest rank's, against the state."""
     if device == "cuda":
-        print("\npeak memory: not a reading with the state on the GPU. The kernel's high-water mark counts host memory only, "
-              "and on an H200 most rows came out negative (docs/gpu.md, section 7): most likely torch's caching host allocator "
-              "keeps pinned staging (gloo's collectives over CUDA tensors, the checkpoints' copies) from one run for the next, "
-              "so a run's peak depends on the runs before it.")
+        print(
+            "\npeak memory: not a reading with the state on the GPU. The kernel's high-water mark counts host memory only, "
+            "and on an H200 most rows came out negative (docs/gpu.md, section 7): most likely torch's caching host allocator "
+            "keeps pinned staging (gloo's collectives over CUDA tensors, the checkpoints' copies) from one run for the next, "
+            "so a run's peak depends on the runs before it."
+        )
         return
     plain = peaks.pop(PLAIN)
-    print(f"\n{PLAIN}: peak {plain / 2**20:.1f} MiB above its start ({plain / state:.2f}x the state: its model, AdamW's "
-          "moments, gradients, DDP's buckets and the optimizer's temporaries)")
+    print(
+        f"\n{PLAIN}: peak {plain / 2**20:.1f} MiB above its start ({plain / state:.2f}x the state: its model, AdamW's "
+        "moments, gradients, DDP's buckets and the optimizer's temporaries)"
+    )
     print(f"| {'peak memory above the plain loop, largest rank':<50} |     MiB | / state |")
     print(f"| {'-' * 50} | ------- | ------- |")
     for name, value in peaks.items():
         print(f"| {name:<50} | {(value - plain) / 2**20:7.1f} | {(value - plain) / state:7.2f} |")
+
 
 if __name__ == "__main__":
     main()

@@ -13,8 +13,11 @@ import torch
 def require(device: str) -> None:
     """Exit 2 with the fix when `device` is cuda and this torch sees no GPU."""
     if device == "cuda" and not torch.cuda.is_available():
-        print("--device cuda puts the benchmark on the GPU, and this torch sees none. Run it on a GPU machine with a CUDA build "
-              "of torch, or without --device.", file=sys.stderr)
+        print(
+            "--device cuda puts the benchmark on the GPU, and this torch sees none. Run it on a GPU machine with a CUDA build "
+            "of torch, or without --device.",
+            file=sys.stderr,
+        )
         sys.exit(2)
 
 

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PLAIN = '''
+PLAIN = """
 import os
 import torch, torch.distributed as dist, torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -44,7 +44,7 @@ dist.destroy_process_group()
 # Gloo's threads sometimes abort the interpreter's teardown under torchrun ("terminate called without an active
 # exception"), which is not what is measured here.
 os._exit(0)
-'''
+"""
 
 
 def rows(work: Path) -> dict[str, list[str]]:
@@ -52,11 +52,27 @@ def rows(work: Path) -> dict[str, list[str]]:
     plain = work / "plain.py"
     plain.write_text(PLAIN)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(plain)]
-    legato = [sys.executable, "-m", "legato", str(ROOT / "configs" / "mlp.yaml"), "--nproc", "2", "--set", "train.steps=1",
-              "--set", "chaos.signal_at_steps=[]", "--set", f"run.dir={work / 'run'}"]
+    legato = [
+        sys.executable,
+        "-m",
+        "legato",
+        str(ROOT / "configs" / "mlp.yaml"),
+        "--nproc",
+        "2",
+        "--set",
+        "train.steps=1",
+        "--set",
+        "chaos.signal_at_steps=[]",
+        "--set",
+        f"run.dir={work / 'run'}",
+    ]
     wrapper = [sys.executable, "-m", "legato.torchrun", "--standalone", "--nproc-per-node", "2", str(plain)]
-    return {"torchrun + plain script (anchor)": torchrun, "python -m legato, MLP, defaults": legato,
-            "python -m legato.torchrun + plain script": wrapper, "torchrun + plain script (control)": torchrun}
+    return {
+        "torchrun + plain script (anchor)": torchrun,
+        "python -m legato, MLP, defaults": legato,
+        "python -m legato.torchrun + plain script": wrapper,
+        "torchrun + plain script (control)": torchrun,
+    }
 
 
 def timed(cmd: list[str], work: Path) -> tuple[float, float]:

@@ -40,14 +40,27 @@ def main() -> int:
         print(f"{run_dir} exists; give a new --out", file=sys.stderr)
         return 2
     started = time.monotonic()
-    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "run", str(CONFIG), "--set", f"run.dir={run_dir}",
-           "--set", f"slurm.nodes={args.nodes}", "--set", f"train.steps={args.steps}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "legato.orchestrator.cli",
+        "run",
+        str(CONFIG),
+        "--set",
+        f"run.dir={run_dir}",
+        "--set",
+        f"slurm.nodes={args.nodes}",
+        "--set",
+        f"train.steps={args.steps}",
+    ]
     code = subprocess.call(cmd, cwd=ROOT, env=client_env(), stdout=subprocess.DEVNULL)
     wall = time.monotonic() - started
     events = [json.loads(line) for line in (run_dir / "ledger.jsonl").read_text().splitlines()]
     attempts = [e for e in events if e["event"] == Kind.ATTEMPT_STARTED]
-    signals = [min((e for e in events if e["event"] == Kind.STOP_SIGNAL and e["restart"] == a["restart"]), key=lambda e: e["time"],
-                   default=None) for a in attempts]
+    signals = [
+        min((e for e in events if e["event"] == Kind.STOP_SIGNAL and e["restart"] == a["restart"]), key=lambda e: e["time"], default=None)
+        for a in attempts
+    ]
     resumes = {e["restart"]: e for e in events if e["event"] == Kind.RESUMED}
     into, cycles = [], []
     for attempt, sig in zip(attempts, signals):
@@ -58,8 +71,10 @@ def main() -> int:
         if nxt:
             cycles.append(nxt["time"] - sig["time"])
     verified = all(r["match"] for r in resumes.values())
-    print(f"exit {code}; {args.nodes} nodes x 1 task, {args.steps} steps, {len(attempts)} attempts, {wall:.0f}s wall; every resume "
-          f"verified: {verified}")
+    print(
+        f"exit {code}; {args.nodes} nodes x 1 task, {args.steps} steps, {len(attempts)} attempts, {wall:.0f}s wall; every resume "
+        f"verified: {verified}"
+    )
     print("signal s into attempt: " + ", ".join(f"{s:.0f}" for s in into))
     print(
         "signal -> verified resume s: "

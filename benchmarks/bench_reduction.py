@@ -104,23 +104,32 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     bench_device.require(args.device)
     params = sum(p.numel() for p in _model(args.hidden).parameters())
-    print(f"torch {torch.__version__}, {os.cpu_count()} cores, {bench_device.describe(args.device, args.world)}, 1 thread "
-          f"each, model {params / 1e6:.2f}M parameters ({params * 4 / 2**20:.1f} MiB of gradients)")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} cores, {bench_device.describe(args.device, args.world)}, 1 thread "
+        f"each, model {params / 1e6:.2f}M parameters ({params * 4 / 2**20:.1f} MiB of gradients)"
+    )
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(_worker, args=(args.world, free_port(), args, out), nprocs=args.world, join=True)
         result = dict(out)
-    print(f"per-step time; overhead = median over {args.rounds} rounds of (variant block / adjacent plain block), {args.steps} steps a "
-          "block")
-    print(f"   {'plain (DDP layout)':<22} {result['plain'] * 1e3:9.3f} ms/step   overhead  +0.00%   buckets (bytes) "
-          f"{result['buckets']['plain']}")
+    print(
+        f"per-step time; overhead = median over {args.rounds} rounds of (variant block / adjacent plain block), {args.steps} steps a block"
+    )
+    print(
+        f"   {'plain (DDP layout)':<22} {result['plain'] * 1e3:9.3f} ms/step   overhead  +0.00%   buckets (bytes) "
+        f"{result['buckets']['plain']}"
+    )
     for name in VARIANTS:
         ratio = result[name]
         label = "restored (legato)" if name == "restored" else name
-        print(f"   {label:<22} {result['plain'] * ratio * 1e3:9.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%   buckets (bytes) "
-              f"{result['buckets'][name]}")
-    print(f"one-off, rank 0: reading the rebuilt layout ({result['n_buckets']} buckets) {result['read_s'] * 1e3:.2f} ms once per "
-          f"process; restoring it on a resume {result['restore_s'] * 1e3:.2f} ms once per attempt")
+        print(
+            f"   {label:<22} {result['plain'] * ratio * 1e3:9.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%   buckets (bytes) "
+            f"{result['buckets'][name]}"
+        )
+    print(
+        f"one-off, rank 0: reading the rebuilt layout ({result['n_buckets']} buckets) {result['read_s'] * 1e3:.2f} ms once per "
+        f"process; restoring it on a resume {result['restore_s'] * 1e3:.2f} ms once per attempt"
+    )
 
 
 if __name__ == "__main__":

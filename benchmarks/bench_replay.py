@@ -45,8 +45,9 @@ class Bench:
         self.steps, self.batch = steps, batch
         n = batch * steps
         self.data = torch.utils.data.TensorDataset(torch.randn(n, 256), torch.randn(n, 1))
-        self.model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(),
-                                         torch.nn.Linear(1024, 1))
+        self.model = torch.nn.Sequential(
+            torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1)
+        )
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
         self.tmp = tmp
         self.blocks = 0
@@ -72,8 +73,9 @@ class Bench:
         self.blocks += 1
         run_dir = run_dir or self.tmp / f"run{self.blocks}"
         policy = CheckpointPolicy(hash_every_steps=0, replay_steps=k, verify=verify)
-        session = Session(run_dir, model=self.model, optimizer=self.opt, loader=self.loader(), total_steps=self.steps,
-                          checkpoint=policy, **kwargs)
+        session = Session(
+            run_dir, model=self.model, optimizer=self.opt, loader=self.loader(), total_steps=self.steps, checkpoint=policy, **kwargs
+        )
         start = time.perf_counter()
         for x, y in session:
             session.report(self.step(x, y))
@@ -87,7 +89,7 @@ def per_step(b: Bench, rounds: int) -> dict[str, list[float]]:
     ratios: dict[str, list[float]] = {n: [] for n in ["replay off", *names]}
     seconds: dict[str, list[float]] = {n: [] for n in ratios}
     for r in range(rounds + 1):  # round 0 warms up
-        order = names[r % len(names):] + names[: r % len(names)]
+        order = names[r % len(names) :] + names[: r % len(names)]
         for name in order:
             off, _ = b.session(0)
             value = b.plain() if name == "plain" else b.session(int(name[2:]))[0]
@@ -95,8 +97,10 @@ def per_step(b: Bench, rounds: int) -> dict[str, list[float]]:
                 seconds["replay off"].append(off)
                 seconds[name].append(value)
                 ratios[name].append(value / off)
-    return {"seconds": {n: statistics.median(v) for n, v in seconds.items()}, "ratio": {n: statistics.median(v) for n,
-                                                                                        v in ratios.items() if v}}
+    return {
+        "seconds": {n: statistics.median(v) for n, v in seconds.items()},
+        "ratio": {n: statistics.median(v) for n, v in ratios.items() if v},
+    }
 
 
 def parts(b: Bench, repeats: int = 30) -> dict[str, float]:
@@ -119,8 +123,10 @@ def parts(b: Bench, repeats: int = 30) -> dict[str, float]:
         session._saving.held.yielded(tensors)
         session._saving.held.step_ended(i)
         records.append(time.perf_counter() - start)
-    state = sum(t.numel() * t.element_size() for t in [*b.model.parameters(),
-                                                       *(v for s in b.opt.state.values() for v in s.values() if torch.is_tensor(v))])
+    state = sum(
+        t.numel() * t.element_size()
+        for t in [*b.model.parameters(), *(v for s in b.opt.state.values() for v in s.values() if torch.is_tensor(v))]
+    )
     return {"snapshot": statistics.median(takes), "record": statistics.median(records), "bytes": state}
 
 
@@ -164,8 +170,10 @@ def run(args: argparse.Namespace, b: Bench) -> int:
     print(f"torch {torch.__version__}, {os.cpu_count()} cores, {args.threads} thread(s); MLP 256-1024-1024-1 + AdamW, batch {args.batch}")
 
     measured = per_step(b, args.rounds)
-    print(f"\n1. per-step time, 1 process; overhead = median over {args.rounds} rounds of (block / adjacent replay-off block), "
-          f"{args.steps} steps a block")
+    print(
+        f"\n1. per-step time, 1 process; overhead = median over {args.rounds} rounds of (block / adjacent replay-off block), "
+        f"{args.steps} steps a block"
+    )
     for name, seconds in measured["seconds"].items():
         ratio = measured["ratio"].get(name)
         vs = "" if ratio is None else f"   vs replay off {100 * (ratio - 1):+6.2f}%"

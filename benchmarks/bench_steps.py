@@ -66,14 +66,26 @@ class Augmented(Dataset):
 
 def _model() -> torch.nn.Module:
     return torch.nn.Sequential(
-        torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Conv2d(32, 64, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
-        torch.nn.Flatten(), torch.nn.Linear(64 * 8 * 8, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10),
+        torch.nn.Conv2d(3, 32, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(32, 64, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool2d(2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64 * 8 * 8, 256),
+        torch.nn.ReLU(),
+        torch.nn.Linear(256, 10),
     )
 
 
-def _timed_epoch(batches: Iterable, step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor], report: Callable | None,
-                 steps: int, sync: Callable[[], None]) -> float:
+def _timed_epoch(
+    batches: Iterable,
+    step: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    report: Callable | None,
+    steps: int,
+    sync: Callable[[], None],
+) -> float:
     """Seconds per step between the second batch and the last (start-up and the end of the epoch excluded). `sync` waits
     for the GPU at those two batches only, so the steps between them queue their work as the loop would."""
     yielded: list[float] = []
@@ -122,8 +134,9 @@ def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict)
     def loader(epoch: int) -> DataLoader:
         sampler = DistributedSampler(dataset, world, rank, shuffle=True, seed=0, drop_last=True)
         sampler.set_epoch(epoch)
-        return DataLoader(dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers, drop_last=True,
-                          pin_memory=device.type == "cuda")
+        return DataLoader(
+            dataset, batch_size=args.batch, sampler=sampler, num_workers=args.workers, drop_last=True, pin_memory=device.type == "cuda"
+        )
 
     def plain(r: int) -> float:
         dist.barrier()
@@ -132,9 +145,17 @@ def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict)
     def session(label: str, policy: CheckpointPolicy, worker_rng: bool = True) -> Callable[[int], float]:
         def run(r: int) -> float:
             dist.barrier()
-            s = Session(Path(tmp) / f"{label}-{r}", model=model, optimizer=opt, loader=loader(r),
-                        total_steps=args.steps, checkpoint=policy, worker_rng=worker_rng)
+            s = Session(
+                Path(tmp) / f"{label}-{r}",
+                model=model,
+                optimizer=opt,
+                loader=loader(r),
+                total_steps=args.steps,
+                checkpoint=policy,
+                worker_rng=worker_rng,
+            )
             return _timed_epoch(s, step, s.report, args.steps, sync)
+
         return run
 
     every: dict[str, tuple[str, Callable[[int], float]]] = {
@@ -174,21 +195,31 @@ def main() -> int:
     parser.add_argument("--batch", type=int, default=32, help="per-rank batch")
     parser.add_argument("--world", type=int, default=2, help="ranks")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where the model trains (cuda: every rank on GPU 0)")
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS,
-                        help="the Session rows to run beside the plain loop and its control (fewer rows: more rounds in the same time)")
+    parser.add_argument(
+        "--variants",
+        nargs="+",
+        default=list(VARIANTS),
+        choices=VARIANTS,
+        help="the Session rows to run beside the plain loop and its control (fewer rows: more rounds in the same time)",
+    )
     args = parser.parse_args()
     bench_device.require(args.device)
     params = sum(p.numel() for p in _model().parameters())
-    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {bench_device.describe(args.device, args.world)}, 1 thread "
-          f"each, {args.workers} workers a rank, batch {args.batch}, model {params / 1e6:.2f}M parameters + AdamW")
-    print(f"per-step time; overhead = median over {args.rounds} rounds of (variant block / adjacent plain block), "
-          f"{args.steps} steps a block")
+    print(
+        f"torch {torch.__version__}, {os.cpu_count()} CPUs, {bench_device.describe(args.device, args.world)}, 1 thread "
+        f"each, {args.workers} workers a rank, batch {args.batch}, model {params / 1e6:.2f}M parameters + AdamW"
+    )
+    print(
+        f"per-step time; overhead = median over {args.rounds} rounds of (variant block / adjacent plain block), {args.steps} steps a block"
+    )
     with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
         out = manager.dict()
         mp.spawn(_worker, args=(free_port(), args, tmp, out), nprocs=args.world, join=True)
         for name, (seconds, ratio, first, third) in dict(out).items():
-            print(f"   {name:<26} {seconds * 1e3:8.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%   "
-                  f"middle half of the rounds {100 * (first - 1):+6.2f}% .. {100 * (third - 1):+6.2f}%")
+            print(
+                f"   {name:<26} {seconds * 1e3:8.3f} ms/step   overhead {100 * (ratio - 1):+6.2f}%   "
+                f"middle half of the rounds {100 * (first - 1):+6.2f}% .. {100 * (third - 1):+6.2f}%"
+            )
     return 0
 
 

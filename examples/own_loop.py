@@ -35,15 +35,21 @@ def main() -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     legato.seed_everything(seed=42, rank=rank, mode="strict")
 
-    data = torch.utils.data.TensorDataset(torch.randn(256, 8, generator=torch.Generator().manual_seed(0)),
-                                          torch.randn(256, 1, generator=torch.Generator().manual_seed(1)))
+    data = torch.utils.data.TensorDataset(
+        torch.randn(256, 8, generator=torch.Generator().manual_seed(0)), torch.randn(256, 1, generator=torch.Generator().manual_seed(1))
+    )
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.1), torch.nn.ReLU(), torch.nn.Linear(32, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.5)
     loader = legato.resumable_loader(data, batch_size=16, seed=42, rank=rank, world_size=world)
 
     session = legato.Session(
-        args.run_dir, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=args.steps,
+        args.run_dir,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loader=loader,
+        total_steps=args.steps,
         # Steps of this toy take a millisecond: agree every step so the demo signal acts at once.
         checkpoint=legato.CheckpointPolicy(every_steps=10, agree_every_steps=1),
         chaos=legato.Chaos(signal_rank=1, signal_at_steps=tuple(args.signal_at)),

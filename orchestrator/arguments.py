@@ -39,8 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="submit a config and carry it across every stop until training completes")
     run.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
-    run.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML "
-                     "typing)")
+    run.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key (YAML typing)"
+    )
     run.add_argument("--detach", action="store_true", help="return once the job is submitted; `legato watch RUN_DIR` re-attaches")
 
     watch = sub.add_parser("watch", help="follow a run (and supervise it when no supervisor is attached)")
@@ -69,8 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     verify.add_argument("--out", metavar="DIR", help="where the runs go (default runs/verify/<name>-<time>)")
     verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
-    verify.add_argument("--command", dest="run_command", metavar="CMD", help="verify this command instead of a config; {run_dir} stands "
-                        "for its run directory")
+    verify.add_argument(
+        "--command",
+        dest="run_command",
+        metavar="CMD",
+        help="verify this command instead of a config; {run_dir} stands for its run directory",
+    )
     verify.add_argument("--signal-rank", type=int, default=0, help="with --command: the rank that gets the stop signal (default 0)")
 
     plot = sub.add_parser("plot", help="PNG of a run's loss curve with its resume points")
@@ -93,20 +98,37 @@ def build_parser() -> argparse.ArgumentParser:
     rcap.add_argument("--code", action="append", default=[], metavar="PATH", help="your code's directory, for its git state (default: .)")
     rcap.add_argument("--timeout", type=float, default=5.0, metavar="S", help="limit per external command (default %(default)s)")
 
-    dev = sub.add_parser("devcluster", help="a real SLURM cluster on this machine: one node, or N nodes in network namespaces (root, "
-                                            "Debian)")
+    dev = sub.add_parser(
+        "devcluster", help="a real SLURM cluster on this machine: one node, or N nodes in network namespaces (root, Debian)"
+    )
     dev.add_argument("action", choices=("up", "down", "status"))
     dev.add_argument(
-        "--nodes", type=int, nargs="?", const=MULTINODE_ANY, default=None, metavar="N",
+        "--nodes",
+        type=int,
+        nargs="?",
+        const=MULTINODE_ANY,
+        default=None,
+        metavar="N",
         help="the multi-node cluster: N slurmd nodes, each its own network namespace, hostname and munge (with down/status: N may be "
-             "omitted)",
+        "omitted)",
     )
-    dev.add_argument("--cred-expire", type=int, default=Settings.cred_expire_s, metavar="S", help="credential expiry; a requeued job "
-                     "waits S+1 s (default %(default)s)")
-    dev.add_argument("--sched-interval", type=int, default=Settings.sched_interval_s, metavar="S", help="scheduler and backfill "
-                     "interval (default %(default)s)")
-    dev.add_argument("--kill-wait", type=int, default=Settings.kill_wait_s, metavar="S", help="SIGTERM to SIGKILL delay (default "
-                     "%(default)s)")
+    dev.add_argument(
+        "--cred-expire",
+        type=int,
+        default=Settings.cred_expire_s,
+        metavar="S",
+        help="credential expiry; a requeued job waits S+1 s (default %(default)s)",
+    )
+    dev.add_argument(
+        "--sched-interval",
+        type=int,
+        default=Settings.sched_interval_s,
+        metavar="S",
+        help="scheduler and backfill interval (default %(default)s)",
+    )
+    dev.add_argument(
+        "--kill-wait", type=int, default=Settings.kill_wait_s, metavar="S", help="SIGTERM to SIGKILL delay (default %(default)s)"
+    )
     dev.add_argument("--no-accounting", action="store_true", help="no slurmdbd/MariaDB: sacct will not work")
 
     train = sub.add_parser("train", help="run the trainer locally without a scheduler, resuming after every stop until done")

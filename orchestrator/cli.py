@@ -75,8 +75,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     checked = checked_config(args.config, args.overrides)
     cfg = checked.cfg
     for key in checked.hidden:
-        print(f"legato: warning: {key} looks secret; it is redacted in everything legato writes, so the job sees a placeholder. Pass "
-              "secrets through the environment.", file=sys.stderr)
+        print(
+            f"legato: warning: {key} looks secret; it is redacted in everything legato writes, so the job sees a placeholder. Pass "
+            "secrets through the environment.",
+            file=sys.stderr,
+        )
     lock = SupervisorLock(cfg.run_dir)
     lock.acquire()
     try:
@@ -111,12 +114,17 @@ def cmd_watch(args: argparse.Namespace) -> int:
     """`legato watch`: follow a run's progress; take over its supervision when no other supervisor holds it."""
     run_dir = Path(args.run_dir)
     if run_dir.exists() and not run_dir.is_dir():
-        raise UsageError(f"{run_dir} is a file, not a run directory. Pass the run directory a run writes to (run.dir, or the "
-                         "directory given to the script's Session).")
+        raise UsageError(
+            f"{run_dir} is a file, not a run directory. Pass the run directory a run writes to (run.dir, or the "
+            "directory given to the script's Session)."
+        )
     if not has_started(run_dir):
         # Right after sbatch, before the first rank wrote anything: wait for it (a script's run has no config to find).
-        print(f"legato: waiting for a run to start in {run_dir} (nothing has written there yet: a queued job, or a script "
-              "not yet at its Session); Ctrl-C to stop", flush=True)
+        print(
+            f"legato: waiting for a run to start in {run_dir} (nothing has written there yet: a queued job, or a script "
+            "not yet at its Session); Ctrl-C to stop",
+            flush=True,
+        )
         wait_for_start(run_dir, has_started)
     if is_script_run(run_dir):
         return watch_script(run_dir, LiveView(), lambda summary: print(status_table(summary)))
@@ -155,8 +163,11 @@ def _supervise(supervisor: Supervisor) -> int:
             supervisor.cancel()
             print("\nlegato: interrupted; the local job was stopped. Resume later with the same `legato run`.", file=sys.stderr)
         else:
-            print(f"\nlegato: detached; the job keeps running. `legato watch {cfg.run_dir}` re-attaches, `legato cancel {cfg.run_dir}` "
-                  "stops it.", file=sys.stderr)
+            print(
+                f"\nlegato: detached; the job keeps running. `legato watch {cfg.run_dir}` re-attaches, `legato cancel {cfg.run_dir}` "
+                "stops it.",
+                file=sys.stderr,
+            )
         return EXIT_INTERRUPTED
     return _report_end(cfg, code)
 
@@ -176,8 +187,9 @@ def _detach(run_dir: Path) -> int:
         print(f"legato: follow it with `legato watch {handoff.run_dir}`, see it with `legato status {handoff.run_dir}`.")
         return EXIT_OK
     if handoff.exit_code is not None:
-        print(f"legato: the background supervisor exited with code {handoff.exit_code} before submitting; see {handoff.log}.",
-              file=sys.stderr)
+        print(
+            f"legato: the background supervisor exited with code {handoff.exit_code} before submitting; see {handoff.log}.", file=sys.stderr
+        )
         return handoff.exit_code or EXIT_FAILED
     print(f"legato: no job submitted within {DETACH_WAIT_S:.0f}s; see {handoff.log}.", file=sys.stderr)
     return EXIT_FAILED
@@ -259,8 +271,10 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def _verify_phase(config: str):
     def say(phase: str, data: dict) -> None:
         if phase == "planned":
-            print(f"legato: verify {config}: {data['world_size']} ranks, {data['steps']} steps, stop signal to rank "
-                  f"{data['signal_rank']} after steps {data['at']}")
+            print(
+                f"legato: verify {config}: {data['world_size']} ranks, {data['steps']} steps, stop signal to rank "
+                f"{data['signal_rank']} after steps {data['at']}"
+            )
         else:
             print(VERIFY_PHASES[phase])
 
@@ -270,8 +284,10 @@ def _verify_phase(config: str):
 def _verify_command(args: argparse.Namespace) -> int:
     steps = _parse_steps(args.interrupt_at)
     if args.config is not None or not steps:
-        raise UsageError('legato verify --command takes no CONFIG and needs --interrupt-at STEPS, e.g. --command "python train.py '
-                         '{run_dir}" --interrupt-at 7,19.')
+        raise UsageError(
+            'legato verify --command takes no CONFIG and needs --interrupt-at STEPS, e.g. --command "python train.py '
+            '{run_dir}" --interrupt-at 7,19.'
+        )
     split_command(args.run_command)  # refuse a bad command before anything is created
     out = fresh_directory(args.out, "command")
     out.mkdir(parents=True, exist_ok=True)
@@ -322,8 +338,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
     resumed = [e for e in Ledger(run_dir).read() if e["event"] == Kind.RESUMED]
     runs = {"reference": Path(args.reference)} if args.reference else {}
     runs[run_dir.name] = run_dir
-    png = plot_losses(Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, [e["step"] for e in resumed],
-                      replays=replay_spans(resumed))
+    png = plot_losses(
+        Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, [e["step"] for e in resumed], replays=replay_spans(resumed)
+    )
     if png is None:
         raise UsageError("legato plot needs matplotlib: pip install 'legato[plot]'.")
     print(f"legato: wrote {png}")
@@ -430,8 +447,18 @@ def _say_attempt(kind: str, d: dict) -> None:
         print(f"legato: attempt {d['attempt']} failed with exit code {d['code']}; last checkpoint: {where}", file=sys.stderr)
 
 
-COMMANDS = {"verify": cmd_verify, "plot": cmd_plot, "repro": cmd_repro, "devcluster": cmd_devcluster, "run": cmd_run,
-            "watch": cmd_watch, "status": cmd_status, "cancel": cmd_cancel, "logs": cmd_logs, "train": cmd_train}
+COMMANDS = {
+    "verify": cmd_verify,
+    "plot": cmd_plot,
+    "repro": cmd_repro,
+    "devcluster": cmd_devcluster,
+    "run": cmd_run,
+    "watch": cmd_watch,
+    "status": cmd_status,
+    "cancel": cmd_cancel,
+    "logs": cmd_logs,
+    "train": cmd_train,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,10 @@ def hand_off(run_dir: Path, wait_s: float = DETACH_WAIT_S) -> Handoff:
     with open(log_path, "ab") as log_file:
         child = subprocess.Popen(
             [sys.executable, "-m", "legato.orchestrator.cli", "watch", str(run_dir)],
-            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+            stdin=subprocess.DEVNULL,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     handoff = Handoff(run_dir, child.pid, log_path)
     ledger = Ledger(run_dir)

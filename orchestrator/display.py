@@ -97,12 +97,17 @@ class LiveView:
                 f"({_committed_size(e)}), global hash {short(e['global_hash'])}" + _diverged_words(e.get("diverged"))
             ),
             Kind.RESUMED: lambda: (
-                f"{tag}resumed at step {e['step']}: {resharded_label(e['resharded'])}" + _resume_time(e)
-            ) if e.get("resharded") else (
-                f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
-                + (f"verified ✓{except_label(e.get('unregistered'))}" if e["match"]
-                   else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})")
-                + _resume_time(e)
+                (f"{tag}resumed at step {e['step']}: {resharded_label(e['resharded'])}" + _resume_time(e))
+                if e.get("resharded")
+                else (
+                    f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
+                    + (
+                        f"verified ✓{except_label(e.get('unregistered'))}"
+                        if e["match"]
+                        else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})"
+                    )
+                    + _resume_time(e)
+                )
             ),
             Kind.CONTINUED_UNVERIFIED: lambda: f"{tag}{unverified_label(e)}: from here on not proven bitwise with the run's start",
             Kind.CHECKPOINT_FAILED: lambda: f"{tag}{e['message']}",
@@ -194,8 +199,10 @@ def _diverged_words(diverged: dict[str, list[str]] | None) -> str:
     if not diverged:
         return ""
     ranks = ", ".join(sorted(diverged, key=int))
-    return (f"; WARNING: rank(s) {ranks} held replicated state that differs from the copy saved for every rank, so a resume "
-            "from it will fail its verification (see the rank's log)")
+    return (
+        f"; WARNING: rank(s) {ranks} held replicated state that differs from the copy saved for every rank, so a resume "
+        "from it will fail its verification (see the rank's log)"
+    )
 
 
 def _resume_problem(e: dict) -> str:
@@ -226,28 +233,49 @@ def status_table(summary: RunSummary) -> str:
         resumed = "-" if a.resumed_from_step is None else str(a.resumed_from_step)
         env = "-" if a.environment_changed is None else ("CHANGED: " + ",".join(a.environment_changed) if a.environment_changed else "same")
         resume = "-" if a.resume_seconds is None else f"{a.resume_seconds:.2f}"
-        rows.append((str(a.number), a.job_id, str(a.restart), ",".join(a.hosts), str(a.steps_run), resumed, verified, a.replay_text,
-                     resume, ckpt, env, a.ended))
+        rows.append(
+            (
+                str(a.number),
+                a.job_id,
+                str(a.restart),
+                ",".join(a.hosts),
+                str(a.steps_run),
+                resumed,
+                verified,
+                a.replay_text,
+                resume,
+                ckpt,
+                env,
+                a.ended,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     state = summary.state.upper()
     total = summary.total_steps or "?"
-    head = (f"run {summary.run_dir}: {state}, step {summary.step}/{total}, {len(summary.attempts)} attempt(s), "
-            f"{summary.requeues} requeue(s), {summary.resubmissions} resubmission(s)")
+    head = (
+        f"run {summary.run_dir}: {state}, step {summary.step}/{total}, {len(summary.attempts)} attempt(s), "
+        f"{summary.requeues} requeue(s), {summary.resubmissions} resubmission(s)"
+    )
     tail = []
     if summary.excluded_nodes:
         tail.append(f"nodes excluded after they failed: {', '.join(summary.excluded_nodes)}")
     if summary.finished:
         resharded = sum(1 for a in summary.attempts if a.resharded)
-        tail.append(f"final global hash {summary.final_global_hash}; every resume verified: "
-                    f"{'yes' if summary.all_resumes_verified else 'NO'}"
-                    + (f" ({resharded} resharded: chunks checked, not bitwise)" if resharded else ""))
+        tail.append(
+            f"final global hash {summary.final_global_hash}; every resume verified: "
+            f"{'yes' if summary.all_resumes_verified else 'NO'}"
+            + (f" ({resharded} resharded: chunks checked, not bitwise)" if resharded else "")
+        )
     tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
     if summary.unregistered:
         resumed = any(a.resumed_from_step is not None for a in summary.attempts)
-        tail.append(f"resumes verified{except_label(summary.unregistered)} (legato does not save them: register or ignore each)"
-                    if resumed else f"the census found state legato does not save: {', '.join(summary.unregistered)} (register each "
-                    "one training changes, or ignore it)")
+        tail.append(
+            f"resumes verified{except_label(summary.unregistered)} (legato does not save them: register or ignore each)"
+            if resumed
+            else f"the census found state legato does not save: {', '.join(summary.unregistered)} (register each "
+            "one training changes, or ignore it)"
+        )
     if summary.unverified:
         tail.append(f"NOT bitwise from its start: {unverified_label(summary.unverified)}; resumes since are verified from there")
     if summary.failure:

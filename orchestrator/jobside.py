@@ -109,8 +109,12 @@ class TrainTask:
             die_with_parent()
         rank_env = ident.rank_env(cfg.slurm.master_addr)
         if ident.rank == 0:
-            fields = {"executor": ident.executor, "hosts": list(ident.hosts), "world_size": ident.world_size,
-                      "master_addr": rank_env.master_addr}
+            fields = {
+                "executor": ident.executor,
+                "hosts": list(ident.hosts),
+                "world_size": ident.world_size,
+                "master_addr": rank_env.master_addr,
+            }
             ledger.append(Kind.ATTEMPT_STARTED, **ident.tag(), **fields)
         ledger.append(Kind.RANK_STARTED, **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
         if ident.local_rank == 0 and cfg.repro.enabled:
@@ -204,8 +208,15 @@ def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: 
         return
     failures = {name: c["error"] for name, c in manifest["commands"].items() if not c["ok"]}
     digests = {name: info["sha256"] for name, info in manifest["sections"].items()}
-    ledger.append(Kind.REPRO_CAPTURED, **ident.tag(), node=node, path=str(dest), seconds=manifest["capture_seconds"], failures=failures,
-                  sections=digests)
+    ledger.append(
+        Kind.REPRO_CAPTURED,
+        **ident.tag(),
+        node=node,
+        path=str(dest),
+        seconds=manifest["capture_seconds"],
+        failures=failures,
+        sections=digests,
+    )
 
 
 def _code_paths(cfg: Config) -> tuple[Path, ...]:

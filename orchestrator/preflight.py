@@ -30,8 +30,9 @@ class Checked:
     hidden: list[str] = field(default_factory=list)
 
 
-def checked_config(path: str | Path | None, overrides: Sequence[str] = (), executor: str | None = None,
-                   run_dir_matters: bool = True) -> Checked:
+def checked_config(
+    path: str | Path | None, overrides: Sequence[str] = (), executor: str | None = None, run_dir_matters: bool = True
+) -> Checked:
     """The config `path` with `overrides` (and `executor`, as if set with --set), checked as a run would need it.
 
     `run_dir_matters`: whether the config's own run directory is used (`legato run`), so what it holds must fit

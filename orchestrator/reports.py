@@ -19,14 +19,20 @@ def verdict_lines(verdict: Verdict, png: Path | None) -> list[str]:
     """The verdict in words: identical (with counts), or where and why the runs part; then where the plot is."""
     lines = []
     if verdict.identical and verdict.unseeded:
-        lines.append(f"legato: training bitwise identical: {verdict.steps} steps, {_resumes(verdict)}, every loss bit and every "
-                     f"component but {', '.join(verdict.unseeded)} equal at {verdict.checkpoints_compared} checkpoints")
-        lines.append(f"legato: note: the script's unseeded {rng_words(verdict.unseeded)} differ between any two runs "
-                     f"(training never draws from them), so the final hashes differ ({verdict.reference_final_hash} vs "
-                     f"{verdict.run_final_hash}); seed them (random.seed, numpy.random.seed, or legato.seed_everything) for one hash")
+        lines.append(
+            f"legato: training bitwise identical: {verdict.steps} steps, {_resumes(verdict)}, every loss bit and every "
+            f"component but {', '.join(verdict.unseeded)} equal at {verdict.checkpoints_compared} checkpoints"
+        )
+        lines.append(
+            f"legato: note: the script's unseeded {rng_words(verdict.unseeded)} differ between any two runs "
+            f"(training never draws from them), so the final hashes differ ({verdict.reference_final_hash} vs "
+            f"{verdict.run_final_hash}); seed them (random.seed, numpy.random.seed, or legato.seed_everything) for one hash"
+        )
     elif verdict.identical:
-        lines.append(f"legato: bitwise identical: {verdict.steps} steps, {_resumes(verdict)}, "
-                     f"{verdict.checkpoints_compared} checkpoints compared, final hash {verdict.run_final_hash}")
+        lines.append(
+            f"legato: bitwise identical: {verdict.steps} steps, {_resumes(verdict)}, "
+            f"{verdict.checkpoints_compared} checkpoints compared, final hash {verdict.run_final_hash}"
+        )
     else:
         d = verdict.divergence
         if d is not None:
@@ -35,14 +41,15 @@ def verdict_lines(verdict: Verdict, png: Path | None) -> list[str]:
         else:
             lines.append(f"legato: NOT identical: final hash {verdict.reference_final_hash} vs {verdict.run_final_hash}")
         lines.append(f"legato: likely cause: {verdict.cause}")
-    lines += [f"legato: the resume at step {r['step']} was {resharded_label(r['resharded'])}"
-              for r in verdict.resumes if r.get("resharded")]
+    lines += [
+        f"legato: the resume at step {r['step']} was {resharded_label(r['resharded'])}" for r in verdict.resumes if r.get("resharded")
+    ]
     lines.append(f"legato: plot: {png}" if png else "legato: no plot: install matplotlib (pip install 'legato[plot]') for the PNG")
     return lines
 
 
 def _resumes(verdict: Verdict) -> str:
-    """"2 resumes (2 replay-verified)": each resume the ranks proved by replaying steps, from its ledger record."""
+    """ "2 resumes (2 replay-verified)": each resume the ranks proved by replaying steps, from its ledger record."""
     replayed = sum(1 for r in verdict.resumes if r.get("match") and (r.get("replay") or {}).get("identical"))
     return f"{len(verdict.resumes)} resumes ({replayed} replay-verified)"
 

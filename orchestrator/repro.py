@@ -42,11 +42,40 @@ MANIFEST = "manifest.json"
 FORMAT = 1
 # Identity of one job or attempt, not of its environment: recorded, but not a difference.
 VOLATILE_ENV = (
-    "SLURM_JOB_ID", "SLURM_JOBID", "SLURM_RESTART_COUNT", "SLURM_TASK_PID", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",
-    "SLURM_STEP_ID", "SLURM_STEPID", "SLURM_JOB_START_TIME", "SLURM_JOB_END_TIME", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID",
-    "SLURM_STEP_LAUNCHER_PORT", "SLURM_SRUN_COMM_PORT", "SLURM_LAUNCH_NODE_IPADDR", "SLURM_SUBMIT_DIR", "SLURM_SCRIPT_CONTEXT",
-    "SUBMITIT_LOCAL_JOB_ID", "SUBMITIT_FOLDER", "SUBMITIT_LOCAL_GLOBALID", "SUBMITIT_LOCAL_LOCALID", "SUBMITIT_LOCAL_NODEID",
-    "RANK", "LOCAL_RANK", "MASTER_PORT", "OLDPWD", "_", "SHLVL", "TMUX_PANE", "TERM_SESSION_ID", "SSH_CLIENT", "SSH_CONNECTION", "SSH_TTY",
+    "SLURM_JOB_ID",
+    "SLURM_JOBID",
+    "SLURM_RESTART_COUNT",
+    "SLURM_TASK_PID",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NODEID",
+    "SLURM_STEP_ID",
+    "SLURM_STEPID",
+    "SLURM_JOB_START_TIME",
+    "SLURM_JOB_END_TIME",
+    "SLURM_ARRAY_JOB_ID",
+    "SLURM_ARRAY_TASK_ID",
+    "SLURM_STEP_LAUNCHER_PORT",
+    "SLURM_SRUN_COMM_PORT",
+    "SLURM_LAUNCH_NODE_IPADDR",
+    "SLURM_SUBMIT_DIR",
+    "SLURM_SCRIPT_CONTEXT",
+    "SUBMITIT_LOCAL_JOB_ID",
+    "SUBMITIT_FOLDER",
+    "SUBMITIT_LOCAL_GLOBALID",
+    "SUBMITIT_LOCAL_LOCALID",
+    "SUBMITIT_LOCAL_NODEID",
+    "RANK",
+    "LOCAL_RANK",
+    "MASTER_PORT",
+    "OLDPWD",
+    "_",
+    "SHLVL",
+    "TMUX_PANE",
+    "TERM_SESSION_ID",
+    "SSH_CLIENT",
+    "SSH_CONNECTION",
+    "SSH_TTY",
 )
 
 
@@ -197,8 +226,11 @@ def _git_state(label: str, path: Path, r: Redactor, timeout: float) -> str:
 
 
 def _stack() -> str:
-    info: dict[str, Any] = {"python": sys.version.split()[0], "implementation": platform.python_implementation(),
-                            "executable": sys.executable}
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "implementation": platform.python_implementation(),
+        "executable": sys.executable,
+    }
     try:
         import torch
     except ImportError:
@@ -212,8 +244,10 @@ def _stack() -> str:
 
 
 def _host(r: Redactor, threads: str | None = None) -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines() if line.startswith("model name")),
-               platform.processor())
+    cpu = next(
+        (line.split(":", 1)[1].strip() for line in _read("/proc/cpuinfo").splitlines() if line.startswith("model name")),
+        platform.processor(),
+    )
     memory = next((line.split(":", 1)[1].strip() for line in _read("/proc/meminfo").splitlines() if line.startswith("MemTotal")), "?")
     lines = [
         f"hostname {socket.gethostname()}",
@@ -224,8 +258,9 @@ def _host(r: Redactor, threads: str | None = None) -> str:
     ]
     if threads is not None:
         lines.append(f"torch threads per rank {threads}")
-    lines += [f"{k}={v}" for k, v in r.environ({k: v for k,
-                                                v in os.environ.items() if k.startswith("SLURM_")}).items() if not is_fingerprint(v)]
+    lines += [
+        f"{k}={v}" for k, v in r.environ({k: v for k, v in os.environ.items() if k.startswith("SLURM_")}).items() if not is_fingerprint(v)
+    ]
     return "\n".join(lines) + "\n"
 
 

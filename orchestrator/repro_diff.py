@@ -72,6 +72,7 @@ def diff_captures(a: Path, b: Path) -> list[SectionDiff]:
 def _env_diff(a: dict[str, str], b: dict[str, str], same_key: bool) -> list[str]:
     """Like a mapping diff, but a fingerprinted value is only said to have changed; fingerprints made with
     different keys (captures of different run directories) cannot be compared, which is said once."""
+
     def shown(name: str, value: str) -> str:
         return f"{name} (value not recorded)" if is_fingerprint(value) else f"{name}={value}"
 
@@ -91,8 +92,10 @@ def _env_diff(a: dict[str, str], b: dict[str, str], same_key: bool) -> list[str]
         else:
             lines.append(f"~ {k}: {a[k]} -> {b[k]}")
     if incomparable:
-        lines.append(f"? {incomparable} variables recorded by fingerprint only cannot be compared: the captures were keyed by different "
-                     "run directories")
+        lines.append(
+            f"? {incomparable} variables recorded by fingerprint only cannot be compared: the captures were keyed by different "
+            "run directories"
+        )
     return lines
 
 
@@ -139,8 +142,9 @@ def _stack_diff(a: str, b: str) -> list[str]:
     head_a, _, rest_a = a.partition("\n\n")
     head_b, _, rest_b = b.partition("\n\n")
     try:
-        lines = _mapping_diff({k: json.dumps(v) for k, v in json.loads(head_a).items()},
-                              {k: json.dumps(v) for k, v in json.loads(head_b).items()})
+        lines = _mapping_diff(
+            {k: json.dumps(v) for k, v in json.loads(head_a).items()}, {k: json.dumps(v) for k, v in json.loads(head_b).items()}
+        )
     except json.JSONDecodeError:
         lines = _text_diff(head_a, head_b)
     return lines + _text_diff(rest_a, rest_b)

@@ -53,8 +53,9 @@ def check_compatible(cfg: Config) -> None:
         return
     before = load_config(captured)
     differing = changed_leaves(training_identity(before), training_identity(cfg))
-    if cfg.checkpoint.reshard and resumable.global_batch_kept(training_settings(before), training_settings(cfg), before.world_size,
-                                                             cfg.world_size):
+    if cfg.checkpoint.reshard and resumable.global_batch_kept(
+        training_settings(before), training_settings(cfg), before.world_size, cfg.world_size
+    ):
         # Opted into resharding: another world size with the per-rank batch changed to keep the global batch is this training.
         differing = [leaf for leaf in differing if leaf[0] not in ("world_size", resumable.BATCH_KEY)]
     if differing:
@@ -104,8 +105,9 @@ def capture_config(cfg: Config) -> Path:
     data = cfg.to_dict()
     data["run"]["dir"] = str(run_dir)
     path = RunPaths(run_dir).config
-    write_atomic(path, "# Captured by legato run: the resolved config every job of this run reads.\n"
-                 + yaml.safe_dump(data, sort_keys=False))
+    write_atomic(
+        path, "# Captured by legato run: the resolved config every job of this run reads.\n" + yaml.safe_dump(data, sort_keys=False)
+    )
     return path
 
 
@@ -113,8 +115,9 @@ def captured_config(run_dir: Path) -> Path:
     """The config captured in `run_dir` by `legato run`; a UsageError when the directory is not a legato run."""
     path = RunPaths(run_dir).config
     if not path.is_file():
-        raise UsageError(f"{run_dir} is not a legato run directory (it has no {path.name}). Pass the run.dir of a run started with "
-                         "`legato run`.")
+        raise UsageError(
+            f"{run_dir} is not a legato run directory (it has no {path.name}). Pass the run.dir of a run started with `legato run`."
+        )
     return path
 
 
@@ -159,8 +162,14 @@ class SupervisorLock:
 
 def _check_checkpoints(cfg: Config) -> None:
     manifest.check_tree(RunPaths(cfg.run_dir).checkpoints)
-    run = resumable.RunShape(cfg.world_size, training_settings(cfg), resumable.installed_torch_version(), expected_threads(cfg),
-                            cfg.determinism.mode == "strict", cfg.checkpoint.reshard)
+    run = resumable.RunShape(
+        cfg.world_size,
+        training_settings(cfg),
+        resumable.installed_torch_version(),
+        expected_threads(cfg),
+        cfg.determinism.mode == "strict",
+        cfg.checkpoint.reshard,
+    )
     resumable.newest_usable(RunPaths(cfg.run_dir).checkpoints, run)
 
 

@@ -104,7 +104,7 @@ class RunSummary:
 def current_session(events: list[dict]) -> list[dict]:
     """Events since the newest `legato run` (a run directory can be run again after a failure)."""
     starts = [i for i, e in enumerate(events) if e["event"] == Kind.RUN_STARTED]
-    return events[starts[-1]:] if starts else events
+    return events[starts[-1] :] if starts else events
 
 
 def current_job(events: list[dict]) -> str | None:
@@ -181,8 +181,19 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
                 attempt.ended = "ended"
     step = max((a.last_step for a in ordered), default=0)
     return RunSummary(
-        str(run_dir), state, state == Kind.FINISHED, final_hash, failure, total, step, ordered, current_job(events), requeues,
-        resubmissions, excluded, None if unverified is None else {k: unverified.get(k) for k in ("step", "components", "how")},
+        str(run_dir),
+        state,
+        state == Kind.FINISHED,
+        final_hash,
+        failure,
+        total,
+        step,
+        ordered,
+        current_job(events),
+        requeues,
+        resubmissions,
+        excluded,
+        None if unverified is None else {k: unverified.get(k) for k in ("step", "components", "how")},
         sorted(unregistered),
     )
 
@@ -192,11 +203,16 @@ def not_verified(e: dict) -> str:
     replay = e.get("replay") or {}
     first = replay.get("first_divergence") if not replay.get("identical", True) else None
     mismatches = "; ".join(f"rank {r}: {', '.join(n)}" for r, n in (e.get("mismatches") or {}).items())
-    what = (f"restored state differs ({mismatches})" if mismatches else "") + ("; " if mismatches and first else "") + (
-        f"replay diverged first at step {first['step']} on rank {first['rank']}: {first.get('cause')}" if first else "")
-    return (f"{NOT_VERIFIED} at step {e['step']}: {what or 'the state hash differs'}. Fix the cause (the rank's log names it) and "
-            "run the same command again, or go on deliberately from this checkpoint with LEGATO_RESUME=unverified (recorded; the "
-            "run then no longer claims bitwise continuity with its start)")
+    what = (
+        (f"restored state differs ({mismatches})" if mismatches else "")
+        + ("; " if mismatches and first else "")
+        + (f"replay diverged first at step {first['step']} on rank {first['rank']}: {first.get('cause')}" if first else "")
+    )
+    return (
+        f"{NOT_VERIFIED} at step {e['step']}: {what or 'the state hash differs'}. Fix the cause (the rank's log names it) and "
+        "run the same command again, or go on deliberately from this checkpoint with LEGATO_RESUME=unverified (recorded; the "
+        "run then no longer claims bitwise continuity with its start)"
+    )
 
 
 def loop_left(e: dict) -> tuple[str, str]:

@@ -155,7 +155,7 @@ class Supervisor:
 
     def _report_new(self) -> list[dict]:
         events = self.ledger.read()
-        for event in events[self._seen:]:
+        for event in events[self._seen :]:
             self.notify("event", event)
         self._seen = len(events)
         progress = read_progress(self.cfg.run_dir)
@@ -192,9 +192,12 @@ class Supervisor:
         """A job the scheduler can never start ends the run now (exit 1, the reason and the fix), not after hours in the queue."""
         handle.cancel()
         self._cancelled.add(handle.job_id)
-        self._fail(handle.job_id, f"job {handle.job_id} can never start: {self.backend.name} keeps it pending with reason "
-                                  f"{state.reason}, and {state.blocked} Job {handle.job_id} was cancelled; run `legato run` "
-                                  "again once the config is fixed.")
+        self._fail(
+            handle.job_id,
+            f"job {handle.job_id} can never start: {self.backend.name} keeps it pending with reason "
+            f"{state.reason}, and {state.blocked} Job {handle.job_id} was cancelled; run `legato run` "
+            "again once the config is fixed.",
+        )
 
     def _fail(self, job_id: str, reason: str) -> None:
         """The run ends failed (exit 1) because of job `job_id`, for `reason`: one paragraph that names the fix."""
@@ -209,8 +212,10 @@ class Supervisor:
             return
         started = [e for e in session if e["event"] == Kind.ATTEMPT_STARTED and e.get("job_id") == handle.job_id]
         if not started:
-            self._fail(handle.job_id, f"job {handle.job_id} ended ({state}) before any of its tasks started training; see "
-                                      f"`legato logs {self.cfg.run_dir}`")
+            self._fail(
+                handle.job_id,
+                f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs {self.cfg.run_dir}`",
+            )
             return
         lost = [e for e in session if e["event"] == Kind.RANK_LOST and e.get("job_id") == handle.job_id]
         self._submit(session, previous=handle.job_id, reason=f"{state}: {lost[-1]['reason']}" if lost else state)
@@ -218,9 +223,12 @@ class Supervisor:
     def _submit(self, session: list[dict], previous: str | None, reason: str | None) -> None:
         attempts = sum(1 for e in session if e["event"] == Kind.ATTEMPT_STARTED)
         if previous is not None and attempts - 1 >= self.cfg.slurm.max_requeues:
-            self._fail(previous, f"requeue budget exhausted: job {previous} ended ({reason}) after {attempts - 1} interruptions "
-                                 f"and slurm.max_requeues is {self.cfg.slurm.max_requeues}. Raise it, then run `legato run` "
-                                 "again to continue.")
+            self._fail(
+                previous,
+                f"requeue budget exhausted: job {previous} ended ({reason}) after {attempts - 1} interruptions "
+                f"and slurm.max_requeues is {self.cfg.slurm.max_requeues}. Raise it, then run `legato run` "
+                "again to continue.",
+            )
             return
         failed = self._failed_nodes(session, previous)
         excluded = sorted(_excluded(session) | set(failed))
@@ -238,8 +246,13 @@ class Supervisor:
             self.ledger.append(Kind.SUBMITTED, job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
         else:
             self.ledger.append(
-                Kind.RESUBMITTED, job_id=job_id, previous_job_id=previous, reason=reason, attempts_before=attempts,
-                failed_nodes=failed, excluded=excluded,
+                Kind.RESUBMITTED,
+                job_id=job_id,
+                previous_job_id=previous,
+                reason=reason,
+                attempts_before=attempts,
+                failed_nodes=failed,
+                excluded=excluded,
             )
 
     def _failed_nodes(self, session: list[dict], previous: str | None) -> dict[str, str]:

@@ -227,8 +227,10 @@ def diagnose(v: Verdict, complete: bool) -> str:
         replay = first.get("replay") or {}
         if not names and replay.get("first_divergence"):
             d = replay["first_divergence"]
-            return (f"the resume at step {first['step']} failed its replay, which diverged first at step {d['step']} "
-                    f"(rank {d['rank']}): {d['cause']}.")
+            return (
+                f"the resume at step {first['step']} failed its replay, which diverged first at step {d['step']} "
+                f"(rank {d['rank']}): {d['cause']}."
+            )
         return _unrestored(names, first["step"])
     d = v.divergence
     if d is None:
@@ -287,13 +289,20 @@ def _unrestored(names: list[str], step: int) -> str:
     if "model" in names:
         parts.append("the model weights were not restored")
     if "buckets" in names:
-        parts.append("DDP's gradient bucket layout was not restored (reduction order: with 3 or more ranks the resumed steps "
-                     "sum gradients in another order than the uninterrupted run)")
+        parts.append(
+            "DDP's gradient bucket layout was not restored (reduction order: with 3 or more ranks the resumed steps "
+            "sum gradients in another order than the uninterrupted run)"
+        )
     if "forward_sync" in names:
-        parts.append("DDP's forward-sync flag was not restored (the resumed step broadcasts rank 0's buffers where the run did not, "
-                     "or the reverse)")
-    rest = [n for n in names if not n.startswith("rng.") and n not in ("data", "optimizer", "scheduler", "scaler", "model", "counters",
-                                                                       "metrics", "buckets", "forward_sync")]
+        parts.append(
+            "DDP's forward-sync flag was not restored (the resumed step broadcasts rank 0's buffers where the run did not, or the reverse)"
+        )
+    rest = [
+        n
+        for n in names
+        if not n.startswith("rng.")
+        and n not in ("data", "optimizer", "scheduler", "scaler", "model", "counters", "metrics", "buckets", "forward_sync")
+    ]
     if rest:
         parts.append(f"these components were not restored: {', '.join(rest)}")
     if not parts:

@@ -54,8 +54,9 @@ def launch(argv: list[str], run_dir: Path, log: Path, env: dict[str, str], timeo
     """Run `argv` once with the run directory in place of its placeholder, its output to `log`; the exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
-        proc = subprocess.run([a.replace(PLACEHOLDER, str(run_dir)) for a in argv], env=env, stdout=out, stderr=subprocess.STDOUT,
-                              timeout=timeout_s)
+        proc = subprocess.run(
+            [a.replace(PLACEHOLDER, str(run_dir)) for a in argv], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s
+        )
     return proc.returncode
 
 
@@ -72,8 +73,9 @@ def run_interrupted(argv: list[str], out: Path, steps: list[int], signal_rank: i
     return code
 
 
-def verify_command(text: str, steps: list[int], out: Path, signal_rank: int = 0, timeout_s: float = 3600,
-                   phase: Phase = lambda name, data: None) -> tuple[Verdict | None, str]:
+def verify_command(
+    text: str, steps: list[int], out: Path, signal_rank: int = 0, timeout_s: float = 3600, phase: Phase = lambda name, data: None
+) -> tuple[Verdict | None, str]:
     """The verdict for `text` interrupted after `steps`, or None and why no comparison was possible; `phase` hears each launch
     as it starts: "reference", "interrupted" (its attempt) and "again", each with its log's path."""
     argv = split_command(text)

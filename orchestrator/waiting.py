@@ -19,7 +19,7 @@ def waiting_job(session: list[dict], now: float) -> dict | None:
     states = [i for i, e in enumerate(session) if e["event"] == Kind.JOB_STATE and str(e.get("job_id")) == str(job_id)]
     if job_id is None or not states or session[states[-1]]["state"] != PENDING:
         return None
-    later = session[states[-1]:]
+    later = session[states[-1] :]
     if any(e["event"] == Kind.ATTEMPT_STARTED or e["event"] in TERMINAL for e in later):
         return None
     # A job's first pending state is recorded at the first poll after its submission: it has waited since then.

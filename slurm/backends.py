@@ -19,5 +19,6 @@ def backend_for(executor_name: str) -> Backend:
     try:
         return BACKENDS[executor_name]()
     except KeyError:
-        raise UsageError(f"executor is {executor_name!r}; legato runs jobs with {' or '.join(BACKENDS)} only. Set executor to one of "
-                         "them.") from None
+        raise UsageError(
+            f"executor is {executor_name!r}; legato runs jobs with {' or '.join(BACKENDS)} only. Set executor to one of them."
+        ) from None

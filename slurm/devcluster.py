@@ -127,8 +127,9 @@ def install_packages(say, packages: tuple[str, ...] = PACKAGES, binaries: tuple[
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
         proc = subprocess.run(install, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise UsageError("apt-get could not install SLURM: "
-                             f"{proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}")
+            raise UsageError(
+                f"apt-get could not install SLURM: {proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else proc.returncode}"
+            )
 
 
 # -- daemons -----------------------------------------------------------------
@@ -137,8 +138,9 @@ def install_packages(say, packages: tuple[str, ...] = PACKAGES, binaries: tuple[
 def _start(name: str, cmd: list[str], user: str | None = None) -> Daemon:
     log_path = STATE_DIR / f"{name}.log"
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, user=user,
-                                env=_daemon_environ())
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, user=user, env=_daemon_environ()
+        )
     return Daemon(name, proc.pid, str(log_path))
 
 

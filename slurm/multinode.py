@@ -185,8 +185,9 @@ def _check_tools() -> None:
         )
     leftovers = [n for n in (BRIDGE, *(Node(i).veth for i in range(1, MAX_NODES + 1))) if netns.link_exists(n)]
     if leftovers:
-        raise UsageError(f"devcluster --nodes: {', '.join(leftovers)} exist but are not recorded as ours; remove them with `ip link "
-                         "delete` first.")
+        raise UsageError(
+            f"devcluster --nodes: {', '.join(leftovers)} exist but are not recorded as ours; remove them with `ip link delete` first."
+        )
 
 
 def _build(state: State, settings: Settings) -> None:
@@ -213,8 +214,9 @@ def _build(state: State, settings: Settings) -> None:
     for node in nodes:
         _munge_dir(node.dir / "munge")
         state.add(_start(f"munged-{node.name}", netns.node_command(node.name, node.name, _binds(node), _munged())))
-    _wait(lambda: all((n.dir / "munge" / MUNGE_SOCKET.name).exists() for n in nodes) and MUNGE_SOCKET.exists(), "munge on every node",
-          state)
+    _wait(
+        lambda: all((n.dir / "munge" / MUNGE_SOCKET.name).exists() for n in nodes) and MUNGE_SOCKET.exists(), "munge on every node", state
+    )
     state.add(_start("slurmctld", netns.named_command(CONTROLLER, ["slurmctld", "-D", "-i", "-f", str(SLURM_CONF)])))
     for node in nodes:
         cmd = ["slurmd", "-D", "-N", node.name, "-f", str(SLURM_CONF)]
@@ -241,9 +243,17 @@ def _munge_dir(path: Path) -> None:
 def _munged() -> list[str]:
     """munged as user munge, with its socket, pid, seed and log in the (per node bind-mounted) munge directory."""
     return [
-        "setpriv", "--reuid=munge", "--regid=munge", "--init-groups",
-        "munged", "-F", "--force", f"--socket={MUNGE_SOCKET}", f"--pid-file={MUNGE_DIR / 'munged.pid'}",
-        f"--seed-file={MUNGE_DIR / 'munged.seed'}", f"--log-file={MUNGE_DIR / 'munged.log'}",
+        "setpriv",
+        "--reuid=munge",
+        "--regid=munge",
+        "--init-groups",
+        "munged",
+        "-F",
+        "--force",
+        f"--socket={MUNGE_SOCKET}",
+        f"--pid-file={MUNGE_DIR / 'munged.pid'}",
+        f"--seed-file={MUNGE_DIR / 'munged.seed'}",
+        f"--log-file={MUNGE_DIR / 'munged.log'}",
     ]
 
 
@@ -274,8 +284,9 @@ def _write_conf(settings: Settings, nodes: list[Node]) -> None:
 def _start(name: str, cmd: list[str]) -> Daemon:
     log_path = STATE_DIR / f"{name}.out"
     with open(log_path, "ab") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=client_env())
+        proc = subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=client_env()
+        )
     return Daemon(name, proc.pid, str(log_path))
 
 
@@ -306,8 +317,9 @@ def _wait(ready, what: str, state: State) -> None:
             return
         dead = [d for d in state.daemon_list() if not d.alive()]
         if dead:
-            raise UsageError(f"devcluster --nodes: {dead[0].name} exited while waiting for {what}; see {dead[0].log} and the logs under "
-                             f"{STATE_DIR}.")
+            raise UsageError(
+                f"devcluster --nodes: {dead[0].name} exited while waiting for {what}; see {dead[0].log} and the logs under {STATE_DIR}."
+            )
         time.sleep(0.2)
     raise UsageError(f"devcluster --nodes: gave up waiting for {what} after {READY_TIMEOUT_S:.0f}s; see the logs under {STATE_DIR}.")
 

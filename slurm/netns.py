@@ -105,8 +105,22 @@ def node_command(ns: str, hostname: str, binds: list[tuple[Path, Path]], command
     """The argument list that runs `command` on node `ns` under `hostname`, with `binds` (source, target) mounted."""
     pairs = [str(p) for pair in binds for p in pair]
     return [
-        "nsenter", f"--net={NETNS_DIR / ns}", "unshare", "--mount", "--uts", "--propagation", "private", "--",
-        "sh", "-c", _ENTER, "legato-node", hostname, *pairs, "--", *command,
+        "nsenter",
+        f"--net={NETNS_DIR / ns}",
+        "unshare",
+        "--mount",
+        "--uts",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        _ENTER,
+        "legato-node",
+        hostname,
+        *pairs,
+        "--",
+        *command,
     ]
 
 

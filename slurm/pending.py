@@ -31,8 +31,15 @@ TRANSIENT = {
     "Reservation": "waiting for its reservation to start",
     "None": "not yet considered by the scheduler",
 }
-NEVER_CLEARS = ("PartitionNodeLimit", "PartitionConfig", "PartitionTimeLimit", "InvalidAccount", "InvalidQOS", "ReqNodeNotAvail",
-                "BadConstraints")
+NEVER_CLEARS = (
+    "PartitionNodeLimit",
+    "PartitionConfig",
+    "PartitionTimeLimit",
+    "InvalidAccount",
+    "InvalidQOS",
+    "ReqNodeNotAvail",
+    "BadConstraints",
+)
 
 
 def reason_word(reason: str) -> str:
@@ -57,17 +64,25 @@ def blocked(job_id: str, reason: str | None) -> str | None:
         return _node_limit(job, partition, word == "PartitionNodeLimit")
     if word == "PartitionTimeLimit":
         limit = _fields(["scontrol", "show", "partition", partition, "-o"]).get("MaxTime", "?")
-        return (f"its time limit ({job.get('TimeLimit', '?')}) is above partition {partition}'s MaxTime ({limit}). Lower "
-                "slurm.time_min to fit, or pick a partition that allows it (slurm.partition).")
+        return (
+            f"its time limit ({job.get('TimeLimit', '?')}) is above partition {partition}'s MaxTime ({limit}). Lower "
+            "slurm.time_min to fit, or pick a partition that allows it (slurm.partition)."
+        )
     if word == "InvalidAccount":
-        return (f"SLURM does not accept account {job.get('Account', '?')!r} for this user on partition {partition}. Set "
-                "slurm.account to one that `sacctmgr show assoc user=$USER` lists, or leave it empty for the default.")
+        return (
+            f"SLURM does not accept account {job.get('Account', '?')!r} for this user on partition {partition}. Set "
+            "slurm.account to one that `sacctmgr show assoc user=$USER` lists, or leave it empty for the default."
+        )
     if word == "InvalidQOS":
-        return (f"SLURM does not accept QOS {job.get('QOS', '?')!r} for this account on partition {partition}. Set slurm.qos "
-                "to one that `sacctmgr show assoc user=$USER format=account,qos` lists, or leave it empty for the default.")
+        return (
+            f"SLURM does not accept QOS {job.get('QOS', '?')!r} for this account on partition {partition}. Set slurm.qos "
+            "to one that `sacctmgr show assoc user=$USER format=account,qos` lists, or leave it empty for the default."
+        )
     if word == "BadConstraints":
-        return (f"no node of partition {partition} has the features it asks for (constraints {job.get('Features', '?')!r}). "
-                "Fix or remove the constraint in slurm.extra_sbatch.")
+        return (
+            f"no node of partition {partition} has the features it asks for (constraints {job.get('Features', '?')!r}). "
+            "Fix or remove the constraint in slurm.extra_sbatch."
+        )
     return _missing_nodes(reason or "")
 
 
@@ -98,8 +113,10 @@ def _missing_nodes(reason: str) -> str | None:
     missing = [name for name in names if processes.output(["scontrol", "show", "node", name, "-o"]) is None]
     if not missing:
         return None
-    return (f"it requires node(s) {', '.join(missing)}, which this cluster does not have. Remove them from the job's node "
-            "list (slurm.extra_sbatch: nodelist).")
+    return (
+        f"it requires node(s) {', '.join(missing)}, which this cluster does not have. Remove them from the job's node "
+        "list (slurm.extra_sbatch: nodelist)."
+    )
 
 
 def _fields(cmd: list[str]) -> dict[str, str]:

@@ -40,9 +40,11 @@ def slurm_conf(
     """slurm.conf's text for a dev cluster named `cluster`: `controller` is SlurmctldHost, `node_lines` its
     NodeName lines, `files` where state, pids and logs go (slurm.conf key -> path), `extra` lines of its own."""
     auth = f"cred_expire={settings.cred_expire_s}" + (f",socket={munge_socket}" if munge_socket else "")
-    accounting = ["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost"] if settings.accounting else [
-        "AccountingStorageType=accounting_storage/none"
-    ]
+    accounting = (
+        ["AccountingStorageType=accounting_storage/slurmdbd", "AccountingStorageHost=localhost"]
+        if settings.accounting
+        else ["AccountingStorageType=accounting_storage/none"]
+    )
     lines = [
         f"ClusterName={cluster}",
         f"SlurmctldHost={controller}",

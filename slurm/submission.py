@@ -84,8 +84,11 @@ def visible_gpus() -> tuple[int, ...]:
     if visible is not None:
         names = [item.strip() for item in visible.split(",") if item.strip()]
         if not all(name.isdigit() for name in names):
-            log.warning("CUDA_VISIBLE_DEVICES=%s names GPUs by UUID; submitit's local executor takes indices only, so the "
-                        "local job sees only the indexed ones. Name the GPUs by index to train on all of them.", visible)
+            log.warning(
+                "CUDA_VISIBLE_DEVICES=%s names GPUs by UUID; submitit's local executor takes indices only, so the "
+                "local job sees only the indexed ones. Name the GPUs by index to train on all of them.",
+                visible,
+            )
         return tuple(int(name) for name in names if name.isdigit())
     if shutil.which("nvidia-smi") is None:
         return ()

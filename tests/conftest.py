@@ -54,8 +54,9 @@ FAST_GPT = (
 )
 
 # torch.compile on the CPU builds its kernels with the C++ compiler inductor looks for ($CXX, else g++).
-NEEDS_CXX = pytest.mark.skipif(shutil.which(os.environ.get("CXX") or "g++") is None,
-                               reason="torch.compile on the CPU needs a C++ compiler ($CXX or g++)")
+NEEDS_CXX = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX") or "g++") is None, reason="torch.compile on the CPU needs a C++ compiler ($CXX or g++)"
+)
 
 LAYERS = ("unit", "e2e", "cluster")
 
@@ -117,8 +118,16 @@ def run_ranks(cmd: list[str], world_size: int = 2, timeout: float = 180, **env: 
     with contextlib.ExitStack() as files:
         logs = [files.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in range(world_size)]
         for rank in range(world_size):
-            full = dict(os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1",
-                        MASTER_PORT=str(port), PYTHONWARNINGS="ignore", **env)
+            full = dict(
+                os.environ,
+                PYTHONHASHSEED="0",
+                RANK=str(rank),
+                WORLD_SIZE=str(world_size),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                PYTHONWARNINGS="ignore",
+                **env,
+            )
             procs.append(subprocess.Popen(cmd, env=full, stderr=logs[rank], text=True))
         try:
             codes = [p.wait(timeout=timeout) for p in procs]
@@ -140,8 +149,9 @@ def _hung(procs: list[subprocess.Popen], logs: list, timeout: float) -> str:
     for rank in hung:
         with contextlib.suppress(subprocess.TimeoutExpired):
             procs[rank].wait(timeout=30)
-    tails = "\n".join(f"--- rank {rank} (exit {p.poll()}) stderr tail:\n{_read(log)[-6000:]}"
-                      for rank, (p, log) in enumerate(zip(procs, logs)))
+    tails = "\n".join(
+        f"--- rank {rank} (exit {p.poll()}) stderr tail:\n{_read(log)[-6000:]}" for rank, (p, log) in enumerate(zip(procs, logs))
+    )
     return f"ranks {hung} still ran after {timeout:.0f}s; their stacks follow (SIGABRT)\n{tails}"
 
 
@@ -187,8 +197,14 @@ def fit_run(run_dir: Path, loader: object, total_steps: int, features: int) -> o
     import legato
 
     model = torch.nn.Linear(features, 1)
-    session = legato.Session(run_dir, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), loader=loader,
-                             total_steps=total_steps, checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    session = legato.Session(
+        run_dir,
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        loader=loader,
+        total_steps=total_steps,
+        checkpoint=legato.CheckpointPolicy(replay_steps=0),
+    )
     for x, y in session:
         session.report(fit_step(model, session.optimizer, x, y))
     return session

@@ -25,10 +25,26 @@ from legato.config_read import apply_override, read_yaml
 from legato.errors import UsageError
 
 __all__ = [
-    "KEEP_LAST_MAX", "MINUTES_MAX", "REQUIRED", "SECONDS_MAX", "STEPS_MAX", "ChaosSection", "CheckpointSection", "Config",
-    "DeterminismSection", "Fsdp2Section", "LocalSection", "ReproSection", "RunSection", "SETTINGS_ADDED_LATER", "SlurmSection",
+    "KEEP_LAST_MAX",
+    "MINUTES_MAX",
+    "REQUIRED",
+    "SECONDS_MAX",
+    "STEPS_MAX",
+    "ChaosSection",
+    "CheckpointSection",
+    "Config",
+    "DeterminismSection",
+    "Fsdp2Section",
+    "LocalSection",
+    "ReproSection",
+    "RunSection",
+    "SETTINGS_ADDED_LATER",
+    "SlurmSection",
     "TrainSection",
-    "config_from_dict", "load_config", "training_identity", "training_settings",
+    "config_from_dict",
+    "load_config",
+    "training_identity",
+    "training_settings",
 ]
 
 SLURM_SIGNAL_CHECK_S = 30  # slurmctld looks at time limits (and sends --signal) on this fixed interval
@@ -73,8 +89,9 @@ class SlurmSection:
     account: str | None = option(None, doc="sbatch account; empty for the cluster's default")
     qos: str | None = option(None, doc="sbatch quality of service; empty for the cluster's default")
     signal: str = option("USR2", doc="stop signal the scheduler sends before the limit; the trainer listens for it")
-    signal_lead_s: int = option(90, minimum=1, maximum=SECONDS_MAX, doc="seconds before the time limit the stop signal comes "
-                                "(--signal=USR2@90)")
+    signal_lead_s: int = option(
+        90, minimum=1, maximum=SECONDS_MAX, doc="seconds before the time limit the stop signal comes (--signal=USR2@90)"
+    )
     master_addr: str | None = option(None, doc="address where the ranks meet; empty means the job's first node")
     handle_sigterm: bool = option(False, doc="treat SIGTERM like the stop signal too")
     max_requeues: int = option(10, minimum=0, maximum=100_000, doc="budget shared by requeues and resubmissions")
@@ -106,12 +123,17 @@ class SlurmSection:
 class Fsdp2Section:
     """How the bundled loop shards the model under `train.parallel: fsdp2` (torch's fully_shard, per block then the root)."""
 
-    param_dtype: str = option("float32", choices=("float32", "bfloat16"), doc="dtype the sharded parameters are gathered and computed in "
-                              "(MixedPrecisionPolicy.param_dtype)")
-    reduce_dtype: str = option("float32", choices=("float32", "bfloat16"), doc="dtype gradients are reduce-scattered in "
-                               "(MixedPrecisionPolicy.reduce_dtype)")
-    reshard_after_forward: bool = option(True, doc="free each block's gathered parameters after its forward; false keeps them for the "
-                                         "backward and across micro-batches")
+    param_dtype: str = option(
+        "float32",
+        choices=("float32", "bfloat16"),
+        doc="dtype the sharded parameters are gathered and computed in (MixedPrecisionPolicy.param_dtype)",
+    )
+    reduce_dtype: str = option(
+        "float32", choices=("float32", "bfloat16"), doc="dtype gradients are reduce-scattered in (MixedPrecisionPolicy.reduce_dtype)"
+    )
+    reshard_after_forward: bool = option(
+        True, doc="free each block's gathered parameters after its forward; false keeps them for the backward and across micro-batches"
+    )
     activation_checkpointing: bool = option(False, doc="recompute each block's activations in the backward (torch.utils.checkpoint)")
 
 
@@ -127,16 +149,27 @@ class TrainSection:
     warmup_steps: int = option(5, minimum=0, maximum=STEPS_MAX, doc="learning-rate warmup steps")
     num_workers: int = option(0, minimum=0, maximum=256, doc="DataLoader worker processes per rank")
     amp: bool = option(False, doc="train under autocast (mixed precision)")
-    amp_dtype: str = option("auto", choices=("auto", "bfloat16", "float16"), doc="autocast dtype with amp; auto is float16 on CUDA "
-                            "(with GradScaler), bfloat16 on CPU")
+    amp_dtype: str = option(
+        "auto",
+        choices=("auto", "bfloat16", "float16"),
+        doc="autocast dtype with amp; auto is float16 on CUDA (with GradScaler), bfloat16 on CPU",
+    )
     device: str = option("auto", choices=("auto", "cpu", "cuda"), doc="auto trains on CUDA when the machine has it")
     backend: str = option("auto", choices=("auto", "nccl", "gloo"), doc="auto is NCCL when each local rank has its own GPU, else gloo")
     collective_timeout_s: int = option(300, minimum=1, maximum=SECONDS_MAX, doc="how long a collective may wait for the other ranks")
     options: dict = option({}, free_text=True, doc="settings passed through to the task or entrypoint (texts may span lines)")
-    parallel: str = option("ddp", choices=("ddp", "fsdp2"), doc="how the bundled loop spreads the model over the ranks: replicated "
-                           "(DistributedDataParallel) or sharded (FSDP2's fully_shard)")
-    accumulate: int = option(1, minimum=1, maximum=4096, doc="micro-batches per optimizer step (gradient accumulation); each is "
-                             "batch_size / accumulate samples, gradients reduced after the last only")
+    parallel: str = option(
+        "ddp",
+        choices=("ddp", "fsdp2"),
+        doc="how the bundled loop spreads the model over the ranks: replicated (DistributedDataParallel) or sharded (FSDP2's fully_shard)",
+    )
+    accumulate: int = option(
+        1,
+        minimum=1,
+        maximum=4096,
+        doc="micro-batches per optimizer step (gradient accumulation); each is "
+        "batch_size / accumulate samples, gradients reduced after the last only",
+    )
     fsdp2: Fsdp2Section = field(default_factory=Fsdp2Section)
 
 
@@ -154,25 +187,31 @@ class CheckpointSection:
     keep_last: int = option(3, minimum=1, maximum=KEEP_LAST_MAX, doc="checkpoints kept; older ones are pruned")
     verify: str = option("error", choices=("error", "warn"), doc="warn turns a failed resume verification into a warning")
     hash_every_steps: int = option(10, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps")
-    agree_every_steps: int = option(0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a "
-                                                                         "second apart")
+    agree_every_steps: int = option(
+        0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a second apart"
+    )
     # The default is chosen from measurements in docs/benchmarks.md.
-    replay_steps: int = option(32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and "
-                                                                     "compares; 0 for off")
+    replay_steps: int = option(
+        32, minimum=0, maximum=STEPS_MAX, doc="keep a replay base at most K steps back; a resume replays it and compares; 0 for off"
+    )
     # None: on when the model lives on a GPU, where the device-to-pinned-host copy blocks about 0.01x a synchronous write
     # (docs/gpu.md); off on the CPU, where the two measured a tie end to end (docs/benchmarks.md) and the copy would only
     # cost host memory. Written by legato.store.async_checkpoint.
     async_: bool | None = option(
         None, key="async", doc="periodic checkpoints copy the state and write it in the background; unset: on when the model is on a GPU"
     )
-    reshard: bool = option(False, doc="resume an FSDP2 checkpoint written by another world size, resharded: data position exact, "
-                                      "not bitwise (docs/fsdp2.md)")
+    reshard: bool = option(
+        False, doc="resume an FSDP2 checkpoint written by another world size, resharded: data position exact, not bitwise (docs/fsdp2.md)"
+    )
     # So that a resume replays a bounded time whatever the step time: 32 steps of 5 s were 160 s of replay, a quarter of
     # the 10-minute interval. Each new base costs a memory copy of the state (docs/exactness.md); legato.session.base_clock
     # decides when.
     replay_seconds: float | None = option(
-        None, minimum=0, maximum=SECONDS_MAX, doc="...and at most this many seconds back (each new base is a memory copy of the state); "
-        "unset: a tenth of every_minutes, or 60 s without it; 0 for the steps bound alone"
+        None,
+        minimum=0,
+        maximum=SECONDS_MAX,
+        doc="...and at most this many seconds back (each new base is a memory copy of the state); "
+        "unset: a tenth of every_minutes, or 60 s without it; 0 for the steps bound alone",
     )
 
 
@@ -192,13 +231,16 @@ class ChaosSection:
     signal_rank: int = option(0, minimum=0, maximum=10**6, doc="the rank chaos signals; below the world size")
     signal_at_steps: list = option([], doc="after each listed step, signal_rank sends itself the stop signal")
     preempt_every_s: float = option(
-        0.0, minimum=0, maximum=SECONDS_MAX, doc="the supervisor signals every task this many seconds after each attempt began "
-                                                 "training, 0 for off"
+        0.0,
+        minimum=0,
+        maximum=SECONDS_MAX,
+        doc="the supervisor signals every task this many seconds after each attempt began training, 0 for off",
     )
     step_sleep_s: float = option(0.0, minimum=0, maximum=60, doc="every rank sleeps this long after each trained step (a slow node)")
     skip_restore: list = option([], doc="state components left unrestored on resume (fault injection): numpy, loader, data, optimizer, ...")
-    consume_rng_after_restore: list = option([], doc="draw from these RNGs (python, numpy, torch) right after the restore (fault "
-                                                     "injection)")
+    consume_rng_after_restore: list = option(
+        [], doc="draw from these RNGs (python, numpy, torch) right after the restore (fault injection)"
+    )
     kill_in_checkpoint: int = option(0, minimum=0, maximum=STEPS_MAX, doc="SIGKILL every rank while writing this step's checkpoint")
     kill_point: str = option(
         "after_shards", choices=("after_shards", "after_manifest", "before_publish"), doc="where in that checkpoint write the kill comes"
@@ -300,8 +342,10 @@ def _check_required(raw: dict, source: str) -> None:
         if any(_given(raw, key) for key in keys):
             continue
         either = f" (or {' or '.join(keys[1:])})" if len(keys) > 1 else ""
-        raise UsageError(f"{source}: {keys[0]}{either} is missing; it says {says}, and a config file must say that itself rather "
-                         f"than fall back to a default. Add it under {keys[0].split('.')[0]}:, or pass --set {keys[0]}=...")
+        raise UsageError(
+            f"{source}: {keys[0]}{either} is missing; it says {says}, and a config file must say that itself rather "
+            f"than fall back to a default. Add it under {keys[0].split('.')[0]}:, or pass --set {keys[0]}=..."
+        )
 
 
 def _given(raw: dict, key: str) -> bool:

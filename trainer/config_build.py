@@ -46,13 +46,25 @@ MAX_PLAIN_DEPTH = 32
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 # Free text (values a task or entrypoint reads) may span lines and hold tabs, but never a CR (CRLF) or another control.
 _FREE_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029]")
-_CONTROL_NAMES = {"\x00": "a NUL byte", "\n": "a line break (LF)", "\r": "a carriage return (CR, as in Windows line ends)",
-                  "\t": "a tab", "\x85": "a next-line character (NEL, U+0085)", "\u2028": "a line separator (U+2028)",
-                  "\u2029": "a paragraph separator (U+2029)"}
+_CONTROL_NAMES = {
+    "\x00": "a NUL byte",
+    "\n": "a line break (LF)",
+    "\r": "a carriage return (CR, as in Windows line ends)",
+    "\t": "a tab",
+    "\x85": "a next-line character (NEL, U+0085)",
+    "\u2028": "a line separator (U+2028)",
+    "\u2029": "a paragraph separator (U+2029)",
+}
 
 
 def option(
-    default: Any, *, choices: tuple = (), minimum: float | None = None, maximum: float | None = None, doc: str = "", key: str = "",
+    default: Any,
+    *,
+    choices: tuple = (),
+    minimum: float | None = None,
+    maximum: float | None = None,
+    doc: str = "",
+    key: str = "",
     free_text: bool = False,
 ) -> Any:
     """A config field; `key` spells its YAML name where that is a Python keyword (checkpoint.async); `free_text`: the
@@ -90,8 +102,7 @@ def build(cls: type, raw: Any, prefix: str, source: str) -> Any:
         close = difflib.get_close_matches(key, list(fields), n=1)
         hint = f" Did you mean {prefix}{close[0]}?" if close else ""
         raise UsageError(
-            f"{source}: {prefix}{key} is not a known key.{hint} Valid keys in {label}: "
-            f"{', '.join(fields)}. Fix or remove the key."
+            f"{source}: {prefix}{key} is not a known key.{hint} Valid keys in {label}: {', '.join(fields)}. Fix or remove the key."
         )
     values = {}
     for name, f in fields.items():
@@ -137,8 +148,9 @@ def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any
         floor = "positive" if minimum == 1 else f"at least {minimum}"
         raise UsageError(f"{source}: {key} is {show(value)}, but it must be {floor}. Set a value of {minimum} or more.")
     if maximum is not None and value > maximum:
-        raise UsageError(f"{source}: {key} is {show(value)}, beyond the largest sensible value, {maximum:g}. Set a value of at most "
-                         f"{maximum:g}.")
+        raise UsageError(
+            f"{source}: {key} is {show(value)}, beyond the largest sensible value, {maximum:g}. Set a value of at most {maximum:g}."
+        )
     return value
 
 
@@ -203,16 +215,20 @@ def check_plain(source: str, key: str, value: Any, free: bool = False, depth: in
         for index, item in enumerate(value):
             check_plain(source, f"{key}[{index}]", item, free, depth + 1)
     elif isinstance(value, float) and not math.isfinite(value):
-        raise UsageError(f"{source}: {key} is {value!r}; a number in a config must be finite (nan never equals itself, so a "
-                         "resume would find the settings changed). Write a finite number.")
+        raise UsageError(
+            f"{source}: {key} is {value!r}; a number in a config must be finite (nan never equals itself, so a "
+            "resume would find the settings changed). Write a finite number."
+        )
     elif isinstance(value, str):
         problem = text_problem(value, free)
         if problem:
             allowed = "text without CRs or other control characters" if free else "one line of printable text"
             raise UsageError(f"{source}: {key} {problem}; it must be {allowed}. Write it without that.")
     elif value is not None and not isinstance(value, (bool, int, float)):
-        raise UsageError(f"{source}: {key} is a {type(value).__name__}; a config holds only text, numbers, true/false, null, lists "
-                         "and mappings. Write it as one of those.")
+        raise UsageError(
+            f"{source}: {key} is a {type(value).__name__}; a config holds only text, numbers, true/false, null, lists "
+            "and mappings. Write it as one of those."
+        )
 
 
 def show_path(path: Path) -> str:

@@ -57,7 +57,7 @@ def check_cross_fields(cfg: Config, source: str) -> None:
         )
     if cfg.train.entrypoint is not None and not ENTRYPOINT.fullmatch(cfg.train.entrypoint):
         raise UsageError(
-            f'{source}: train.entrypoint is {show(cfg.train.entrypoint)}; it must name a module and a function as '
+            f"{source}: train.entrypoint is {show(cfg.train.entrypoint)}; it must name a module and a function as "
             '"package.module:function".'
         )
     if cfg.train.entrypoint is None and cfg.train.task is None:
@@ -81,11 +81,15 @@ def _check_task_options(cfg: Config, source: str) -> None:
 def _check_parallel(cfg: Config, source: str) -> None:
     train = cfg.train
     if train.batch_size % train.accumulate:
-        raise UsageError(f"{source}: train.batch_size is {train.batch_size}, which train.accumulate ({train.accumulate}) does not divide "
-                         "into equal micro-batches. Pick a batch size that is a multiple of train.accumulate.")
+        raise UsageError(
+            f"{source}: train.batch_size is {train.batch_size}, which train.accumulate ({train.accumulate}) does not divide "
+            "into equal micro-batches. Pick a batch size that is a multiple of train.accumulate."
+        )
     if train.parallel == "fsdp2" and train.amp:
-        raise UsageError(f"{source}: train.amp is true with train.parallel: fsdp2, whose mixed precision is its own policy. Set "
-                         "train.amp: false and train.fsdp2.param_dtype: bfloat16 (and reduce_dtype) instead.")
+        raise UsageError(
+            f"{source}: train.amp is true with train.parallel: fsdp2, whose mixed precision is its own policy. Set "
+            "train.amp: false and train.fsdp2.param_dtype: bfloat16 (and reduce_dtype) instead."
+        )
 
 
 def _check_names(cfg: Config, source: str) -> None:
@@ -98,10 +102,14 @@ def _check_names(cfg: Config, source: str) -> None:
             raise UsageError(f"{source}: slurm.{key} is {show(value)}; SLURM names are letters, digits and _.,:+- only. Fix the name.")
     for option, value in cfg.slurm.extra_sbatch.items():
         if not isinstance(option, str) or not SBATCH_OPTION.fullmatch(option):
-            raise UsageError(f"{source}: slurm.extra_sbatch has the option {show(option)}; sbatch options are words like 'constraint' "
-                             "or 'exclusive'.")
-        if (not isinstance(value, (str, int, float, bool)) or (isinstance(value, float) and not math.isfinite(value))
-                or any(c in str(value) for c in "\x00\n\r")):
+            raise UsageError(
+                f"{source}: slurm.extra_sbatch has the option {show(option)}; sbatch options are words like 'constraint' or 'exclusive'."
+            )
+        if (
+            not isinstance(value, (str, int, float, bool))
+            or (isinstance(value, float) and not math.isfinite(value))
+            or any(c in str(value) for c in "\x00\n\r")
+        ):
             raise UsageError(f"{source}: slurm.extra_sbatch.{option} is {show(value)}; give one line of text or a number.")
 
 
@@ -122,11 +130,15 @@ def _normalized_run_dir(text: str, source: str) -> str:
     """run.dir without redundant parts (a/./b//c/ is a/b/c); '~', '..' and surrounding blanks are refused, not guessed at."""
     problem = None
     if text.startswith("~"):
-        problem = ("starts with '~', which legato does not expand (a shell does, but not inside YAML or quotes), so it would "
-                   "create a directory named '~'. Write the full path, such as $HOME/runs/<name> expanded")
+        problem = (
+            "starts with '~', which legato does not expand (a shell does, but not inside YAML or quotes), so it would "
+            "create a directory named '~'. Write the full path, such as $HOME/runs/<name> expanded"
+        )
     elif ".." in Path(text).parts:
-        problem = ("holds a '..' component, so where it points depends on the directory legato starts in and on symlinks. Write "
-                   "the path without it")
+        problem = (
+            "holds a '..' component, so where it points depends on the directory legato starts in and on symlinks. Write "
+            "the path without it"
+        )
     elif text != text.strip():
         problem = "begins or ends with a blank, which would be part of the directory's name. Remove the blank"
     if problem:
@@ -137,8 +149,10 @@ def _normalized_run_dir(text: str, source: str) -> str:
 def _check_run_dir(run_dir: Path, source: str) -> None:
     problem = run_dir_problem(run_dir)
     if problem:
-        raise UsageError(f"{source}: run.dir {show(str(run_dir), 300)} {problem}. Set run.dir (or run.name) to a directory you can "
-                         "write, such as runs/<name>.")
+        raise UsageError(
+            f"{source}: run.dir {show(str(run_dir), 300)} {problem}. Set run.dir (or run.name) to a directory you can "
+            "write, such as runs/<name>."
+        )
 
 
 def run_dir_problem(run_dir: Path) -> str | None:

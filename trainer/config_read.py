@@ -41,8 +41,9 @@ def _read_text(path: Path) -> str:
     except (OSError, ValueError):
         info = None
     if info is None:
-        raise UsageError(f"Config file {show_path(path)} does not exist. Pass the path of a YAML config, for example "
-                         "configs/tiny_gpt.yaml.")
+        raise UsageError(
+            f"Config file {show_path(path)} does not exist. Pass the path of a YAML config, for example configs/tiny_gpt.yaml."
+        )
     if not stat.S_ISREG(info.st_mode):
         raise UsageError(f"{path} is not a regular file (a directory, device or pipe). Pass the path of a YAML config file.")
     try:
@@ -51,8 +52,9 @@ def _read_text(path: Path) -> str:
     except OSError as exc:
         raise UsageError(f"Config file {path} cannot be read ({exc.strerror}). Check its permissions.") from None
     if len(data) > safeyaml.MAX_BYTES:
-        raise UsageError(f"{path} is larger than {safeyaml.MAX_BYTES // 1024} KiB, far beyond any config. Pass the config file itself, "
-                         "not data.")
+        raise UsageError(
+            f"{path} is larger than {safeyaml.MAX_BYTES // 1024} KiB, far beyond any config. Pass the config file itself, not data."
+        )
     if data.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in data:
         raise UsageError(f"{path} is a binary or UTF-16 file. Save the config as plain UTF-8 text.")
     try:
@@ -66,8 +68,9 @@ def apply_override(raw: dict, item: str) -> None:
     # Messages name the key, never the value: a value may be a secret typed under a wrong or mistyped key.
     if not isinstance(item, str) or len(item) > MAX_OVERRIDE or "\x00" in item:
         key = item.partition("=")[0] if isinstance(item, str) else item
-        raise UsageError(f"--set {show(key)}=... is longer than {MAX_OVERRIDE} characters or holds a NUL byte. Put large values in the "
-                         "config file.")
+        raise UsageError(
+            f"--set {show(key)}=... is longer than {MAX_OVERRIDE} characters or holds a NUL byte. Put large values in the config file."
+        )
     key, sep, text = item.partition("=")
     if not sep or not key.strip():
         raise UsageError(f"--set {show(item)} is not of the form key=value, for example --set train.steps=100.")

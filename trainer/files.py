@@ -25,7 +25,7 @@ def write_in_pieces(f: BinaryIO, data: bytes | memoryview) -> int:
     """Write `data` to `f` in pieces of at most WRITE_PIECE_BYTES; returns the bytes written."""
     view = memoryview(data).cast("B")
     for start in range(0, view.nbytes, WRITE_PIECE_BYTES):
-        f.write(view[start:start + WRITE_PIECE_BYTES])
+        f.write(view[start : start + WRITE_PIECE_BYTES])
     return view.nbytes
 
 

@@ -20,6 +20,7 @@ from legato.tasks.sharding import fully_shard_model
 
 def warmup_cosine(warmup: int, total: int):
     """The LambdaLR factor of a step: a linear warmup over `warmup` steps, then a cosine decay to 0 at `total`."""
+
     def factor(step: int) -> float:
         if step < warmup:
             return (step + 1) / warmup

@@ -29,8 +29,16 @@ from legato.paths import RunPaths
 
 log = logging.getLogger(__name__)
 
-RECORDED = (Kind.CHECKPOINT_COMMITTED, Kind.CHECKPOINT_FAILED, Kind.RESUMED, Kind.CONTINUED_UNVERIFIED, Kind.REPLAY_STOPPED,
-            Kind.BUCKET_LAYOUT, Kind.UNSAVED_STATE, Kind.LOOP_LEFT)
+RECORDED = (
+    Kind.CHECKPOINT_COMMITTED,
+    Kind.CHECKPOINT_FAILED,
+    Kind.RESUMED,
+    Kind.CONTINUED_UNVERIFIED,
+    Kind.REPLAY_STOPPED,
+    Kind.BUCKET_LAYOUT,
+    Kind.UNSAVED_STATE,
+    Kind.LOOP_LEFT,
+)
 
 
 class ProgressFile:
@@ -91,8 +99,13 @@ class LedgerRecorder:
     def _stop_agreed(self, event: dict) -> None:
         """The rank the signal reached records it (as the job side does); a stop during start-up ends the attempt at once."""
         if event.get("signal_received_at") is not None:
-            self._write(Kind.STOP_SIGNAL, rank=event["rank"], step=event["step"], received_at=event["signal_received_at"],
-                        at_start=bool(event.get("at_start")))
+            self._write(
+                Kind.STOP_SIGNAL,
+                rank=event["rank"],
+                step=event["step"],
+                received_at=event["signal_received_at"],
+                at_start=bool(event.get("at_start")),
+            )
         if event.get("at_start") and event.get("rank", 0) == 0:
             self._write(Kind.ATTEMPT_STOPPED, step=event["step"])
 

@@ -41,8 +41,10 @@ _CORE = "tag:yaml.org,2002:"
 _PLAIN = "configs hold only text, numbers, true/false, null, lists and mappings"
 # tag -> (what it is, the fix); a tag not named here is refused as "the tag ..." with REMOVE_TAG.
 _REFUSED_TAGS = {
-    _CORE + "timestamp": ("a date or time (!!timestamp; YAML reads an unquoted 2024-01-01 as one)",
-                          'Quote it ("2024-01-01") to make it text.'),
+    _CORE + "timestamp": (
+        "a date or time (!!timestamp; YAML reads an unquoted 2024-01-01 as one)",
+        'Quote it ("2024-01-01") to make it text.',
+    ),
     _CORE + "binary": ("binary data (!!binary)", "Write it as text."),
     _CORE + "set": ("a set (!!set)", "Write a list instead."),
     _CORE + "omap": ("an ordered map (!!omap)", "Write a mapping instead."),
@@ -53,7 +55,7 @@ _KEY_TYPES = {bool: "true/false", int: "an integer", float: "a number", type(Non
 
 
 def _tag_name(tag: str) -> str:
-    return "!!" + tag[len(_CORE):] if tag.startswith(_CORE) else tag
+    return "!!" + tag[len(_CORE) :] if tag.startswith(_CORE) else tag
 
 
 class _Loader(_Base):  # type: ignore[misc,valid-type]
@@ -65,16 +67,21 @@ class _Loader(_Base):  # type: ignore[misc,valid-type]
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             if not isinstance(key_node, yaml.ScalarNode):
-                raise yaml.constructor.ConstructorError(None, None, "a key is a list or mapping, which YAML mappings here cannot hold",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a key is a list or mapping, which YAML mappings here cannot hold", key_node.start_mark
+                )
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, str):
                 # Keys are never quoted in messages: a token pasted as a key is still a token.
-                raise _Refused(f"a mapping key that is {_KEY_TYPES.get(type(key), type(key).__name__)}, not text",
-                               "Quote the key to make it text.", key_node.start_mark)
+                raise _Refused(
+                    f"a mapping key that is {_KEY_TYPES.get(type(key), type(key).__name__)}, not text",
+                    "Quote the key to make it text.",
+                    key_node.start_mark,
+                )
             if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"the key {key[:60]!r} appears twice in one mapping",
-                                                        key_node.start_mark)
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"the key {key[:60]!r} appears twice in one mapping", key_node.start_mark
+                )
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -144,7 +151,7 @@ def _check_shape(text: str, where: str) -> None:
                 sizes[-1] += anchored.get(event.anchor, 1)
             if sum(sizes) > MAX_NODES:
                 raise UsageError(
-                    f"{where} expands to more than {MAX_NODES} values (aliases that repeat aliases, a \"billion laughs\"). "
+                    f'{where} expands to more than {MAX_NODES} values (aliases that repeat aliases, a "billion laughs"). '
                     "Write the values out, or use fewer nested aliases."
                 )
     except yaml.MarkedYAMLError as exc:

@@ -89,8 +89,14 @@ def forward_stops(stops: list[signal.Signals]) -> threading.Thread:
             got = signal.Signals(signal.sigwait(taken))
             sig = stops[0] if got == signal.SIGTERM and got not in stops else got
             ranks = children(os.getpid())
-            say(log, 0, "%s reached the launcher: sending %s to %d rank(s), which stop at the next agreed step", got.name, sig.name,
-                len(ranks))
+            say(
+                log,
+                0,
+                "%s reached the launcher: sending %s to %d rank(s), which stop at the next agreed step",
+                got.name,
+                sig.name,
+                len(ranks),
+            )
             for pid in ranks:
                 try:
                     os.kill(pid, sig)
@@ -129,8 +135,10 @@ def prepare_in_place_restarts(args: argparse.Namespace, environ: dict[str, str] 
 def check_launch(args: argparse.Namespace) -> None:
     """What torchrun would only fail on inside its agent (a traceback per rank, or a bare AssertionError): one paragraph."""
     if not (args.module or args.no_python or os.path.isfile(args.training_script)):
-        raise UsageError(f"python -m legato.torchrun: the training script {args.training_script} is not a file (seen from "
-                         f"{os.getcwd()}). Pass the path of your script, or -m and a module name.")
+        raise UsageError(
+            f"python -m legato.torchrun: the training script {args.training_script} is not a file (seen from "
+            f"{os.getcwd()}). Pass the path of your script, or -m and a module name."
+        )
     nproc = str(args.nproc_per_node)
     if nproc.lstrip("-").isdigit() and int(nproc) < 1:
         raise UsageError(f"python -m legato.torchrun: --nproc-per-node {nproc} starts no rank. Pass 1 or more, or auto.")

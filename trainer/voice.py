@@ -44,7 +44,7 @@ def _voice() -> logging.Logger:
 
 
 def counted(n: int, noun: str) -> str:
-    """"1 step", "4 steps": a count and its noun, for people (the CLI's lines and the ranks' say the same)."""
+    """ "1 step", "4 steps": a count and its noun, for people (the CLI's lines and the ranks' say the same)."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
@@ -81,6 +81,7 @@ def refusing(entry: Entry) -> Entry:
     as UsageRefused: caught like any UsageError, and, uncaught, the end of the script with exit 2 and no traceback."""
     signature = inspect.signature(entry)
     if inspect.isgeneratorfunction(entry):
+
         @functools.wraps(entry)
         def steps(*args, **kwargs):
             try:
@@ -89,6 +90,7 @@ def refusing(entry: Entry) -> Entry:
                 _refuse(exc)
             except TypeError as exc:
                 _refuse(_misbound(entry, signature, args, kwargs, exc))
+
         return steps  # type: ignore[return-value]
 
     @functools.wraps(entry)
@@ -99,6 +101,7 @@ def refusing(entry: Entry) -> Entry:
             _refuse(exc)
         except TypeError as exc:
             _refuse(_misbound(entry, signature, args, kwargs, exc))
+
     return call  # type: ignore[return-value]
 
 
@@ -112,10 +115,15 @@ def _misbound(entry: Callable, signature: inspect.Signature, args: tuple, kwargs
         name = f"{owner}()" if method == "__init__" else f"{owner.lower() + '.' if owner else ''}{method}()"
         unknown = [k for k in kwargs if k not in signature.parameters]
         close = [m for k in unknown for m in difflib.get_close_matches(k, signature.parameters, n=1)]
-        problem = (f"no argument named {', '.join(unknown)}" + (f" (did you mean {', '.join(close)}?)" if close else "")
-                   if unknown else str(unbound))
-        return UsageError(f"{name}: {problem}. Pass the arguments it takes: {name.rstrip('()')}{_shown(signature)}; the README's "
-                          "'Port your loop' shows a Session with each.")
+        problem = (
+            f"no argument named {', '.join(unknown)}" + (f" (did you mean {', '.join(close)}?)" if close else "")
+            if unknown
+            else str(unbound)
+        )
+        return UsageError(
+            f"{name}: {problem}. Pass the arguments it takes: {name.rstrip('()')}{_shown(signature)}; the README's "
+            "'Port your loop' shows a Session with each."
+        )
     raise exc
 
 

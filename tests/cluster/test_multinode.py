@@ -245,8 +245,13 @@ def test_fsdp2_on_two_nodes_stops_requeues_and_resumes_bitwise(cluster, tmp_path
     crosses the virtual links): the stop signal from outside at step 8 or later, requeue, a replay-verified resume, and
     the bits of an uninterrupted local run at the same world size. Steps are slowed (bits unchanged) so the signal
     lands mid-run."""
-    fsdp2 = ("train.steps=30", "checkpoint.every_steps=10", "checkpoint.hash_every_steps=5", "chaos.signal_at_steps=[]",
-             "determinism.threads=1")
+    fsdp2 = (
+        "train.steps=30",
+        "checkpoint.every_steps=10",
+        "checkpoint.hash_every_steps=5",
+        "chaos.signal_at_steps=[]",
+        "determinism.threads=1",
+    )
     run_dir = tmp_path / "run"
     proc = start(FSDP2_GPT, run_dir, *fsdp2, "executor=slurm", "slurm.nodes=2", "slurm.tasks_per_node=1", "chaos.step_sleep_s=0.5")
     reference = None

@@ -74,8 +74,9 @@ def start(run_dir: Path, *sets: str, config: Path = SLURM_GPT) -> subprocess.Pop
     cmd = [sys.executable, "-m", "legato.orchestrator.cli", "run", str(config), "--set", f"run.dir={run_dir}"]
     for item in sets:
         cmd += ["--set", item]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    return subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore")
+    )
 
 
 def finish(proc: subprocess.Popen, timeout: float = 400) -> str:
@@ -124,8 +125,11 @@ def test_preemption_signal_at_an_arbitrary_moment(cluster, tmp_path: Path, short
     run_dir = tmp_path / "run"
     proc = start(run_dir, *SHORT)
     at = random.Random(os.getpid()).randrange(50, 700)
-    wait_for(lambda: (json.loads((run_dir / "progress.json").read_text())["step"] >= at) if (run_dir / "progress.json").exists() else False,
-             timeout=180, what=f"step {at}")
+    wait_for(
+        lambda: (json.loads((run_dir / "progress.json").read_text())["step"] >= at) if (run_dir / "progress.json").exists() else False,
+        timeout=180,
+        what=f"step {at}",
+    )
     job_id = [e for e in ledger(run_dir) if e["event"] == "submitted"][0]["job_id"]
     subprocess.run(["scancel", "--signal=USR2", job_id], check=True)
     out = finish(proc)
@@ -167,8 +171,11 @@ def test_fsdp2_config_is_preempted_requeued_and_resumes_bitwise(cluster, tmp_pat
 def test_hard_kill_is_resubmitted_from_the_last_periodic_checkpoint(cluster, tmp_path: Path, short_reference: str) -> None:
     run_dir = tmp_path / "run"
     proc = start(run_dir, *SHORT)
-    wait_for(lambda: (run_dir / "ledger.jsonl").exists() and any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)),
-             timeout=180, what="a periodic checkpoint")
+    wait_for(
+        lambda: (run_dir / "ledger.jsonl").exists() and any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)),
+        timeout=180,
+        what="a periodic checkpoint",
+    )
     job_id = [e for e in ledger(run_dir) if e["event"] == "submitted"][0]["job_id"]
     subprocess.run(["scancel", job_id], check=True)  # no warning signal
     out = finish(proc)
@@ -229,8 +236,9 @@ def test_job_state_without_accounting_falls_back_and_never_stays_unknown(cluster
     assert legato("devcluster", "up", "--no-accounting", timeout=300).returncode == 0
     try:
         assert subprocess.run(["sacct", "-n"], capture_output=True).returncode != 0, "accounting should be off"
-        job_id = subprocess.run(["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 4"], capture_output=True, text=True,
-                                check=True).stdout.strip()
+        job_id = subprocess.run(
+            ["sbatch", "--parsable", "--output=/dev/null", "--wrap", "sleep 4"], capture_output=True, text=True, check=True
+        ).stdout.strip()
         handle = JobHandle(backend_for("slurm"), job_id)
         assert handle.state().active
         wait_for(lambda: not handle.state().active, timeout=60, what="the job to end")
@@ -338,9 +346,25 @@ def test_slurms_own_time_limit_signal_stops_a_launcher_job_that_requeues_and_res
     job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
     try:
         reference = tmp_path / "reference"
-        done = subprocess.run([sys.executable, "-m", "legato.torchrun", "--max-restarts", "0", "--nproc-per-node", "2", "--master-port",
-                               str(free_port()), str(PORT / "nanogpt_legato.py"), str(reference)],
-                              capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "legato.torchrun",
+                "--max-restarts",
+                "0",
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(free_port()),
+                str(PORT / "nanogpt_legato.py"),
+                str(reference),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env=dict(os.environ, PYTHONWARNINGS="ignore"),
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         show = _wait_finished(job_id, timeout=420)
     finally:

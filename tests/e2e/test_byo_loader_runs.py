@@ -46,8 +46,10 @@ def test_own_loader_generator_worker_init_accumulation_and_owned_rngs_resume_exa
     # Stops after steps 8 (mid-accumulation: 8 % 3 != 0) and 14 (mid-epoch: 12 steps an epoch).
     # Under verify "warn" a stop checkpoint also holds its own state (under "error" only its replay base), so the
     # gradients saved mid-accumulation can be read back below; the resumes still replay and verify.
-    attempts = [launch(resumed, "--loop", "owned", "--verify", "warn", LEGATO_CHAOS_SIGNAL_AT="7,13", LEGATO_CHAOS_SIGNAL_RANK="1")
-                for _ in range(3)]
+    attempts = [
+        launch(resumed, "--loop", "owned", "--verify", "warn", LEGATO_CHAOS_SIGNAL_AT="7,13", LEGATO_CHAOS_SIGNAL_RANK="1")
+        for _ in range(3)
+    ]
     assert [codes(a) for a in attempts] == [[75, 75], [75, 75], [0, 0]], attempts[-1][0].stderr[-3000:]
     grads = torch.load(resumed / "checkpoints" / "step_8" / "rank1.pt", weights_only=True)["grads"]["grads"]
     assert all(g is not None for g in grads)

@@ -37,8 +37,10 @@ def test_version_falls_back_to_pyproject(monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_version_does_not_import_torch() -> None:
-    code = ("from legato.orchestrator.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n    pass\nimport sys\n"
-            "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    code = (
+        "from legato.orchestrator.cli import main\ntry:\n    main(['--version'])\nexcept SystemExit:\n    pass\nimport sys\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.stdout.strip().splitlines() == [f"legato {importlib.metadata.version('legato')}", "NO-TORCH"], proc.stdout + proc.stderr
 
@@ -46,10 +48,21 @@ def test_version_does_not_import_torch() -> None:
 def test_the_local_launcher_starts_its_ranks_without_importing_torch_itself(tmp_path: Path) -> None:
     """`python -m legato` only starts and watches ranks: importing torch there cost every launch 1.4 s of CPU before
     the ranks (which import it themselves) could start."""
-    args = [str(ROOT / "configs" / "mlp.yaml"), "--nproc", "2", "--set", f"run.dir={tmp_path / 'run'}", "--set", "train.steps=2",
-            "--set", "chaos.signal_at_steps=[]"]
-    code = (f"import sys\nfrom legato.runtime.launch import main\ncode = main({args!r})\n"
-            "print('CODE', code, 'TORCH' if 'torch' in sys.modules else 'NO-TORCH')")
+    args = [
+        str(ROOT / "configs" / "mlp.yaml"),
+        "--nproc",
+        "2",
+        "--set",
+        f"run.dir={tmp_path / 'run'}",
+        "--set",
+        "train.steps=2",
+        "--set",
+        "chaos.signal_at_steps=[]",
+    ]
+    code = (
+        f"import sys\nfrom legato.runtime.launch import main\ncode = main({args!r})\n"
+        "print('CODE', code, 'TORCH' if 'torch' in sys.modules else 'NO-TORCH')"
+    )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert proc.stdout.strip().splitlines()[-1] == "CODE 0 NO-TORCH", proc.stdout[-2000:] + proc.stderr[-3000:]
 
@@ -149,8 +162,13 @@ def test_watch_waits_for_a_script_run_to_start(tmp_path: Path) -> None:
     """`legato watch` right after sbatch, before any rank wrote: it waits (a script's run has no config), then follows the run
     that starts there to its end. It used to exit 2, 'not a legato run directory (it has no config.yaml)'."""
     run_dir = tmp_path / "run"
-    watch = subprocess.Popen([sys.executable, "-m", "legato.orchestrator.cli", "watch", str(run_dir)], cwd=ROOT, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "legato.orchestrator.cli", "watch", str(run_dir)],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
     try:
         assert watch.stdout is not None
         assert watch.stdout.readline().startswith(f"legato: waiting for a run to start in {run_dir}")

@@ -30,14 +30,32 @@ pytestmark = [
 # moving the CUDA tensors (NCCL refuses two ranks on one GPU).
 NCCL_1 = ("local.tasks=1", "train.backend=nccl")
 GLOO_2 = ("local.tasks=2", "train.backend=gloo")
-MLP_FAST = ("train.steps=30", "checkpoint.every_steps=0", "checkpoint.hash_every_steps=3", "checkpoint.agree_every_steps=1",
-            "checkpoint.replay_steps=4", "chaos.signal_at_steps=[]")
+MLP_FAST = (
+    "train.steps=30",
+    "checkpoint.every_steps=0",
+    "checkpoint.hash_every_steps=3",
+    "checkpoint.agree_every_steps=1",
+    "checkpoint.replay_steps=4",
+    "chaos.signal_at_steps=[]",
+)
 
 
 def verify(tmp_path: Path, config: Path, *sets: str, interrupt_at: str = "7,19") -> tuple[int, dict, str]:
     base = FAST_GPT if config == TINY_GPT else MLP_FAST
-    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "verify", str(config), "--out", str(tmp_path / "verify"), "--json",
-           "--interrupt-at", interrupt_at, "--set", "train.device=cuda"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "legato.orchestrator.cli",
+        "verify",
+        str(config),
+        "--out",
+        str(tmp_path / "verify"),
+        "--json",
+        "--interrupt-at",
+        interrupt_at,
+        "--set",
+        "train.device=cuda",
+    ]
     for item in (*base, *sets):
         cmd += ["--set", item]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHONWARNINGS="ignore"))
@@ -115,8 +133,14 @@ def test_environment_capture_on_a_gpu_machine_names_the_gpu_and_redacts_secrets(
         "MY_PASSWORD": "hunter2-long-secret",
     }
     out = tmp_path / "capture"
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "repro", "capture", str(out)], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, **secrets))
+    proc = subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", "repro", "capture", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, **secrets),
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     text = "\n".join(p.read_text(errors="replace") for p in out.rglob("*") if p.is_file())
     assert "Driver Version" in text and torch.version.cuda in text and torch.cuda.get_device_name(0) in text

@@ -37,8 +37,9 @@ def finals(run_dir: Path, name: str) -> list[dict]:
 # Accumulation over 3 is left out for the suite's time: 2 and 4 cover a base after a synced and after a no_sync
 # micro-step at every position; the validation pass is planted in the one over 2.
 @pytest.mark.parametrize(("accumulate", "validate"), [(2, True), (4, False)])
-def test_stopped_at_every_micro_step_position_the_run_ends_bitwise_as_its_plain_loop(tmp_path: Path, accumulate: int,
-                                                                                     validate: bool) -> None:
+def test_stopped_at_every_micro_step_position_the_run_ends_bitwise_as_its_plain_loop(
+    tmp_path: Path, accumulate: int, validate: bool
+) -> None:
     plain, run = tmp_path / "plain", tmp_path / "run"
     # A signal after step s stops the ranks after step s + 1. One stop every `accumulate + 1` steps lands once at each
     # position inside an accumulation, with replay bases (every 3 steps) after synced and after no_sync micro-steps.
@@ -48,8 +49,9 @@ def test_stopped_at_every_micro_step_position_the_run_ends_bitwise_as_its_plain_
     assert codes(launch(plain, accumulate, validate, "--plain", steps=steps)) == [0, 0]
     attempts = []
     for _ in range(accumulate + 1):
-        attempts.append(launch(run, accumulate, validate, steps=steps, LEGATO_CHAOS_SIGNAL_AT=",".join(map(str, signals)),
-                               LEGATO_CHAOS_SIGNAL_RANK="1"))
+        attempts.append(
+            launch(run, accumulate, validate, steps=steps, LEGATO_CHAOS_SIGNAL_AT=",".join(map(str, signals)), LEGATO_CHAOS_SIGNAL_RANK="1")
+        )
         if codes(attempts[-1]) != [75, 75]:
             break
     assert [codes(a) for a in attempts] == [[75, 75]] * accumulate + [[0, 0]], attempts[-1][1].stderr[-3000:]
@@ -71,8 +73,9 @@ def test_the_flag_left_unrestored_is_caught_by_the_replay(tmp_path: Path) -> Non
 
 
 def status(run_dir: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "status", str(run_dir)], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", "status", str(run_dir)], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_a_resume_that_does_not_verify_fails_by_name_and_goes_on_only_by_a_recorded_choice(tmp_path: Path) -> None:

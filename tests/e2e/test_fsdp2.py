@@ -59,7 +59,7 @@ def test_fsdp2_config_verifies_bitwise_across_two_interruptions(tmp_path: Path, 
         args += ["--set", item]
     proc = legato(*args, timeout=900)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    verdict = json.loads(proc.stdout[proc.stdout.index("{"):])
+    verdict = json.loads(proc.stdout[proc.stdout.index("{") :])
     assert verdict["identical"] and verdict["reference_final_hash"] == verdict["run_final_hash"]
     assert [r["step"] for r in verdict["resumes"]] == [6, 11]
     runs = [p for p in (tmp_path / "verify").iterdir() if (p / "checkpoints").is_dir()]

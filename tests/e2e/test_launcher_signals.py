@@ -46,8 +46,9 @@ def _launch(out: Path, **env: str) -> subprocess.Popen:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("signals") / "reference"
-    done = subprocess.run([*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return out
 
@@ -59,13 +60,17 @@ TARGETS = {
 }
 
 
-@pytest.mark.parametrize(("target", "sig", "early"), [
-    ("launcher", signal.SIGUSR2, False),
-    ("every process", signal.SIGUSR2, False),
-    ("one rank", signal.SIGUSR2, False),
-    ("launcher", signal.SIGTERM, False),
-    ("every process", signal.SIGUSR2, True),
-], ids=["usr2-launcher", "usr2-every-process", "usr2-one-rank", "term-launcher", "usr2-every-process-before-the-session"])
+@pytest.mark.parametrize(
+    ("target", "sig", "early"),
+    [
+        ("launcher", signal.SIGUSR2, False),
+        ("every process", signal.SIGUSR2, False),
+        ("one rank", signal.SIGUSR2, False),
+        ("launcher", signal.SIGTERM, False),
+        ("every process", signal.SIGUSR2, True),
+    ],
+    ids=["usr2-launcher", "usr2-every-process", "usr2-one-rank", "term-launcher", "usr2-every-process-before-the-session"],
+)
 def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
     tmp_path: Path, reference: Path, target: str, sig: signal.Signals, early: bool
 ) -> None:
@@ -91,8 +96,9 @@ def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
         for pid in seen:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-    done = subprocess.run([*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     if not early:  # a stop before the first step leaves nothing to resume: the next launch starts from step 0
         assert "resumed at step" in done.stderr and "verified" in done.stderr, done.stderr[-3000:]
@@ -128,8 +134,9 @@ def test_a_second_launch_into_a_training_run_is_refused_and_harms_nothing(tmp_pa
         seen |= set(process_tree(first.pid))
         holder = json.loads((out / "attempt.lock").read_text())
         assert holder["pid"] in seen
-        second = subprocess.run([*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(),
-                                capture_output=True, text=True, timeout=300)
+        second = subprocess.run(
+            [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(), capture_output=True, text=True, timeout=300
+        )
         assert first.poll() is None, "the first launch ended before the second was refused: the test proves nothing"
         assert second.returncode == 2, second.stderr[-3000:]
         assert f"Another launch is training in {out} (pid {holder['pid']} on " in second.stderr, second.stderr[-3000:]
@@ -143,8 +150,9 @@ def test_a_second_launch_into_a_training_run_is_refused_and_harms_nothing(tmp_pa
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert [e["event"] for e in ledger(out)].count("attempt_started") == 1, "the refused launch recorded an attempt"
-    done = subprocess.run([*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(),
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(), capture_output=True, text=True, timeout=300
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "resumed at step" in done.stderr and "verified" in done.stderr, done.stderr[-3000:]
     assert_same_run(reference, out, STEPS, UNSEEDED)

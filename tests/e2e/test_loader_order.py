@@ -48,11 +48,14 @@ def assert_same_run(reference: Path, resumed: Path, legato_both: bool = True) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("loop", "workers", "signal_at", "resumed_at"), [
-    ("stateful-map", 0, "5,11", (6, 12)),  # 12 batches an epoch: mid-epoch, then at the end of epoch 0
-    ("stateful-map", 2, "16,23", (17, 24)),  # mid-epoch 1, then at the end of epoch 1
-    ("stateful-iterable", 2, "4,9", (5, 10)),  # 10 batches an epoch (len(loader)), 5 from each worker
-])
+@pytest.mark.parametrize(
+    ("loop", "workers", "signal_at", "resumed_at"),
+    [
+        ("stateful-map", 0, "5,11", (6, 12)),  # 12 batches an epoch: mid-epoch, then at the end of epoch 0
+        ("stateful-map", 2, "16,23", (17, 24)),  # mid-epoch 1, then at the end of epoch 1
+        ("stateful-iterable", 2, "4,9", (5, 10)),  # 10 batches an epoch (len(loader)), 5 from each worker
+    ],
+)
 def test_stateful_dataloader_resumes_bitwise(tmp_path: Path, loop: str, workers: int, signal_at: str, resumed_at: tuple) -> None:
     """total_epochs= with len(loader); augmentation from the global RNGs in the map-style dataset (per-sample seeded in
     the workers); the iterable one split over the workers, its position saved by the loader's own snapshots."""

@@ -78,9 +78,24 @@ def wait_until(condition, timeout: float, what: str) -> None:
 
 
 def start_launcher(run_dir: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={run_dir}",
-           "--set", "train.steps=1000000", "--set", "train.num_workers=2", "--set", "chaos.signal_at_steps=[]",
-           "--set", "checkpoint.every_steps=0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "legato",
+        str(TINY_GPT),
+        "--nproc",
+        "2",
+        "--set",
+        f"run.dir={run_dir}",
+        "--set",
+        "train.steps=1000000",
+        "--set",
+        "train.num_workers=2",
+        "--set",
+        "chaos.signal_at_steps=[]",
+        "--set",
+        "checkpoint.every_steps=0",
+    ]
     return subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, PYTHONWARNINGS="ignore")
     )
@@ -131,8 +146,9 @@ def test_sigkill_of_the_launcher_or_a_rank_leaves_no_process_behind(tmp_path: Pa
 def run_pids(run_dir: Path) -> set[int]:
     """The local job's controller and its ranks, as the ledger names them."""
     events = ledger(run_dir)
-    return {int(e["job_id"]) for e in events if e["event"] in ("submitted",
-                                                               "resubmitted")} | {e["pid"] for e in events if e["event"] == "rank_started"}
+    return {int(e["job_id"]) for e in events if e["event"] in ("submitted", "resubmitted")} | {
+        e["pid"] for e in events if e["event"] == "rank_started"
+    }
 
 
 def detach(run_dir: Path, *sets: str) -> int:
@@ -181,12 +197,21 @@ def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on
     run_dir = tmp_path / "run"
     # Far more steps than the test waits for: ranks that outlived their controller would still be training.
     args = run_args(run_dir, "train.steps=100000", "checkpoint.every_steps=25", "train.num_workers=2", "repro.enabled=false")
-    supervisor = subprocess.Popen([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "legato.orchestrator.cli", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )
     seen: set[int] = set()
     try:
-        wait_until(lambda: (run_dir / "ledger.jsonl").exists() and any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)),
-                   180, "a periodic checkpoint")
+        wait_until(
+            lambda: (run_dir / "ledger.jsonl").exists() and any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)),
+            180,
+            "a periodic checkpoint",
+        )
         controller = int(next(e["job_id"] for e in ledger(run_dir) if e["event"] == "submitted"))
         seen = full_tree(controller, run_dir)
         os.kill(controller, signal.SIGKILL)
@@ -205,9 +230,17 @@ def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on
 
 
 MARK = "LEGATO_TEST_RUN_MARK"
-CAMPAIGN = ("train.steps=100000", "train.options.sentences=100", "train.num_workers=1", "checkpoint.every_steps=5",
-            "checkpoint.keep_last=1000", "checkpoint.hash_every_steps=5", "checkpoint.agree_every_steps=1",
-            "checkpoint.replay_steps=4", "chaos.signal_at_steps=[]")
+CAMPAIGN = (
+    "train.steps=100000",
+    "train.options.sentences=100",
+    "train.num_workers=1",
+    "checkpoint.every_steps=5",
+    "checkpoint.keep_last=1000",
+    "checkpoint.hash_every_steps=5",
+    "checkpoint.agree_every_steps=1",
+    "checkpoint.replay_steps=4",
+    "chaos.signal_at_steps=[]",
+)
 MOMENTS = ["start-up"] * 10 + ["training"] * 10 + ["checkpoint"] * 10
 
 
@@ -227,8 +260,14 @@ def launch_marked(run_dir: Path, token: str, log: Path) -> subprocess.Popen:
     for item in CAMPAIGN:
         cmd += ["--set", item]
     with open(log, "w") as out:
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                env=dict(os.environ, PYTHONWARNINGS="ignore", **{MARK: token}))
+        return subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=dict(os.environ, PYTHONWARNINGS="ignore", **{MARK: token}),
+        )
 
 
 def wait_for_moment(moment: str, launcher: subprocess.Popen, token: str, run_dir: Path, since: float, rnd: random.Random) -> None:

@@ -20,8 +20,9 @@ SHADOWS = ("trainer", "slurm", "orchestrator")
 
 def test_only_legato_is_importable_at_the_top_level(tmp_path: Path) -> None:
     probe = "import importlib.util, json, sys; print(json.dumps({n: importlib.util.find_spec(n) is not None for n in sys.argv[1:]}))"
-    proc = subprocess.run([sys.executable, "-c", probe, "legato", *SHADOWS], cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                          check=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", probe, "legato", *SHADOWS], cwd=tmp_path, capture_output=True, text=True, timeout=60, check=True
+    )
     assert json.loads(proc.stdout) == {"legato": True, "trainer": False, "slurm": False, "orchestrator": False}
 
 
@@ -33,8 +34,9 @@ def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
     (wheel,) = tmp_path.glob("legato-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert {n.split("/")[0] for n in names} == {"legato", wheel.name.split("-py")[0] + ".dist-info"}
-    assert {"legato/session/session.py", "legato/orchestrator/cli.py", "legato/slurm/devcluster.py",
-            "legato/tasks/tiny_gpt.py"} <= set(names)
+    assert {"legato/session/session.py", "legato/orchestrator/cli.py", "legato/slurm/devcluster.py", "legato/tasks/tiny_gpt.py"} <= set(
+        names
+    )
 
 
 @pytest.mark.parametrize(
@@ -48,8 +50,12 @@ def test_the_wheel_holds_one_top_level_package(tmp_path: Path) -> None:
     ids=["errors", "package", "help", "status-help"],
 )
 def test_reading_commands_do_not_import_torch(code: str) -> None:
-    proc = subprocess.run([sys.executable, "-c", f"{code}\nimport sys\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\nprint('TORCH' if 'torch' in sys.modules else 'NO-TORCH')"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.stdout.strip().endswith("NO-TORCH"), proc.stdout + proc.stderr
 
 
@@ -80,8 +86,9 @@ def user_project(tmp_path: Path) -> Path:
     project = tmp_path / "project"
     project.mkdir()
     for name in SHADOWS:
-        (project / f"{name}.py").write_text(f"from pathlib import Path\nPath(__file__).with_name('{name}.ran').touch()\nraise "
-                                            "SystemExit(0)\n")
+        (project / f"{name}.py").write_text(
+            f"from pathlib import Path\nPath(__file__).with_name('{name}.ran').touch()\nraise SystemExit(0)\n"
+        )
     return project
 
 
@@ -112,7 +119,8 @@ def test_a_user_folder_with_its_own_trainer_slurm_and_orchestrator_modules(user_
     for run in ("m", "t", "r"):
         assert (tmp_path / run / "checkpoints" / "step_4" / "manifest.json").is_file(), run
     assert sorted(p.name for p in user_project.glob("*.ran")) == []
-    status = subprocess.run([str(LEGATO), "status", str(tmp_path / "r"), "--json"], cwd=user_project, env=env, capture_output=True,
-                            text=True, timeout=60)
+    status = subprocess.run(
+        [str(LEGATO), "status", str(tmp_path / "r"), "--json"], cwd=user_project, env=env, capture_output=True, text=True, timeout=60
+    )
     assert json.loads(status.stdout)["finished"] is True
     assert ROOT.joinpath("pyproject.toml").is_file()

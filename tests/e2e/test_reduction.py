@@ -89,6 +89,7 @@ def test_planted_layout_fault_is_caught_and_named_reduction_order(tmp_path: Path
     assert "reduction order" in verdict["cause"] and "bucket layout was not restored" in verdict["cause"], verdict["cause"]
     assert [u["run"] for u in verdict["unpinned_layouts"]] == ["run"]
 
+
 PLAIN_VS_LEGATO = ROOT / "tests" / "helpers" / "plain_vs_legato.py"
 STOPS = {"LEGATO_CHAOS_SIGNAL_AT": "2,5", "LEGATO_CHAOS_SIGNAL_RANK": "1"}
 

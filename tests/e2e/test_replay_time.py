@@ -30,8 +30,18 @@ pytestmark = pytest.mark.slow
 
 LOOPS = ROOT / "tests" / "helpers" / "replay_loops.py"
 STEPS, REPLAY_STEPS, EVERY_STEPS = 40, 32, 8
-BOUNDED = ("--steps", str(STEPS), "--replay-steps", str(REPLAY_STEPS), "--replay-seconds", "0.6", "--every-steps", str(EVERY_STEPS),
-           "--keep-last", "10")
+BOUNDED = (
+    "--steps",
+    str(STEPS),
+    "--replay-steps",
+    str(REPLAY_STEPS),
+    "--replay-seconds",
+    "0.6",
+    "--every-steps",
+    str(EVERY_STEPS),
+    "--keep-last",
+    "10",
+)
 
 
 def command(run_dir: Path, *args: str) -> list[str]:
@@ -56,8 +66,15 @@ def stop_from_outside(run_dir: Path, after: int) -> list[str]:
         logs = [files.enter_context(tempfile.TemporaryFile(mode="w+")) for _ in range(2)]
         with reaped([]) as procs:
             for rank in range(2):
-                env = dict(os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                           PYTHONWARNINGS="ignore")
+                env = dict(
+                    os.environ,
+                    PYTHONHASHSEED="0",
+                    RANK=str(rank),
+                    WORLD_SIZE="2",
+                    MASTER_ADDR="127.0.0.1",
+                    MASTER_PORT=str(port),
+                    PYTHONWARNINGS="ignore",
+                )
                 procs.append(subprocess.Popen(command(run_dir, "--step-sleep", "0.15"), env=env, stderr=logs[rank], text=True))
             wait_for(lambda: steps_done(run_dir) >= after or any(p.poll() is not None for p in procs), timeout=180, what="steps")
             assert all(p.poll() is None for p in procs), "a rank ended before the stop"

@@ -70,8 +70,10 @@ def test_a_rank_whose_replicated_copy_differed_fails_its_resume_naming_the_cause
     assert run(tmp_path, **env) == [3, 3], stderr_tails(tmp_path)
     err = (tmp_path / "rank0.stderr").read_text()
     assert "Resume verification failed" in err and "rank 1: model" in err and CAUSE in err, err[-3000:]
-    assert ("rank 0: optimizer:0, optimizer:2, written by rank 1; rank 1: model:0, model:1, model:2, model:3, optimizer:1, optimizer:3, "
-            "written by rank 0" in err), err[-3000:]
+    assert (
+        "rank 0: optimizer:0, optimizer:2, written by rank 1; rank 1: model:0, model:1, model:2, model:3, optimizer:1, optimizer:3, "
+        "written by rank 0" in err
+    ), err[-3000:]
     assert "Likely cause" not in err, err[-3000:]  # the replay's guess would name an unregistered generator first
     assert "resumed at step" not in stderr(tmp_path)  # what a verified resume says
     assert saved(tmp_path) == before
@@ -85,7 +87,6 @@ def test_the_same_run_without_the_fault_resumes_verified_from_the_same_checkpoin
     shutil.rmtree(tmp_path / "checkpoints" / "step_24")
     assert run(tmp_path, **env) == [0, 0], stderr_tails(tmp_path)
     assert "resumed at step 20" in stderr(tmp_path) and "verified" in stderr(tmp_path) and "differs from the copy" not in stderr(tmp_path)
-
 
 
 def test_a_synchronous_checkpoint_whose_replay_base_diverged_is_warned_of_once_and_refused(tmp_path: Path) -> None:

@@ -25,14 +25,19 @@ def _run_dir_files(run_dir: Path) -> list[Path]:
 def test_no_secret_reaches_any_file_of_a_real_run(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     config = tmp_path / "config.yaml"
-    config.write_text(TINY_GPT.read_text().replace("    dropout: 0.1\n", "    dropout: 0.1\n    wandb_api_key: QQ77config-secret-value\n"
-                                                  "    db: mysql://me:pw-in-config-url-9@host/db\n"))
+    config.write_text(
+        TINY_GPT.read_text().replace(
+            "    dropout: 0.1\n",
+            "    dropout: 0.1\n    wandb_api_key: QQ77config-secret-value\n    db: mysql://me:pw-in-config-url-9@host/db\n",
+        )
+    )
     args = ["run", str(config), "--set", f"run.dir={run_dir}", "--set", "train.options.hf_token=cmdline-secret-value-0042"]
     for item in (*FAST_GPT, "chaos.signal_at_steps=[5]"):
         args += ["--set", item]
     env = dict(os.environ, PYTHONWARNINGS="ignore", **SECRETS)
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "train.options.hf_token looks secret" in proc.stderr
     files = _run_dir_files(run_dir)
@@ -62,8 +67,9 @@ def _job(run_dir: Path, env: dict, *sets: str) -> str:
     # Identical settings for every job (the run is continued); the signal after step 3 only fires in the first.
     for item in (*FAST_GPT, "train.steps=100000", "checkpoint.every_steps=0", "chaos.signal_at_steps=[3]", *sets):
         args += ["--set", item]
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     job = [e for e in ledger(run_dir) if e["event"] in ("submitted", "resubmitted")][-1]["job_id"]
     wait_for(lambda: any(e["event"] == "repro_captured" and e["job_id"] == job for e in ledger(run_dir)), what="a capture")
@@ -123,8 +129,14 @@ def test_a_hanging_nvidia_smi_cannot_hold_the_capture(tmp_path: Path) -> None:
     dest = tmp_path / "capture"
     # The fake sleeps 120 s: were the capture to wait for it (or for its children holding the pipe), this
     # bounded run would time out and fail, however slow the machine is.
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "repro", "capture", str(dest), "--timeout", "1"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=100)
+    proc = subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", "repro", "capture", str(dest), "--timeout", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=100,
+    )
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((dest / "manifest.json").read_text())
     assert manifest["commands"]["gpu"] == {"ok": False, "error": "timed out after 1s", "seconds": manifest["commands"]["gpu"]["seconds"]}

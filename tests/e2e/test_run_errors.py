@@ -126,8 +126,24 @@ def test_entrypoint_that_is_not_callable_is_refused_before_submitting(tmp_path: 
     (tmp_path / "notcallable_ep.py").write_text("main = 42\n")
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "run", str(TINY_GPT), "--set", f"run.dir={run_dir}",
-                           "--set", "train.entrypoint=notcallable_ep:main"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "legato.orchestrator.cli",
+            "run",
+            str(TINY_GPT),
+            "--set",
+            f"run.dir={run_dir}",
+            "--set",
+            "train.entrypoint=notcallable_ep:main",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert_usage_error(proc, "'main' in 'notcallable_ep' is a int, not a function")
     assert not run_dir.exists()
 
@@ -141,8 +157,14 @@ def test_local_launcher_refuses_cleanly(tmp_path: Path, case: str) -> None:
     else:
         config = tmp_path / "config.yaml"
         config.write_bytes(bytes(range(256)) if case == "binary_config" else GOOD.encode("utf-16"))
-    proc = subprocess.run([sys.executable, "-m", "legato", str(config), "--nproc", "2", *sets], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "legato", str(config), "--nproc", "2", *sets],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )
     assert_usage_error(proc, "is a file, not a directory" if case == "run_dir_is_a_file" else "binary or UTF-16")
     if case == "run_dir_is_a_file":
         assert (tmp_path / "taken").read_text() == "precious"
@@ -162,9 +184,26 @@ def test_a_refusal_on_one_rank_ends_the_job_instead_of_leaving_the_others_waitin
     )
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(tmp_path))
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "run", str(TINY_GPT), "--set", f"run.dir={run_dir}",
-                           "--set", "train.entrypoint=one_refuses:main", "--set", "train.collective_timeout_s=3600"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "legato.orchestrator.cli",
+            "run",
+            str(TINY_GPT),
+            "--set",
+            f"run.dir={run_dir}",
+            "--set",
+            "train.entrypoint=one_refuses:main",
+            "--set",
+            "train.collective_timeout_s=3600",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "planted: rank 0 refuses a setting." in proc.stdout + proc.stderr
     events = [json.loads(line)["event"] for line in RunPaths(run_dir).ledger.read_text().splitlines()]

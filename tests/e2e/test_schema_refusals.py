@@ -21,8 +21,11 @@ ENV = dict(os.environ, PYTHONWARNINGS="ignore")
 # name -> (config text, --set values, words the message must hold)
 CASES: dict[str, tuple[str, list[str], tuple[str, ...]]] = {
     "date_in_options": (GOOD, ["train.options.started=2024-01-01"], ("train.options.started", "date or time", "Quote it")),
-    "binary_tag": (GOOD.replace("    dropout: 0.1\n", "    dropout: 0.1\n    blob: !!binary aGVsbG8=\n"), [],
-                   ("!!binary", "line 21, column 11")),
+    "binary_tag": (
+        GOOD.replace("    dropout: 0.1\n", "    dropout: 0.1\n    blob: !!binary aGVsbG8=\n"),
+        [],
+        ("!!binary", "line 21, column 11"),
+    ),
     "set_tag": (GOOD, ["train.options.tags=!!set {a, b}"], ("a set (!!set)", "Write a list instead")),
     "omap_tag": (GOOD, ["train.options.order=!!omap [a: 1]"], ("an ordered map (!!omap)",)),
     "mixed_keys": (GOOD, ["train.options.table={1: a, b: c}"], ("mapping key that is an integer", "Quote the key")),
@@ -73,9 +76,12 @@ def test_slurm_executor_without_slurm_on_path_is_refused_before_anything_is_writ
     config = tmp_path / "config.yaml"
     config.write_text((ROOT / "configs" / "tiny_gpt_slurm.yaml").read_text().replace("dir: runs/tiny_gpt_slurm", f"dir: {tmp_path}/run"))
     env = dict(ENV, PATH=str(Path(sys.executable).parent))  # python, but no sbatch or srun
-    for command in (["legato.orchestrator.cli", "run", str(config)], ["legato.orchestrator.cli", "run", str(config), "--detach"],
-                    ["legato.orchestrator.cli", "verify", str(config), "--out", str(tmp_path / "verify")],
-                    ["legato.orchestrator.cli", "run", str(TINY_GPT), "--set", f"run.dir={tmp_path}/run", "--set", "executor=slurm"]):
+    for command in (
+        ["legato.orchestrator.cli", "run", str(config)],
+        ["legato.orchestrator.cli", "run", str(config), "--detach"],
+        ["legato.orchestrator.cli", "verify", str(config), "--out", str(tmp_path / "verify")],
+        ["legato.orchestrator.cli", "run", str(TINY_GPT), "--set", f"run.dir={tmp_path}/run", "--set", "executor=slurm"],
+    ):
         proc = _cli(tmp_path, command, env)
         assert_usage_error(proc, "executor is slurm", "sbatch and srun are not on PATH", "legato devcluster up", "executor: local")
         assert "Could not detect" not in proc.stderr

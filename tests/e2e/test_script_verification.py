@@ -38,8 +38,24 @@ def test_strict_seeding_works_under_legato_torchrun_and_an_unset_hash_seed_names
     script = tmp_path / "seed.py"
     script.write_text(STRICT)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONHASHSEED"}
-    done = subprocess.run([sys.executable, "-m", "legato.torchrun", "--max-restarts", "0", "--nproc-per-node", "2", "--master-port",
-                           str(free_port()), str(script)], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "legato.torchrun",
+            "--max-restarts",
+            "0",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(script),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert sorted(line for line in done.stdout.splitlines() if line.startswith("seeded")) == ["seeded 0 0", "seeded 1 0"]
     plain = subprocess.run([sys.executable, str(script)], env=dict(env, RANK="0"), capture_output=True, text=True, timeout=120)
@@ -71,15 +87,39 @@ def test_a_refused_argument_ends_a_script_with_exit_2_and_one_paragraph_plainly_
     script.write_text(REFUSED)
     plain = subprocess.run([sys.executable, str(script), str(tmp_path / "plain")], capture_output=True, text=True, timeout=120)
     assert (plain.returncode, plain.stderr) == (2, f"legato: {PARAGRAPH}\n")
-    caught = subprocess.run([sys.executable, str(script), str(tmp_path / "caught")], env=dict(os.environ, CAUGHT="1"),
-                            capture_output=True, text=True, timeout=120)
+    caught = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "caught")],
+        env=dict(os.environ, CAUGHT="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert caught.returncode == 2 and caught.stdout == "caught\n" and caught.stderr.count(PARAGRAPH) == 2, caught.stderr
-    planted = subprocess.run([sys.executable, str(script), str(tmp_path / "planted")], env=dict(os.environ, PLANT="1"),
-                             capture_output=True, text=True, timeout=120)
+    planted = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "planted")],
+        env=dict(os.environ, PLANT="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert planted.returncode == 1 and "Traceback" in planted.stderr, planted.stderr[-3000:]
 
-    launched = subprocess.run([sys.executable, "-m", "legato.torchrun", "--nproc-per-node", "2", "--master-port", str(free_port()),
-                               str(script), str(tmp_path / "launched")], capture_output=True, text=True, timeout=300)
+    launched = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "legato.torchrun",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(script),
+            str(tmp_path / "launched"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert launched.returncode == 2, launched.stderr[-3000:]
     assert "Traceback" not in launched.stderr and "ChildFailedError" not in launched.stderr, launched.stderr[-3000:]
     said = [line for line in launched.stderr.splitlines() if line.startswith("legato: ")]
@@ -94,8 +134,10 @@ def test_an_uncaught_resume_mismatch_exits_3_without_a_traceback_and_can_still_b
             raise ResumeMismatchError("planted")
         except ValueError:
             pytest.fail("not a ValueError")
-    code = "from legato.errors import ResumeMismatchError\ntry:\n    raise ResumeMismatchError('x')\nexcept Exception:\n    pass\n" \
-           "raise ResumeMismatchError('the paragraph')\n"
+    code = (
+        "from legato.errors import ResumeMismatchError\ntry:\n    raise ResumeMismatchError('x')\nexcept Exception:\n    pass\n"
+        "raise ResumeMismatchError('the paragraph')\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and done.stderr == "", done.stderr
 
@@ -106,8 +148,11 @@ def test_a_batch_not_carried_fails_the_resume_with_exit_3_on_every_rank_and_one_
     assert source.count(CARRY) == 2
     script = tmp_path / "nanogpt_uncarried.py"
     assert source.count(SESSION_END) == 1
-    script.write_text(source.replace(CARRY, 'get_batch("train")').replace(
-        SESSION_END, "total_steps=max_iters + 1, checkpoint=legato.CheckpointPolicy(replay_steps=4))"))
+    script.write_text(
+        source.replace(CARRY, 'get_batch("train")').replace(
+            SESSION_END, "total_steps=max_iters + 1, checkpoint=legato.CheckpointPolicy(replay_steps=4))"
+        )
+    )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
 
@@ -127,8 +172,24 @@ def test_a_batch_not_carried_fails_the_resume_with_exit_3_on_every_rank_and_one_
     assert text.index("not carried") < text.index("torch.Generator"), text
     assert "Every rank exits 3." in text
 
-    launcher = subprocess.run([sys.executable, "-m", "legato.torchrun", "--max-restarts", "0", "--nproc-per-node", "2", "--master-port",
-                               str(free_port()), str(script), str(run_dir)], env=dict(os.environ, PYTHONWARNINGS="ignore"),
-                              capture_output=True, text=True, timeout=300)
+    launcher = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "legato.torchrun",
+            "--max-restarts",
+            "0",
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            str(script),
+            str(run_dir),
+        ],
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert launcher.returncode == 3, launcher.stderr[-3000:]
     assert "the resume did not verify, see the paragraph above (exit 3)" in launcher.stderr and "Traceback" not in launcher.stderr

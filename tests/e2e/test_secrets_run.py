@@ -25,8 +25,9 @@ def _files(run_dir: Path) -> list[Path]:
 
 
 def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def _yaml_quoted(text: str) -> str:
@@ -42,8 +43,11 @@ def test_no_planted_secret_reaches_the_run_directory_or_any_output(tmp_path: Pat
     config_path = tmp_path / "config.yaml"
     config_path.write_text(yaml.safe_dump(config))
     args = ["run", str(config_path), "--set", f"run.dir={run_dir}"]
-    for item in (*FAST_GPT, "chaos.signal_at_steps=[5]",
-                 *(f"train.options.arg_{name}={_yaml_quoted(value)}" for name, (value, _) in FORMATS.items())):
+    for item in (
+        *FAST_GPT,
+        "chaos.signal_at_steps=[5]",
+        *(f"train.options.arg_{name}={_yaml_quoted(value)}" for name, (value, _) in FORMATS.items()),
+    ):
         args += ["--set", item]
     env = dict(os.environ, PYTHONWARNINGS="ignore", **{f"PLANT_{n.upper()}": v for n, (v, _) in FORMATS.items()}, **ALLOWLISTED_PLANTS)
     secrets = [*SECRETS, "QQ77config-secret-value"]
@@ -51,10 +55,14 @@ def test_no_planted_secret_reaches_the_run_directory_or_any_output(tmp_path: Pat
     outputs = [_cli(*args, env=env)]
     assert outputs[0].returncode == 0, outputs[0].stdout[-2000:] + outputs[0].stderr[-2000:]
     job = next(e["job_id"] for e in map(json.loads, (run_dir / "ledger.jsonl").read_text().splitlines()) if e["event"] == "submitted")
-    outputs += [_cli("status", str(run_dir), env=env), _cli("status", str(run_dir), "--json", env=env), _cli("logs", str(run_dir), env=env),
-                _cli("repro", "show", f"{job}/0", "--run", str(run_dir), env=env), _cli("repro", "show", f"{job}/1", "--run",
-                                                                                        str(run_dir), env=env),
-                _cli("repro", "diff", f"{job}/0", f"{job}/1", "--run", str(run_dir), env=env)]
+    outputs += [
+        _cli("status", str(run_dir), env=env),
+        _cli("status", str(run_dir), "--json", env=env),
+        _cli("logs", str(run_dir), env=env),
+        _cli("repro", "show", f"{job}/0", "--run", str(run_dir), env=env),
+        _cli("repro", "show", f"{job}/1", "--run", str(run_dir), env=env),
+        _cli("repro", "diff", f"{job}/0", f"{job}/1", "--run", str(run_dir), env=env),
+    ]
     files = _files(run_dir)
     assert (
         any(p.name == "env.txt" for p in files)

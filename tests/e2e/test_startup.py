@@ -130,11 +130,23 @@ def test_a_dead_rank_after_a_checkpoint_is_resubmitted_and_resumed(tmp_path: Pat
         run_dir, "train.steps=400", "checkpoint.every_steps=25", "repro.enabled=false", "train.entrypoint=legato_hang_at_exit:main"
     )
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(tmp_path))
-    supervisor = subprocess.Popen([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True)
+    supervisor = subprocess.Popen(
+        [sys.executable, "-m", "legato.orchestrator.cli", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        wait_for(lambda: run_dir.joinpath("ledger.jsonl").exists() and any(
-            e["event"] == "checkpoint_committed" and e["step"] >= 25 for e in ledger(run_dir)), timeout=300, what="a periodic checkpoint")
+        wait_for(
+            lambda: (
+                run_dir.joinpath("ledger.jsonl").exists()
+                and any(e["event"] == "checkpoint_committed" and e["step"] >= 25 for e in ledger(run_dir))
+            ),
+            timeout=300,
+            what="a periodic checkpoint",
+        )
         assert (tmp_path / "hung_once").exists()
         rank1 = next(e["pid"] for e in ledger(run_dir) if e["event"] == "rank_started" and e["rank"] == 1)
         os.kill(rank1, signal.SIGKILL)

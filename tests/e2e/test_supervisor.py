@@ -39,7 +39,9 @@ def test_two_signals_three_attempts_every_resume_verified(tmp_path: Path) -> Non
     assert [a["verified"] for a in attempts] == [None, True, True]
     # Each resume replayed from its base (every 4 steps) up to the checkpoint, identical.
     assert [a["replay"] and (a["replay"]["from_step"], a["replay"]["steps"], a["replay"]["identical"]) for a in attempts] == [
-        None, (4, 4, True), (16, 4, True)
+        None,
+        (4, 4, True),
+        (16, 4, True),
     ]
     assert "replay ✓ 4 steps from step 4" in proc.stdout
     # Each stop held its state as its base (written with it) and the steps since: its line says so.
@@ -59,12 +61,21 @@ def test_hard_kill_resubmits_and_resumes_from_last_periodic_checkpoint(tmp_path:
     sets = ("train.steps=400", "checkpoint.every_steps=25")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     supervisor = subprocess.Popen(
-        [sys.executable, "-m", "legato.orchestrator.cli", *run_args(run_dir, *sets)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT, text=True
+        [sys.executable, "-m", "legato.orchestrator.cli", *run_args(run_dir, *sets)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
-        wait_for(lambda: run_dir.joinpath("ledger.jsonl").exists() and any(
-            e["event"] == "checkpoint_committed" and e["step"] >= 50 for e in ledger(run_dir)), what="a periodic checkpoint")
+        wait_for(
+            lambda: (
+                run_dir.joinpath("ledger.jsonl").exists()
+                and any(e["event"] == "checkpoint_committed" and e["step"] >= 50 for e in ledger(run_dir))
+            ),
+            what="a periodic checkpoint",
+        )
         pids = [e["pid"] for e in ledger(run_dir) if e["event"] == "rank_started"]
         assert len(pids) == 2
         for pid in pids:
@@ -123,13 +134,20 @@ def test_detach_watch_and_preemption_by_the_supervisor(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("sigint", ["default", "ignored"])
 def test_cancel_ends_the_run_and_keeps_checkpoints(tmp_path: Path, sigint: str) -> None:
-    """"ignored": started as a non-interactive shell starts a command in the background (`legato run ... &` in a
+    """ "ignored": started as a non-interactive shell starts a command in the background (`legato run ... &` in a
     script), with SIGINT ignored, which the controller would inherit and `legato cancel` then could not stop it."""
     run_dir = tmp_path / "run"
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint == "ignored" else None
     args = [*run_args(run_dir, "train.steps=5000", "checkpoint.every_steps=10"), "--detach"]
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          preexec_fn=ignore, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=ignore,
+        env=dict(os.environ, PYTHONWARNINGS="ignore"),
+    )
     assert proc.returncode == 0, proc.stderr
     wait_for(lambda: any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)), what="a checkpoint")
     cancelled = legato("cancel", str(run_dir))

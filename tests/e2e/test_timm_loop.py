@@ -75,8 +75,9 @@ def test_the_naive_port_is_named_by_the_census_and_never_claims_what_it_did_not_
     assert "verified by a replay of 4 steps from step 0 in " in resumed and "s, except 1 unregistered object: losses_m" in resumed
     last = attempts[2][0].stderr.strip().splitlines()[-1]
     assert "FAILED: resume not verified" in last and "the census named losses_m" in last and "legato.attributes(obj)" in last
-    shown = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "status", str(tmp_path)], capture_output=True, text=True,
-                           timeout=120).stdout
+    shown = subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", "status", str(tmp_path)], capture_output=True, text=True, timeout=120
+    ).stdout
     assert "FAILED, step 12/18" in shown and "✓ except 1" in shown and "the census named losses_m" in shown, shown
     assert "resumes verified, except 2 unregistered objects: losses_m, saver" in shown, shown
     # The saver was found by the census of the stop at step 12, which runs beside its write: the next checkpoints carry it.

@@ -88,15 +88,19 @@ def test_max_restarts_on_the_static_rendezvous_is_refused_before_anything_starts
     assert list(out.iterdir()) == []
 
 
-@pytest.mark.parametrize(("launch", "said"), [
-    (("--nproc-per-node", "2", "no_such_train.py"), "the training script no_such_train.py is not a file"),
-    (("--nproc-per-node", "0", str(SCRIPT)), "--nproc-per-node 0 starts no rank. Pass 1 or more, or auto."),
-])
+@pytest.mark.parametrize(
+    ("launch", "said"),
+    [
+        (("--nproc-per-node", "2", "no_such_train.py"), "the training script no_such_train.py is not a file"),
+        (("--nproc-per-node", "0", str(SCRIPT)), "--nproc-per-node 0 starts no rank. Pass 1 or more, or auto."),
+    ],
+)
 def test_a_launch_torchrun_would_fail_inside_its_agent_is_one_paragraph_and_exit_2(tmp_path: Path, launch: tuple, said: str) -> None:
     """Plain torchrun prints a ChildFailedError per rank for a missing script, and a bare AssertionError for no ranks."""
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    refused = subprocess.run([*LEGATO_TORCHRUN, *launch, str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                             timeout=300)
+    refused = subprocess.run(
+        [*LEGATO_TORCHRUN, *launch, str(tmp_path / "run")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
     assert refused.returncode == 2, refused.stderr[-3000:]
     assert said in refused.stderr and "Traceback" not in refused.stderr and "ChildFailedError" not in refused.stderr, refused.stderr
     assert not (tmp_path / "run").exists()

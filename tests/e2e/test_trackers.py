@@ -92,8 +92,11 @@ def _interrupt(run: Path, how: str, at: int, fault: str) -> str:
             _, stderr = launcher.communicate(timeout=240)
             assert launcher.returncode == 75, stderr[-3000:]
             return stderr
-        wait_for(lambda: (run / "checkpoints" / f"step_{at}").is_dir() and _logged_past(run, at + 2), 180,
-                  f"the periodic checkpoint at step {at} and TensorBoard points past it")
+        wait_for(
+            lambda: (run / "checkpoints" / f"step_{at}").is_dir() and _logged_past(run, at + 2),
+            180,
+            f"the periodic checkpoint at step {at} and TensorBoard points past it",
+        )
         seen |= set(process_tree(launcher.pid))
         for pid in sorted(seen):
             os.kill(pid, signal.SIGKILL)
@@ -138,8 +141,10 @@ def test_a_scripts_dashboards_after_two_stops_and_a_hard_kill(tmp_path: Path) ->
 
     # One run id across the attempts, the attempts counted, the resumed step known to the tracker.
     identity = [line for text in said for line in text.splitlines() if line.startswith("tracker: ")]
-    assert identity == [f"tracker: run {(run / 'run_id').read_text().strip()} attempt {n} resumed at step {s}"
-                        for n, s in zip((1, 2, 3, 4), (0, *stops, 60))]
+    assert identity == [
+        f"tracker: run {(run / 'run_id').read_text().strip()} attempt {n} resumed at step {s}"
+        for n, s in zip((1, 2, 3, 4), (0, *stops, 60))
+    ]
 
     # legato's own commands read the script's run.
     status = legato("status", str(run), "--json")
@@ -156,11 +161,14 @@ def test_a_scripts_dashboards_after_two_stops_and_a_hard_kill(tmp_path: Path) ->
     assert plot.returncode == 0 and (tmp_path / "loss.png").stat().st_size > 0, plot.stderr
 
 
-@pytest.mark.parametrize(("fault", "interruption", "caught"), [
-    ("log-replay", ("stop", 30), "train/loss logged more than once"),
-    ("no-purge", ("kill", 40), "train/loss logged more than once"),
-    ("validate-after-stop", ("stop", 8), "validation ran after a stop"),
-])
+@pytest.mark.parametrize(
+    ("fault", "interruption", "caught"),
+    [
+        ("log-replay", ("stop", 30), "train/loss logged more than once"),
+        ("no-purge", ("kill", 40), "train/loss logged more than once"),
+        ("validate-after-stop", ("stop", 8), "validation ran after a stop"),
+    ],
+)
 def test_the_dashboard_checker_catches_a_planted_fault(tmp_path: Path, fault: str, interruption: tuple[str, int], caught: str) -> None:
     run = tmp_path / "run"
     _interrupt(run, *interruption, fault)

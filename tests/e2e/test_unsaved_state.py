@@ -86,8 +86,18 @@ def test_strict_session_refuses_an_unregistered_averaged_model_before_the_first_
 
 def test_determinism_mode_strict_refuses_with_exit_2_and_one_paragraph(tmp_path: Path) -> None:
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(LOOPS.parent))
-    cmd = [sys.executable, "-m", "legato", str(TINY_GPT), "--nproc", "2", "--set", f"run.dir={tmp_path}", "--set",
-           "train.entrypoint=ema_loops:entry"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "legato",
+        str(TINY_GPT),
+        "--nproc",
+        "2",
+        "--set",
+        f"run.dir={tmp_path}",
+        "--set",
+        "train.entrypoint=ema_loops:entry",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2, out[-3000:]

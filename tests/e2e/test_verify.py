@@ -82,8 +82,13 @@ def test_compare_names_a_world_size_change(tmp_path: Path) -> None:
     two, one = tmp_path / "two", tmp_path / "one"
     assert run_trainer(TINY_GPT, two, *FAST_GPT, "train.steps=6").returncode == 0
     assert run_trainer(TINY_GPT, one, *FAST_GPT, "train.steps=6", nproc=1).returncode == 0
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "verify", "--compare", str(two), str(one)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", "verify", "--compare", str(two), str(one)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "world size changed: 2 ranks against 1" in proc.stdout
 
@@ -91,7 +96,8 @@ def test_compare_names_a_world_size_change(tmp_path: Path) -> None:
 def test_plot_of_a_run(tmp_path: Path) -> None:
     run = tmp_path / "run"
     assert run_trainer(TINY_GPT, run, *FAST_GPT, "train.steps=6").returncode == 0
-    proc = subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", "plot", str(run)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", "plot", str(run)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert (run / "loss.png").read_bytes()[:4] == b"\x89PNG"

@@ -23,10 +23,13 @@ from legato.runtime.launch import free_port
 PORT = ROOT / "examples" / "port"
 
 
-def verify(tmp_path: Path, script: str, steps: str, *script_args: str, as_json: bool = True
-           ) -> tuple[subprocess.CompletedProcess, dict | None]:
-    command = (f"{sys.executable} -m legato.torchrun --nproc-per-node 2 --master-port {free_port()} {PORT / script} "
-               f"{{run_dir}} {' '.join(script_args)}")
+def verify(
+    tmp_path: Path, script: str, steps: str, *script_args: str, as_json: bool = True
+) -> tuple[subprocess.CompletedProcess, dict | None]:
+    command = (
+        f"{sys.executable} -m legato.torchrun --nproc-per-node 2 --master-port {free_port()} {PORT / script} "
+        f"{{run_dir}} {' '.join(script_args)}"
+    )
     out = tmp_path / "verify"
     cmd = [
         sys.executable,
@@ -74,8 +77,18 @@ def test_a_script_with_unseeded_global_rngs_verifies_its_training_and_names_them
 
 
 def test_a_command_without_its_run_dir_is_refused(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "legato.orchestrator.cli", "verify", "--command", "python train.py", "--interrupt-at", "3", "--out",
-           str(tmp_path / "v")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "legato.orchestrator.cli",
+        "verify",
+        "--command",
+        "python train.py",
+        "--interrupt-at",
+        "3",
+        "--out",
+        str(tmp_path / "v"),
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "does not name {run_dir}" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "v").exists()
@@ -87,7 +100,8 @@ def test_an_unseeded_rng_that_feeds_training_is_still_a_divergence(tmp_path: Pat
     so two uninterrupted runs differ in their loss bits, not in RNG states alone; verify must not call that identical."""
     source = (PORT / "nanogpt_legato.py").read_text()
     jitter = source.replace("import math\n", "import math\nimport random\n").replace(
-        "    lr = get_lr(iter_num)\n", "    lr = get_lr(iter_num) * (1 + random.random() * 1e-3)\n")
+        "    lr = get_lr(iter_num)\n", "    lr = get_lr(iter_num) * (1 + random.random() * 1e-3)\n"
+    )
     assert jitter.count("random.random()") == 1
     script = tmp_path / "nanogpt_jitter.py"
     script.write_text(jitter)
@@ -100,8 +114,9 @@ def test_an_unseeded_rng_that_feeds_training_is_still_a_divergence(tmp_path: Pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("steps", "said"), [("500", "--interrupt-at 500: the command trains 24 steps"),
-                                             ("23", "finished without a single stop")])
+@pytest.mark.parametrize(
+    ("steps", "said"), [("500", "--interrupt-at 500: the command trains 24 steps"), ("23", "finished without a single stop")]
+)
 def test_a_proof_with_no_stop_is_refused_not_passed(tmp_path: Path, steps: str, said: str) -> None:
     """A stop past the end (refused once the reference run shows the run's length), or one so late that the run finishes
     before it lands: no resume happened, so verify exits 2 saying so, never "bitwise identical" with 0 resumes."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, codes, run_ranks, trajectory
 
-SCRIPT = '''
+SCRIPT = """
 import json, sys, time
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -47,7 +47,7 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +112,11 @@ def test_a_run_resumes_bitwise_under_every_start_method(tmp_path: Path) -> None:
         return run_ranks(args, timeout=300, **env)
 
     def seen(run_dir: Path, rank: int) -> tuple:
-        return ((run_dir / f"batches_rank{rank}.jsonl").read_text(), (run_dir / f"params_rank{rank}.txt").read_text(),
-                [r["loss_hex"] for r in trajectory(run_dir, rank)])
+        return (
+            (run_dir / f"batches_rank{rank}.jsonl").read_text(),
+            (run_dir / f"params_rank{rank}.txt").read_text(),
+            [r["loss_hex"] for r in trajectory(run_dir, rank)],
+        )
 
     reference = tmp_path / "reference"
     assert codes(first := launch(reference, "fork")) == [0, 0], first[0].stderr[-3000:]

@@ -109,14 +109,28 @@ def main() -> int:
     noise_t, noise_np, noise_py = torch.Generator().manual_seed(5), np.random.default_rng(6), random.Random(7)
     if args.loop == "owned":
         dataset = Augmented(96)
-        loader = DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, seed=2), num_workers=2,
-                            generator=torch.Generator().manual_seed(9), worker_init_fn=mark_worker)
+        loader = DataLoader(
+            dataset,
+            batch_size=4,
+            sampler=DistributedSampler(dataset, seed=2),
+            num_workers=2,
+            generator=torch.Generator().manual_seed(9),
+            worker_init_fn=mark_worker,
+        )
         extras = {"noise_t": noise_t, "noise_np": noise_np, "noise_py": noise_py}
     else:
         loader = DataLoader(Stream(80, rank, world), batch_size=4)
         extras = {}
-    session = legato.Session(args.run_dir, model=net, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=30,
-                             extras=extras, checkpoint=legato.CheckpointPolicy(verify=args.verify))
+    session = legato.Session(
+        args.run_dir,
+        model=net,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loader=loader,
+        total_steps=30,
+        extras=extras,
+        checkpoint=legato.CheckpointPolicy(verify=args.verify),
+    )
     if args.signal_before_loop and rank == world - 1:
         os.kill(os.getpid(), signal.SIGUSR2)
     for x, y in session:

@@ -17,8 +17,9 @@ from conftest import FAST_GPT, ROOT, TINY_GPT
 def legato(*args: str, timeout: float = 300, **environ: str) -> subprocess.CompletedProcess:
     """Run `legato ARGS...` as a user would, with its output captured (and `environ` added to its environment)."""
     env = dict(os.environ, PYTHONWARNINGS="ignore", **environ)
-    return subprocess.run([sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def run_args(run_dir: Path, *sets: str) -> list[str]:

@@ -43,10 +43,11 @@ def build(rank: int, kind: str) -> tuple[torch.nn.Module, DDP, torch.optim.Optim
     return model, net, optimizer, ema, torch.randn(400, 6, generator=torch.Generator().manual_seed(rank))
 
 
-def train(session: legato.Session, model: torch.nn.Module, net: DDP, optimizer: torch.optim.Optimizer, ema: torch.nn.Module,
-          data: torch.Tensor) -> None:
+def train(
+    session: legato.Session, model: torch.nn.Module, net: DDP, optimizer: torch.optim.Optimizer, ema: torch.nn.Module, data: torch.Tensor
+) -> None:
     for step in session:
-        x = data[step * 8:(step + 1) * 8]
+        x = data[step * 8 : (step + 1) * 8]
         loss = F.mse_loss(net(x), x.sum(1, keepdim=True))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -78,10 +79,16 @@ def main() -> int:
     rank = dist.get_rank()
     model, net, optimizer, ema, data = build(rank, args.ema)
     # A replay base 2 steps back: a replay from step 0 would rebuild the EMA from scratch and hide the fault.
-    session = legato.Session(args.run_dir, model=net, optimizer=optimizer, total_steps=12, census=args.census,
-                             checkpoint=legato.CheckpointPolicy(replay_steps=2),
-                             extras={"ema": ema} if args.ema == "registered" else None,
-                             ignore=[ema] if args.ema == "ignored" else ())
+    session = legato.Session(
+        args.run_dir,
+        model=net,
+        optimizer=optimizer,
+        total_steps=12,
+        census=args.census,
+        checkpoint=legato.CheckpointPolicy(replay_steps=2),
+        extras={"ema": ema} if args.ema == "registered" else None,
+        ignore=[ema] if args.ema == "ignored" else (),
+    )
     train(session, model, net, optimizer, ema, data)
     weights = ema.module if isinstance(ema, AveragedModel) else ema
     digest = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in weights.parameters())).hexdigest()

@@ -45,9 +45,15 @@ BATCH = 4
 def build() -> tuple[torch.nn.Module, torch.optim.Optimizer, AveragedModel]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(
-        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4),
+        torch.nn.Conv2d(3, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.Conv2d(8, 8, 3, padding=1),
+        torch.nn.BatchNorm2d(8),
+        torch.nn.ReLU(),
+        torch.nn.AdaptiveAvgPool2d(1),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8, 4),
     )
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.9), use_buffers=True)
@@ -59,8 +65,16 @@ def data(rank: int, steps: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(steps * BATCH, 3, 8, 8, generator=gen), torch.randint(0, 4, (steps * BATCH,), generator=gen)
 
 
-def micro_step(net: DDP, optimizer: torch.optim.Optimizer, ema: AveragedModel, model: torch.nn.Module, x: torch.Tensor,
-               y: torch.Tensor, step: int, accumulate: int) -> torch.Tensor:
+def micro_step(
+    net: DDP,
+    optimizer: torch.optim.Optimizer,
+    ema: AveragedModel,
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    step: int,
+    accumulate: int,
+) -> torch.Tensor:
     """One micro-batch; the last of each accumulation reduces the gradients, steps and updates the EMA."""
     sync = (step + 1) % accumulate == 0
     with contextlib.nullcontext() if sync else net.no_sync():
@@ -109,17 +123,27 @@ def main() -> int:
         validate(net, rank)
     try:
         if args.plain:
-            losses = [micro_step(net, optimizer, ema, model, xs[s * BATCH:(s + 1) * BATCH], ys[s * BATCH:(s + 1) * BATCH], s,
-                                 args.accumulate).item().hex() for s in range(args.steps)]
+            losses = [
+                micro_step(net, optimizer, ema, model, xs[s * BATCH : (s + 1) * BATCH], ys[s * BATCH : (s + 1) * BATCH], s, args.accumulate)
+                .item()
+                .hex()
+                for s in range(args.steps)
+            ]
             args.run_dir.mkdir(parents=True, exist_ok=True)
             result = {"loss_hex": losses, "model": digest(model), "ema": digest(ema)}
             (args.run_dir / f"rank{rank}.json").write_text(json.dumps(result))
             return 0
-        session = legato.Session(args.run_dir, model=net, optimizer=optimizer, total_steps=args.steps, extras={"ema": ema},
-                                 checkpoint=legato.CheckpointPolicy(replay_steps=3, hash_every_steps=1, agree_every_steps=1),
-                                 chaos=dataclasses.replace(legato.Chaos.from_env(), skip_restore=frozenset({args.skip_restore})))
+        session = legato.Session(
+            args.run_dir,
+            model=net,
+            optimizer=optimizer,
+            total_steps=args.steps,
+            extras={"ema": ema},
+            checkpoint=legato.CheckpointPolicy(replay_steps=3, hash_every_steps=1, agree_every_steps=1),
+            chaos=dataclasses.replace(legato.Chaos.from_env(), skip_restore=frozenset({args.skip_restore})),
+        )
         for step in session:
-            x, y = xs[step * BATCH:(step + 1) * BATCH], ys[step * BATCH:(step + 1) * BATCH]
+            x, y = xs[step * BATCH : (step + 1) * BATCH], ys[step * BATCH : (step + 1) * BATCH]
             session.report(micro_step(net, optimizer, ema, model, x, y, step, args.accumulate))
         if session.exit_code == 0:
             (args.run_dir / f"final_rank{rank}.json").write_text(json.dumps({"model": digest(model), "ema": digest(ema)}))

@@ -60,8 +60,9 @@ def main(out: Path) -> int:
     dataset = TensorDataset(torch.arange(SAMPLES), data, data[:, :3].sin())
     global_batch = int(os.environ.get("GLOBAL_BATCH", GLOBAL_BATCH))  # a test changes it to plant a fault
     loader = legato.resumable_loader(dataset, global_batch // world, seed=7, rank=rank, world_size=world)
-    policy = legato.CheckpointPolicy(every_minutes=0, reshard=os.environ.get("RESHARD") == "1",
-                                     replay_steps=int(os.environ.get("REPLAY_STEPS", "32")))
+    policy = legato.CheckpointPolicy(
+        every_minutes=0, reshard=os.environ.get("RESHARD") == "1", replay_steps=int(os.environ.get("REPLAY_STEPS", "32"))
+    )
     session = legato.Session(out, model=model, optimizer=optimizer, loader=loader, total_steps=STEPS, checkpoint=policy)
     first = True
     with (out / f"samples_rank{rank}_ws{world}.jsonl").open("a") as log:

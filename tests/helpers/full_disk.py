@@ -41,9 +41,15 @@ def rank(run_dir: Path) -> int:
     net = DDP(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     data = torch.randn(STEPS, 4, 256, generator=torch.Generator().manual_seed(dist.get_rank()))
-    session = legato.Session(run_dir, model=net, optimizer=optimizer, total_steps=STEPS,
-                             checkpoint=legato.CheckpointPolicy(every_steps=5, agree_every_steps=1, replay_steps=0,
-                                                                async_=os.environ.get("FULL_DISK_ASYNC") == "1"))
+    session = legato.Session(
+        run_dir,
+        model=net,
+        optimizer=optimizer,
+        total_steps=STEPS,
+        checkpoint=legato.CheckpointPolicy(
+            every_steps=5, agree_every_steps=1, replay_steps=0, async_=os.environ.get("FULL_DISK_ASYNC") == "1"
+        ),
+    )
     for step in session:
         loss = F.mse_loss(net(data[step]), data[step].flip(-1))
         optimizer.zero_grad(set_to_none=True)
@@ -91,6 +97,7 @@ def fill_after(run_dir: Path, step: int, checkpoint: int) -> None:
 
 def drive(out: Path, size_kb: int, launches: list[str]) -> int:
     from legato.runtime.launch import free_port
+
     fs = out / "fs"
     run_dir = fs / "run"
     if FILL_AFTER in os.environ:  # the run on the test's own disk, its checkpoints alone on the small filesystem
@@ -105,8 +112,12 @@ def drive(out: Path, size_kb: int, launches: list[str]) -> int:
         env = dict(os.environ, WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
         if stop:
             env.update(LEGATO_CHAOS_SIGNAL_AT=str(stop), LEGATO_CHAOS_SIGNAL_RANK="1")
-        procs = [subprocess.Popen([sys.executable, __file__, "--rank", str(run_dir)], env=dict(env, RANK=str(r)),
-                                  stderr=subprocess.PIPE, text=True) for r in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, __file__, "--rank", str(run_dir)], env=dict(env, RANK=str(r)), stderr=subprocess.PIPE, text=True
+            )
+            for r in range(2)
+        ]
         errs = [p.communicate(timeout=300)[1] for p in procs]
         entries = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
         record = {"codes": [p.returncode for p in procs], "stderr": errs, "checkpoints": entries}

@@ -24,9 +24,22 @@ def start_ranks(script: Path, out: Path, world: int = 2, **env: str) -> list[sub
     out.mkdir(parents=True, exist_ok=True)
     procs = [
         # stderr to a file, never a pipe nobody reads while the ranks run: a full pipe blocks a rank holding its logging lock.
-        subprocess.Popen([sys.executable, str(script), str(out)], stderr=(out / f"rank{rank}.stderr").open("w"), text=True, env=dict(
-            os.environ, PYTHONHASHSEED="0", RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-            PYTHONWARNINGS="ignore", PYTHONPATH=str(ROOT), **env))
+        subprocess.Popen(
+            [sys.executable, str(script), str(out)],
+            stderr=(out / f"rank{rank}.stderr").open("w"),
+            text=True,
+            env=dict(
+                os.environ,
+                PYTHONHASHSEED="0",
+                RANK=str(rank),
+                WORLD_SIZE=str(world),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                PYTHONWARNINGS="ignore",
+                PYTHONPATH=str(ROOT),
+                **env,
+            ),
+        )
         for rank in range(world)
     ]
     _STDERR.update({p.pid: out / f"rank{rank}.stderr" for rank, p in enumerate(procs)})
@@ -64,8 +77,11 @@ def _stacks_of_the_running(procs: list[subprocess.Popen]) -> str:
     for p in running:
         with suppress(subprocess.TimeoutExpired):
             p.wait(timeout=30)
-    notes = [f"--- pid {p.pid} ({_STDERR.get(p.pid, 'stderr not in a file')}), still running at the failure; SIGABRT's stacks:\n"
-             f"{_STDERR[p.pid].read_text()[-6000:] if p.pid in _STDERR else ''}" for p in running]
+    notes = [
+        f"--- pid {p.pid} ({_STDERR.get(p.pid, 'stderr not in a file')}), still running at the failure; SIGABRT's stacks:\n"
+        f"{_STDERR[p.pid].read_text()[-6000:] if p.pid in _STDERR else ''}"
+        for p in running
+    ]
     return "\n".join(notes) or "no process of the test was still running at the failure"
 
 

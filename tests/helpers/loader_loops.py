@@ -108,11 +108,16 @@ def build_loader(args: argparse.Namespace, rank: int, world: int):
         if args.loop == "stateful-iterable":
             return StatefulDataLoader(Stream(80, rank, world), batch_size=4, num_workers=args.workers, **context)
         dataset = Augmented(96)
-        return StatefulDataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, seed=2), num_workers=args.workers,
-                                  **context)
+        return StatefulDataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, seed=2), num_workers=args.workers, **context)
     dataset = Augmented(48)
-    return DataLoader(dataset, batch_size=4, sampler=DistributedSampler(dataset, seed=2), num_workers=args.workers,
-                      persistent_workers=args.persistent, **context)
+    return DataLoader(
+        dataset,
+        batch_size=4,
+        sampler=DistributedSampler(dataset, seed=2),
+        num_workers=args.workers,
+        persistent_workers=args.persistent,
+        **context,
+    )
 
 
 def train_step(net: DDP, optimizer: torch.optim.Optimizer, batch, sync: bool, scale: float) -> torch.Tensor:

@@ -69,9 +69,15 @@ def main() -> int:
         chaos = legato.Chaos.from_env()
         if args.skip_buckets:
             chaos = dataclasses.replace(chaos, skip_restore=frozenset({"buckets"}))
-        session = legato.Session(args.out, model=net, optimizer=optimizer, total_steps=STEPS, census="strict", chaos=chaos,
-                                 checkpoint=legato.CheckpointPolicy(hash_every_steps=1, agree_every_steps=1,
-                                                                    replay_steps=args.replay_steps))
+        session = legato.Session(
+            args.out,
+            model=net,
+            optimizer=optimizer,
+            total_steps=STEPS,
+            census="strict",
+            chaos=chaos,
+            checkpoint=legato.CheckpointPolicy(hash_every_steps=1, agree_every_steps=1, replay_steps=args.replay_steps),
+        )
     for step in session if session is not None else range(STEPS):
         x = data[step]
         loss = F.mse_loss(net(x), x.sum(1, keepdim=True).sin())

@@ -53,8 +53,11 @@ _plant("stripe_webhook_secret", "whsec_" + _rand(32))
 _plant("npm", "npm_" + _rand(36))
 _plant("pypi", "pypi-AgEIcHlwaS5vcmc" + _rand(50))
 _account_key = _rand(64) + "=="
-_plant("azure_connection_string",
-       f"DefaultEndpointsProtocol=https;AccountName=legatostore;AccountKey={_account_key};EndpointSuffix=core.windows.net", _account_key)
+_plant(
+    "azure_connection_string",
+    f"DefaultEndpointsProtocol=https;AccountName=legatostore;AccountKey={_account_key};EndpointSuffix=core.windows.net",
+    _account_key,
+)
 _sas = _rand(43) + "%3D"
 _plant("azure_sas_url", f"https://legatostore.blob.core.windows.net/ckpt/a.pt?sv=2021-06-08&sr=b&sp=r&sig={_sas}", _sas)
 _query_token = _rand(32)
@@ -110,7 +113,7 @@ REPRO_SECRETS = {
     "OPENAI_API_KEY": "sk-proj-" + "Zz9Yy8Xx7Ww6Vv5Uu4Tt3Ss2",
     "SOME_HEADER": "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
     "DEPLOY_PEM": "-----BEGIN RSA PRIVATE KEY-----\nMIIBOgIBAAJBAKj34GkxFhD90vcNLYLInFEX6Ppy1tPf9Cnzj4p4WGeKLs1Pt8Qu\n-----END RSA "
-                  "PRIVATE KEY-----",
+    "PRIVATE KEY-----",
     "DATABASE_URL": "postgres://trainer:hunter2hunter2@db.example.org/runs",
     "MY_PASSWORD": "correct-horse-battery-staple",
 }

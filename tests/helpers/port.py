@@ -34,6 +34,7 @@ def plain_finished(runs: list[subprocess.CompletedProcess], out: Path) -> str | 
     worker that still holds the script's last collective when Python finalizes ends the process with SIGABRT after
     the script's last line. legato's ranks have an exit hook against it (docs/hardening.md, "Clean exits"); the plain
     originals do not, so that abort is torch's, and the result on disk is the run's. Anything else fails."""
+
     def finished(rank: int, run: subprocess.CompletedProcess) -> bool:
         aborted = run.returncode == -signal.SIGABRT and FINALIZATION_ABORT in run.stderr
         return run.returncode == 0 or (aborted and (out / f"result_rank{rank}.json").exists())

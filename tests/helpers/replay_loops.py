@@ -132,10 +132,21 @@ def train(
     staged, gradients, noise = Staged(), Gradients(model), torch.Generator().manual_seed(5)
     extras = {"prefetch": {"staged": staged}, "accumulate": {"grads": gradients}, "generator": {"noise": GeneratorState(noise)}}
     session = legato.Session(
-        run_dir, model=net, optimizer=optimizer, loader=loader, total_steps=steps,
+        run_dir,
+        model=net,
+        optimizer=optimizer,
+        loader=loader,
+        total_steps=steps,
         extras=extras.get(loop, {}) if register else {},
-        checkpoint=legato.CheckpointPolicy(hash_every_steps=1, agree_every_steps=1, replay_steps=replay_steps, verify=verify,
-                                           every_steps=every_steps, keep_last=keep_last, replay_seconds=replay_seconds),
+        checkpoint=legato.CheckpointPolicy(
+            hash_every_steps=1,
+            agree_every_steps=1,
+            replay_steps=replay_steps,
+            verify=verify,
+            every_steps=every_steps,
+            keep_last=keep_last,
+            replay_seconds=replay_seconds,
+        ),
         chaos=chaos or legato.Chaos(signal_rank=world - 1, signal_at_steps=signal_at),
     )
     for batch in session:
@@ -187,10 +198,18 @@ def main() -> int:
     dist.init_process_group("gloo")
     try:
         session = train(
-            Path(args.run_dir), args.loop, register=args.register, signal_at=tuple(args.signal_at), steps=args.steps,
-            replay_steps=args.replay_steps, replay_seconds=args.replay_seconds, every_steps=args.every_steps, keep_last=args.keep_last,
-            chaos=legato.Chaos(signal_rank=int(os.environ["WORLD_SIZE"]) - 1, signal_at_steps=tuple(args.signal_at),
-                               step_sleep_s=args.step_sleep),
+            Path(args.run_dir),
+            args.loop,
+            register=args.register,
+            signal_at=tuple(args.signal_at),
+            steps=args.steps,
+            replay_steps=args.replay_steps,
+            replay_seconds=args.replay_seconds,
+            every_steps=args.every_steps,
+            keep_last=args.keep_last,
+            chaos=legato.Chaos(
+                signal_rank=int(os.environ["WORLD_SIZE"]) - 1, signal_at_steps=tuple(args.signal_at), step_sleep_s=args.step_sleep
+            ),
             on_step=signal_in_replay(args.signal_in_replay) if args.signal_in_replay else None,
         )
     except legato.ResumeMismatchError as exc:

@@ -36,8 +36,9 @@ def main(out: Path) -> int:
     model = torch.nn.Linear(16, 16)
     net = DDP(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    session = legato.Session(out, model=net, optimizer=optimizer, total_steps=STEPS,
-                             checkpoint=legato.CheckpointPolicy(every_minutes=0, agree_every_steps=1))
+    session = legato.Session(
+        out, model=net, optimizer=optimizer, total_steps=STEPS, checkpoint=legato.CheckpointPolicy(every_minutes=0, agree_every_steps=1)
+    )
     for step in session:
         x = torch.randn(4, 16, generator=torch.Generator().manual_seed(step))
         F.mse_loss(net(x), x).backward()

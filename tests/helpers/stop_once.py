@@ -45,8 +45,13 @@ def main(out: Path) -> int:
     loader = legato.resumable_loader(torch.utils.data.TensorDataset(data, data.tanh()), 4, seed=7, rank=rank, world_size=world)
     env = os.environ
     policy = legato.CheckpointPolicy(
-        every_minutes=0, every_steps=int(env.get("EVERY_STEPS", "0")), keep_last=int(env.get("KEEP_LAST", "3")),
-        verify=env.get("VERIFY", "error"), replay_steps=int(env.get("REPLAY_STEPS", "4")), hash_every_steps=1, agree_every_steps=1,
+        every_minutes=0,
+        every_steps=int(env.get("EVERY_STEPS", "0")),
+        keep_last=int(env.get("KEEP_LAST", "3")),
+        verify=env.get("VERIFY", "error"),
+        replay_steps=int(env.get("REPLAY_STEPS", "4")),
+        hash_every_steps=1,
+        agree_every_steps=1,
         async_=True if env.get("ASYNC") == "1" else None,
     )
     scale = 1 + rank / 8 if env.get("DIVERGE") == "1" else None

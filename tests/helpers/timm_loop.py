@@ -96,7 +96,7 @@ class CheckpointSaver:
 
     def save_checkpoint(self, epoch: int, metric: float) -> tuple[float | None, int | None]:
         self.checkpoint_files = sorted([*self.checkpoint_files, (metric, f"checkpoint-{epoch}.pth.tar")], reverse=True)
-        self.checkpoint_files = self.checkpoint_files[:self.max_history]
+        self.checkpoint_files = self.checkpoint_files[: self.max_history]
         if self.best_metric is None or metric > self.best_metric:
             self.best_epoch, self.best_metric = epoch, metric
         return self.best_metric, self.best_epoch
@@ -123,9 +123,19 @@ def mixup(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return lam * x + (1 - lam) * x[index], lam * target + (1 - lam) * target[index]
 
 
-def train_one_epoch(epoch: int, batches: Iterable, net: DDP, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                    scheduler: CosineScheduler, ema: AveragedModel, steps_per_epoch: int, report,
-                    losses_m: AverageMeter | None = None, first: int = 0) -> dict:
+def train_one_epoch(
+    epoch: int,
+    batches: Iterable,
+    net: DDP,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: CosineScheduler,
+    ema: AveragedModel,
+    steps_per_epoch: int,
+    report,
+    losses_m: AverageMeter | None = None,
+    first: int = 0,
+) -> dict:
     if losses_m is None:
         losses_m = AverageMeter()  # timm's own: a new meter every epoch
     elif first == 0:
@@ -186,22 +196,42 @@ def main() -> int:
         if args.style == "plain":
             for epoch in range(EPOCHS):
                 sampler.set_epoch(epoch)
-                train_one_epoch(epoch, loader, net, model, optimizer, scheduler, ema, steps_per_epoch,
-                                lambda loss: losses.append(loss.item().hex()))
+                train_one_epoch(
+                    epoch, loader, net, model, optimizer, scheduler, ema, steps_per_epoch, lambda loss: losses.append(loss.item().hex())
+                )
                 saver.save_checkpoint(epoch, validate(net, rank))
                 scheduler.step(epoch + 1, saver.best_metric)
         else:
             extras: dict = {"ema": ema}
             if args.style == "ported":
-                extras.update(losses=legato.attributes(losses_m), saver=legato.attributes(saver, "checkpoint_files", "best_epoch",
-                                                                                         "best_metric"))
-            session = legato.Session(args.run_dir, model=net, optimizer=optimizer, loader=loader, total_epochs=EPOCHS,
-                                     scheduler=scheduler, extras=extras,
-                                     checkpoint=legato.CheckpointPolicy(replay_steps=args.replay_steps, agree_every_steps=1))
+                extras.update(
+                    losses=legato.attributes(losses_m), saver=legato.attributes(saver, "checkpoint_files", "best_epoch", "best_metric")
+                )
+            session = legato.Session(
+                args.run_dir,
+                model=net,
+                optimizer=optimizer,
+                loader=loader,
+                total_epochs=EPOCHS,
+                scheduler=scheduler,
+                extras=extras,
+                checkpoint=legato.CheckpointPolicy(replay_steps=args.replay_steps, agree_every_steps=1),
+            )
             for epoch in session.epochs():
                 sampler.set_epoch(epoch)
-                train_one_epoch(epoch, session.batches(), net, model, optimizer, scheduler, ema, steps_per_epoch, session.report,
-                                losses_m, session.step_in_epoch)
+                train_one_epoch(
+                    epoch,
+                    session.batches(),
+                    net,
+                    model,
+                    optimizer,
+                    scheduler,
+                    ema,
+                    steps_per_epoch,
+                    session.report,
+                    losses_m,
+                    session.step_in_epoch,
+                )
                 if session.stopped:
                     break
                 saver.save_checkpoint(epoch, validate(net, rank))
@@ -210,8 +240,13 @@ def main() -> int:
                 return session.exit_code
             losses = [json.loads(line)["loss_hex"] for line in (args.run_dir / "trajectory" / f"rank{rank}.jsonl").read_text().splitlines()]
         args.run_dir.mkdir(parents=True, exist_ok=True)
-        result = {"loss_hex": losses, "model": digest(model), "ema": digest(ema), "scheduler": digest(scheduler.state_dict()),
-                  "saver": [saver.checkpoint_files, saver.best_epoch, saver.best_metric]}
+        result = {
+            "loss_hex": losses,
+            "model": digest(model),
+            "ema": digest(ema),
+            "scheduler": digest(scheduler.state_dict()),
+            "saver": [saver.checkpoint_files, saver.best_epoch, saver.best_metric],
+        }
         (args.run_dir / f"result_rank{rank}.json").write_text(json.dumps(result))
         return 0
     finally:

@@ -112,8 +112,9 @@ def _leaves(tree: object, prefix: str = "") -> list[tuple[str, object]]:
     return [(prefix, tree)]
 
 
-def step(net: torch.nn.Module, model: torch.nn.Module, optimizers: OptimizersContainer, schedulers: SchedulersContainer, i: int,
-         rank: int) -> torch.Tensor:
+def step(
+    net: torch.nn.Module, model: torch.nn.Module, optimizers: OptimizersContainer, schedulers: SchedulersContainer, i: int, rank: int
+) -> torch.Tensor:
     tokens = torch.randint(0, 32, (4, 8), generator=torch.Generator().manual_seed(1000 * i + rank))
     logits = net(tokens[:, :-1])
     loss = F.cross_entropy(logits.reshape(-1, 32), tokens[:, 1:].reshape(-1))
@@ -142,8 +143,14 @@ def main() -> int:
         if args.plain:
             losses = [step(net, model, optimizers, schedulers, i, rank).item().hex() for i in range(args.steps)]
         else:
-            session = legato.Session(args.out, model=net, optimizer=optimizers, scheduler=schedulers, total_steps=args.steps,
-                                     checkpoint=legato.CheckpointPolicy(agree_every_steps=1))
+            session = legato.Session(
+                args.out,
+                model=net,
+                optimizer=optimizers,
+                scheduler=schedulers,
+                total_steps=args.steps,
+                checkpoint=legato.CheckpointPolicy(agree_every_steps=1),
+            )
             for i in session:
                 session.report(step(net, model, optimizers, schedulers, i, rank))
             if session.exit_code != 0:

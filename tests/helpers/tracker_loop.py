@@ -58,8 +58,15 @@ def main(run_dir):
     model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(32, 1)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=EPOCHS)
-    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=loader, total_epochs=EPOCHS, scheduler=scheduler,
-                             checkpoint=legato.CheckpointPolicy(every_steps=20, agree_every_steps=2))
+    session = legato.Session(
+        run_dir,
+        model=model,
+        optimizer=optimizer,
+        loader=loader,
+        total_epochs=EPOCHS,
+        scheduler=scheduler,
+        checkpoint=legato.CheckpointPolicy(every_steps=20, agree_every_steps=2),
+    )
     writer = None
     for epoch in session.epochs():
         sampler.set_epoch(epoch)

@@ -31,8 +31,14 @@ def small_run(run_dir: Path, steps: int, policy: legato.CheckpointPolicy, on_ste
     data = torch.utils.data.TensorDataset(features, features.sum(1, keepdim=True))
     model = torch.nn.Linear(4, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=legato.resumable_loader(data, batch_size=8, seed=7),
-                             total_steps=steps, checkpoint=policy)
+    session = legato.Session(
+        run_dir,
+        model=model,
+        optimizer=optimizer,
+        loader=legato.resumable_loader(data, batch_size=8, seed=7),
+        total_steps=steps,
+        checkpoint=policy,
+    )
     for x, y in session:
         loss = F.mse_loss(model(x), y)
         optimizer.zero_grad()
@@ -44,8 +50,9 @@ def small_run(run_dir: Path, steps: int, policy: legato.CheckpointPolicy, on_ste
     return session
 
 
-def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_next_waits(tmp_path: Path,
-                                                                                         monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_next_waits(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog
+) -> None:
     release = threading.Event()
     real = commit.write_files
     seen: dict[int, tuple] = {}
@@ -65,8 +72,11 @@ def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_ne
             session._saving.background.finish = lambda: (release.set(), finish())[1]
         if session.step in (4, 5):
             found = newest_usable(root)
-            seen[session.step] = ([p.name for p in list_checkpoints(root)], found[0].name if found else None,
-                                  (root / ".tmp_step_4").is_dir())
+            seen[session.step] = (
+                [p.name for p in list_checkpoints(root)],
+                found[0].name if found else None,
+                (root / ".tmp_step_4").is_dir(),
+            )
 
     monkeypatch.setattr(commit, "write_files", held_write)
     policy = legato.CheckpointPolicy(every_steps=2, keep_last=1, hash_every_steps=1, agree_every_steps=1, replay_steps=0, async_=True)

@@ -55,13 +55,19 @@ REFUSED = {
     "sampler": (lambda: DataLoader(_dataset(), batch_size=2, sampler=Unordered(16)), "has no set_epoch(epoch)"),
     "batch_sampler": (lambda: DataLoader(_dataset(), batch_sampler=Pairs()), "its own batch_sampler (Pairs)"),
     "iterable": (lambda: DataLoader(Stateless(), batch_size=2), "has no state_dict()/load_state_dict()"),
-    "persistent_iterable": (lambda: DataLoader(Stateless(), batch_size=2, num_workers=1, persistent_workers=True),
-                            "persistent_workers=True, and it reads an IterableDataset (Stateless)"),
+    "persistent_iterable": (
+        lambda: DataLoader(Stateless(), batch_size=2, num_workers=1, persistent_workers=True),
+        "persistent_workers=True, and it reads an IterableDataset (Stateless)",
+    ),
     "persistent_stateful": (lambda: _shuffled_loader(_dataset(), "stateful-persistent"), "and it is a StatefulDataLoader"),
-    "persistent_set_epoch": (lambda: DataLoader(_Curriculum(), batch_size=2, num_workers=1, persistent_workers=True),
-                             "reads a dataset with set_epoch() (_Curriculum), which never reaches persistent workers"),
-    "resumable_persistent": (lambda: legato.resumable_loader(_dataset(), batch_size=2, seed=0, num_workers=1, persistent_workers=True),
-                             "sets persistent_workers itself"),
+    "persistent_set_epoch": (
+        lambda: DataLoader(_Curriculum(), batch_size=2, num_workers=1, persistent_workers=True),
+        "reads a dataset with set_epoch() (_Curriculum), which never reaches persistent workers",
+    ),
+    "resumable_persistent": (
+        lambda: legato.resumable_loader(_dataset(), batch_size=2, seed=0, num_workers=1, persistent_workers=True),
+        "sets persistent_workers itself",
+    ),
     "out_of_order": (lambda: DataLoader(_dataset(), batch_size=2, num_workers=1, in_order=False), "in_order=False"),
     "not_a_loader": (lambda: [torch.zeros(2)], "is not a torch DataLoader"),
 }
@@ -91,9 +97,11 @@ def test_rng_objects_are_extras_as_they_are_and_restore_exactly(tmp_path: Path) 
 
     from legato.state.owned import as_stateful
 
-    for obj, draw in ((torch.Generator().manual_seed(1), lambda g: torch.rand(3, generator=g).tolist()),
-                      (np.random.default_rng(2), lambda g: g.normal(size=3).tolist()),
-                      (random.Random(3), lambda g: [g.random() for _ in range(3)])):
+    for obj, draw in (
+        (torch.Generator().manual_seed(1), lambda g: torch.rand(3, generator=g).tolist()),
+        (np.random.default_rng(2), lambda g: g.normal(size=3).tolist()),
+        (random.Random(3), lambda g: [g.random() for _ in range(3)]),
+    ):
         state = as_stateful("extra.x", obj)
         saved = torch.load(_roundtrip(tmp_path, state.state_dict()), weights_only=True)
         expected = draw(obj)
@@ -154,10 +162,14 @@ def test_a_carried_batchs_plain_values_are_restored_into_its_dicts_and_lists_and
             break
 
 
-@pytest.mark.parametrize(("leaf", "named"), [
-    (np.zeros(3), "a numpy.ndarray"), (Path("x"), "a pathlib.PosixPath"),
-    (np.float64(0.5), "a numpy.float64"),  # a float subclass, but saved as a numpy object no weights-only load takes back
-])
+@pytest.mark.parametrize(
+    ("leaf", "named"),
+    [
+        (np.zeros(3), "a numpy.ndarray"),
+        (Path("x"), "a pathlib.PosixPath"),
+        (np.float64(0.5), "a numpy.float64"),  # a float subclass, but saved as a numpy object no weights-only load takes back
+    ],
+)
 def test_a_carried_batch_with_a_leaf_legato_cannot_save_is_refused_when_carried(tmp_path: Path, leaf: object, named: str) -> None:
     session = _session(tmp_path)
     with pytest.raises(legato.UsageError, match=f"session.carry\\(\\) got a batch holding {named}, which legato can neither save"):
@@ -186,8 +198,9 @@ def _shuffled_run(run_dir: Path | None, stop_after: int | None = None, kind: str
     StatefulDataLoader with shuffle=True ("stateful": its own RandomSampler, seeded once from the global RNG) or with torch's
     RandomSampler ("stateful-torch-sampler")."""
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(40, 3, generator=torch.Generator().manual_seed(1)),
-                         torch.randn(40, 1, generator=torch.Generator().manual_seed(2)))
+    data = TensorDataset(
+        torch.randn(40, 3, generator=torch.Generator().manual_seed(1)), torch.randn(40, 1, generator=torch.Generator().manual_seed(2))
+    )
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = _shuffled_loader(data, kind)
@@ -207,8 +220,15 @@ def _shuffled_run(run_dir: Path | None, stop_after: int | None = None, kind: str
                 train(batch)
         return losses
     chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
-    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=loader, total_epochs=3, chaos=chaos,
-                             checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps))
+    session = legato.Session(
+        run_dir,
+        model=model,
+        optimizer=optimizer,
+        loader=loader,
+        total_epochs=3,
+        chaos=chaos,
+        checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps),
+    )
     for batch in session:
         session.report(train(batch))
     return losses
@@ -258,8 +278,7 @@ def test_persistent_workers_resume_mid_epoch_and_at_an_epoch_boundary(tmp_path: 
     assert replayed_and_rest == plain[8:], "steps 9..14 replayed from the base at step 8, then the rest"
 
 
-def test_a_resume_that_started_persistent_workers_at_its_own_opening_would_diverge(tmp_path: Path,
-                                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_resume_that_started_persistent_workers_at_its_own_opening_would_diverge(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The planted fault: without `_start_workers` the resumed loader draws a base seed where the plain loop drew none."""
     from legato.state.loaders import TorchSource
 
@@ -284,8 +303,11 @@ def test_a_dataset_grown_since_the_checkpoint_is_named_on_resume_even_with_the_r
 
     def launch(samples: int, total_steps: int) -> legato.Session:
         data = TensorDataset(torch.randn(samples, 3, generator=torch.Generator().manual_seed(0)), torch.zeros(samples, 1))
-        loader = (legato.resumable_loader(data, batch_size=4, seed=1) if kind == "legato"
-                  else DataLoader(data, batch_size=4, shuffle=True, drop_last=True))
+        loader = (
+            legato.resumable_loader(data, batch_size=4, seed=1)
+            if kind == "legato"
+            else DataLoader(data, batch_size=4, shuffle=True, drop_last=True)
+        )
         return fit_run(tmp_path, loader, total_steps, features=3)
 
     launch(40, 6)
@@ -323,8 +345,15 @@ def _curriculum_run(run_dir: Path, stop_after: int | None = None, replay_steps: 
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
-    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=loader, total_epochs=3, chaos=chaos,
-                             checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps))
+    session = legato.Session(
+        run_dir,
+        model=model,
+        optimizer=optimizer,
+        loader=loader,
+        total_epochs=3,
+        chaos=chaos,
+        checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps),
+    )
     losses = []
     for epoch in session.epochs():
         dataset.set_epoch(epoch)
@@ -346,8 +375,7 @@ def test_a_resumed_epochs_workers_copy_the_dataset_after_the_loops_set_epoch(tmp
         assert first + rest[-16:] == uninterrupted, replay_steps
 
 
-def test_an_iterator_opened_at_the_restore_would_hand_the_workers_a_stale_dataset(tmp_path: Path,
-                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_an_iterator_opened_at_the_restore_would_hand_the_workers_a_stale_dataset(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The planted fault: reopening the epoch at the restore, before the loop's set_epoch, diverges while the resume
     (without a replay: verified by its digests) says verified."""
     from legato.session.feed import Feed
@@ -530,8 +558,9 @@ def _late_set_epoch_run(run_dir: Path | None, stop_after: int | None = None) -> 
             sampler.set_epoch(epoch + 1)
         return seen
     chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
-    session = _session(run_dir, loader=loader, total_steps=None, total_epochs=3, chaos=chaos,
-                       checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    session = _session(
+        run_dir, loader=loader, total_steps=None, total_epochs=3, chaos=chaos, checkpoint=legato.CheckpointPolicy(replay_steps=0)
+    )
     seen = []
     for epoch in session.epochs():
         seen += [b[0].flatten().tolist() for b in session.batches()]

@@ -58,8 +58,9 @@ def test_a_clean_loop_has_nothing_unsaved() -> None:
     model = net()
     wrapped = torch.nn.ModuleDict({"inner": model})  # holds only the model's tensors: covered, like DDP or torch.compile
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    scheduler = torch.optim.lr_scheduler.SequentialLR(optimizer, [torch.optim.lr_scheduler.ConstantLR(optimizer),
-                                                                  torch.optim.lr_scheduler.StepLR(optimizer, 2)], milestones=[2])
+    scheduler = torch.optim.lr_scheduler.SequentialLR(
+        optimizer, [torch.optim.lr_scheduler.ConstantLR(optimizer), torch.optim.lr_scheduler.StepLR(optimizer, 2)], milestones=[2]
+    )
     loader = DataLoader(TensorDataset(torch.zeros(8, 3)), batch_size=2, shuffle=True, generator=torch.Generator())
     loss_fn = torch.nn.MSELoss()  # no parameters, no buffers: no state
     scaler = torch.amp.GradScaler("cpu", enabled=False)
@@ -118,8 +119,10 @@ def test_a_finding_names_its_frame_and_size() -> None:
     model = net()
     ema = AveragedModel(model)
     [finding] = find_unsaved([model], frame=sys._getframe())
-    assert finding.where == (f"ema (local of test_a_finding_names_its_frame_and_size() in {__file__}:"
-                             f"{test_a_finding_names_its_frame_and_size.__code__.co_firstlineno})")
+    assert finding.where == (
+        f"ema (local of test_a_finding_names_its_frame_and_size() in {__file__}:"
+        f"{test_a_finding_names_its_frame_and_size.__code__.co_firstlineno})"
+    )
     # 3*4+4 + 4+4 (+2 BN running stats, +1 batches tracked) + 4+1, and the AveragedModel's n_averaged.
     assert finding.size == "39 elements, 0.00 MiB"
     del ema
@@ -199,8 +202,14 @@ def test_the_session_warns_once_on_rank_0_and_records_the_finding(tmp_path: Path
     model, optimizer = loop_parts()
     ema = AveragedModel(model)
     events: list[dict] = []
-    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=6, on_event=events.append,
-                             checkpoint=legato.CheckpointPolicy(every_steps=2, replay_steps=0))
+    session = legato.Session(
+        tmp_path,
+        model=model,
+        optimizer=optimizer,
+        total_steps=6,
+        on_event=events.append,
+        checkpoint=legato.CheckpointPolicy(every_steps=2, replay_steps=0),
+    )
     with caplog.at_level(logging.WARNING, logger="legato.session.unsaved"):
         run(session, model, optimizer)
     warnings = [r.getMessage() for r in caplog.records if "does not save" in r.getMessage()]
@@ -214,23 +223,37 @@ def test_the_session_warns_once_on_rank_0_and_records_the_finding(tmp_path: Path
 def test_an_object_made_during_the_run_is_named_at_the_first_checkpoint(tmp_path: Path) -> None:
     model, optimizer = loop_parts()
     events: list[dict] = []
-    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=4, on_event=events.append,
-                             checkpoint=legato.CheckpointPolicy(every_steps=2, replay_steps=0))
+    session = legato.Session(
+        tmp_path,
+        model=model,
+        optimizer=optimizer,
+        total_steps=4,
+        on_event=events.append,
+        checkpoint=legato.CheckpointPolicy(every_steps=2, replay_steps=0),
+    )
     late = None
     for step in session:
         late = late or torch.Generator()
         optimizer.step()
         session.report(float(step))
     assert [(r["when"], r["step"], r["objects"][0]["kind"]) for r in events if r["event"] == "unsaved_state"] == [
-        ("periodic", 2, "torch.Generator")]
+        ("periodic", 2, "torch.Generator")
+    ]
 
 
 def test_strict_refuses_at_a_checkpoint_after_committing_it_and_leaves_no_scan_running(tmp_path: Path) -> None:
     """The scan runs in a thread beside the checkpoint's write: the verdict still follows the commit, and the thread ends with it."""
     model, optimizer = loop_parts()
     events: list[dict] = []
-    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=4, on_event=events.append, census="strict",
-                             checkpoint=legato.CheckpointPolicy(every_steps=2, replay_steps=0))
+    session = legato.Session(
+        tmp_path,
+        model=model,
+        optimizer=optimizer,
+        total_steps=4,
+        on_event=events.append,
+        census="strict",
+        checkpoint=legato.CheckpointPolicy(every_steps=2, replay_steps=0),
+    )
     late = None
     with pytest.raises(UsageError, match=r"torch\._C\.Generator \(torch\.Generator.*found as late"):
         for step in session:
@@ -262,22 +285,30 @@ def test_strict_refuses_to_start(tmp_path: Path) -> None:
     del ema
 
 
-def _validated_run(run_dir: Path, own_generator: bool, stop_after: int | None = None,
-                   events: list | None = None) -> list[str]:
+def _validated_run(run_dir: Path, own_generator: bool, stop_after: int | None = None, events: list | None = None) -> list[str]:
     """A loop with dropout that validates after each epoch over a loader with one persistent worker; the loss bits of
     each step it trains (a resume replays from a base in the stopped epoch, after the validation that started the
     worker)."""
     torch.manual_seed(0)
-    data = TensorDataset(torch.randn(40, 3, generator=torch.Generator().manual_seed(1)),
-                         torch.randn(40, 1, generator=torch.Generator().manual_seed(2)))
-    val_loader = DataLoader(data, batch_size=8, num_workers=1, persistent_workers=True,
-                            generator=torch.Generator() if own_generator else None)
+    data = TensorDataset(
+        torch.randn(40, 3, generator=torch.Generator().manual_seed(1)), torch.randn(40, 1, generator=torch.Generator().manual_seed(2))
+    )
+    val_loader = DataLoader(
+        data, batch_size=8, num_workers=1, persistent_workers=True, generator=torch.Generator() if own_generator else None
+    )
     model = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.Dropout(0.3), torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after else legato.Chaos()
-    session = legato.Session(run_dir, model=model, optimizer=optimizer, loader=DataLoader(data, batch_size=4, shuffle=True),
-                             total_epochs=4, chaos=chaos, checkpoint=legato.CheckpointPolicy(replay_steps=4),
-                             on_event=(events if events is not None else []).append)
+    session = legato.Session(
+        run_dir,
+        model=model,
+        optimizer=optimizer,
+        loader=DataLoader(data, batch_size=4, shuffle=True),
+        total_epochs=4,
+        chaos=chaos,
+        checkpoint=legato.CheckpointPolicy(replay_steps=4),
+        on_event=(events if events is not None else []).append,
+    )
     losses = []
     for _ in session.epochs():
         for x, y in session.batches():
@@ -292,8 +323,7 @@ def _validated_run(run_dir: Path, own_generator: bool, stop_after: int | None = 
     return losses
 
 
-def test_the_persistent_validation_loader_it_names_would_diverge_a_verified_resume_and_its_own_generator_does_not(
-        tmp_path: Path) -> None:
+def test_the_persistent_validation_loader_it_names_would_diverge_a_verified_resume_and_its_own_generator_does_not(tmp_path: Path) -> None:
     """Why the census names such a loader: stopped in epoch 2 (step 25) and resumed, verified by a replay from step 24,
     the run validates at the end of epoch 2 over a loader it iterates for the first time, draws its worker's seed from
     the global RNG once more than the uninterrupted run did, and epoch 3's dropout differs. With generator= it does not."""
@@ -307,7 +337,7 @@ def test_the_persistent_validation_loader_it_names_would_diverge_a_verified_resu
         events = []
         rest = _validated_run(tmp_path / name, own_generator, events=events)
         assert [(e["step"], e["match"], e["replay"]["identical"]) for e in events if e["event"] == "resumed"] == [(25, True, True)]
-        assert rest[:25 - 24] == uninterrupted[24:25], "the replay of step 25"
+        assert rest[: 25 - 24] == uninterrupted[24:25], "the replay of step 25"
         assert (first + rest[1:] == uninterrupted) is own_generator, name
 
 
@@ -324,8 +354,14 @@ def test_a_resume_names_unsaved_state_before_it_restores_and_leaves_no_scan_runn
     model, optimizer = loop_parts()
     ema = AveragedModel(model)
     events: list[dict] = []
-    session = legato.Session(tmp_path, model=model, optimizer=optimizer, total_steps=4, on_event=events.append,
-                             checkpoint=legato.CheckpointPolicy(replay_steps=0))
+    session = legato.Session(
+        tmp_path,
+        model=model,
+        optimizer=optimizer,
+        total_steps=4,
+        on_event=events.append,
+        checkpoint=legato.CheckpointPolicy(replay_steps=0),
+    )
     run(session, model, optimizer)
     kinds = [e["event"] for e in events if e["event"] in ("unsaved_state", "resumed")]
     assert kinds == ["unsaved_state", "resumed"] and session.resumed is not None and session.resumed.match

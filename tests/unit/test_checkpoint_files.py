@@ -116,8 +116,12 @@ def test_a_loaded_file_owns_its_memory_views_stay_views_and_nothing_stays_mapped
     tensor would pin a pruned checkpoint's disk space and copy each page on its first in-place update)."""
     base = torch.arange(4096.0)
     model = torch.nn.Linear(64, 16)
-    value = {"model": model.state_dict(), "param": torch.nn.Parameter(torch.ones(1024)), "views": [base[:2048], base[1024:]],
-             "pair": (base, 3)}
+    value = {
+        "model": model.state_dict(),
+        "param": torch.nn.Parameter(torch.ones(1024)),
+        "views": [base[:2048], base[1024:]],
+        "pair": (base, 3),
+    }
     written = commit.write_files(tmp_path, {"a.pt": value})["a.pt"]
     manifests._verify_file(tmp_path / "a.pt", written)
     loaded = filehash.load_file(tmp_path / "a.pt")
@@ -133,8 +137,7 @@ def test_a_loaded_file_owns_its_memory_views_stay_views_and_nothing_stays_mapped
 
 def mapped_files(directory: Path) -> set[str]:
     """The names of the files under `directory` that this process maps."""
-    return {Path(line.split(maxsplit=5)[-1]).name for line in Path("/proc/self/maps").read_text().splitlines()
-            if str(directory) in line}
+    return {Path(line.split(maxsplit=5)[-1]).name for line in Path("/proc/self/maps").read_text().splitlines() if str(directory) in line}
 
 
 def test_a_restored_model_is_copied_from_the_mapping_and_the_optimizer_keeps_memory_of_its_own(tmp_path: Path) -> None:
@@ -147,8 +150,10 @@ def test_a_restored_model_is_copied_from_the_mapping_and_the_optimizer_keeps_mem
     optimizer.step()
 
     def rows(module: torch.nn.Module, opt: torch.optim.Optimizer) -> list[table.Component]:
-        return [table.Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {n for n, _ in module.named_buffers()}),
-                table.Component("optimizer", opt, table.TRAIN_STATE_FILE)]
+        return [
+            table.Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {n for n, _ in module.named_buffers()}),
+            table.Component("optimizer", opt, table.TRAIN_STATE_FILE),
+        ]
 
     saved = table.capture(rows(model, optimizer))
     commit.write_files(tmp_path, layout.files(rows(model, optimizer), saved, rank=0))

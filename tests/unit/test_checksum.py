@@ -31,7 +31,7 @@ def test_equal_bytes_agree_across_copies_layouts_and_thread_counts() -> None:
         torch.set_num_threads(threads)
     assert one == two
     assert block_sums(t.t()) == block_sums(t.t().contiguous())
-    unaligned = t.view(-1)[3:3 + 1000]  # starts 12 bytes into its storage: int64 words cannot start there
+    unaligned = t.view(-1)[3 : 3 + 1000]  # starts 12 bytes into its storage: int64 words cannot start there
     assert block_sums(unaligned) == block_sums(unaligned.clone())
 
 
@@ -55,8 +55,17 @@ def test_dtype_and_shape_are_part_of_the_sums() -> None:
     assert block_sums(t) != block_sums(t.reshape(6, 4))
 
 
-@pytest.mark.parametrize("t", [torch.zeros(0), torch.tensor(2.5), torch.ones(3, dtype=torch.bool), torch.arange(1001, dtype=torch.int8),
-                               torch.randn(7, dtype=torch.bfloat16), torch.randn(5, dtype=torch.complex64)])
+@pytest.mark.parametrize(
+    "t",
+    [
+        torch.zeros(0),
+        torch.tensor(2.5),
+        torch.ones(3, dtype=torch.bool),
+        torch.arange(1001, dtype=torch.int8),
+        torch.randn(7, dtype=torch.bfloat16),
+        torch.randn(5, dtype=torch.complex64),
+    ],
+)
 def test_any_plain_tensor_has_sums_and_they_see_its_values(t: torch.Tensor) -> None:
     assert block_sums(t) == block_sums(t.clone())
     if t.numel():

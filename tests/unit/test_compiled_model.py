@@ -33,8 +33,16 @@ def run(run_dir: Path, compiled: bool, stop_after: int | None = None, replay_ste
     features = torch.randn(64, 4, generator=torch.Generator().manual_seed(1))
     loader = legato.resumable_loader(torch.utils.data.TensorDataset(features, features.sum(1, keepdim=True)), batch_size=4, seed=0)
     chaos = legato.Chaos(signal_at_steps=(stop_after,)) if stop_after is not None else legato.Chaos()
-    session = legato.Session(run_dir, model=net, optimizer=optimizer, loader=loader, total_steps=STEPS, chaos=chaos, census="off",
-                             checkpoint=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=replay_steps))
+    session = legato.Session(
+        run_dir,
+        model=net,
+        optimizer=optimizer,
+        loader=loader,
+        total_steps=STEPS,
+        chaos=chaos,
+        census="off",
+        checkpoint=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=replay_steps),
+    )
     for x, y in session:
         loss = F.mse_loss(net(x), y)
         optimizer.zero_grad(set_to_none=True)
@@ -75,8 +83,7 @@ def test_the_check_names_both_sides_refuses_in_strict_warns_in_fast_and_passes_w
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     path = Path("/r/checkpoints/step_5")
-    saved = {"world_size": 1, "torch_version": "2.13.0", "threads": 1, "training": None, "ranks": [{"rank": 0}],
-             "model_compiled": True}
+    saved = {"world_size": 1, "torch_version": "2.13.0", "threads": 1, "training": None, "ranks": [{"rank": 0}], "model_compiled": True}
     with pytest.raises(legato.UsageError) as info:
         check_compatible(saved, path, 1, None, "2.13.0", threads=1, strict=True, compiled=False)
     text = str(info.value)

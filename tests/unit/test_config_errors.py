@@ -110,8 +110,11 @@ CASES: dict[str, tuple[str | None, list[str], tuple[str, ...]]] = {
     ),
     "deep_nesting": ("train:\n  options:\n    x: " + "[" * 5000 + "]" * 5000 + "\n", [], ("nests deeper",)),
     "deep_nesting_in_set": (GOOD, ["train.options.x=" + "[" * 5000 + "]" * 5000], ("nests deeper",)),
-    "python_tag": ("run: !!python/object/apply:os.system ['touch /tmp/legato-pwned']\n", [], ("the tag !!python/object/apply:os.system",
-                                                                                            "Remove the tag")),
+    "python_tag": (
+        "run: !!python/object/apply:os.system ['touch /tmp/legato-pwned']\n",
+        [],
+        ("the tag !!python/object/apply:os.system", "Remove the tag"),
+    ),
     "list_document": ("- run\n- train\n", [], ("mapping of sections",)),
     "scalar_document": ("just text\n", [], ("mapping of sections",)),
     "empty_file": ("", [], ("is empty",)),
@@ -155,16 +158,22 @@ CASES: dict[str, tuple[str | None, list[str], tuple[str, ...]]] = {
     "sbatch_value_tab": (GOOD, ['slurm.extra_sbatch={comment: "a\\tb"}'], ("slurm.extra_sbatch.comment", "a tab")),
     "missing_steps": (GOOD.replace("  steps: 60\n", ""), [], ("train.steps is missing", "--set train.steps=")),
     "missing_task": (GOOD.replace("  task: tiny_gpt\n", ""), [], ("train.task (or train.entrypoint) is missing",)),
-    "missing_run_name_and_dir": (GOOD.replace("  name: tiny_gpt\n  dir: runs/tiny_gpt\n", "  {}\n").replace("run:\n  {}", "run: {}"), [],
-                                 ("run.name (or run.dir) is missing",)),
+    "missing_run_name_and_dir": (
+        GOOD.replace("  name: tiny_gpt\n  dir: runs/tiny_gpt\n", "  {}\n").replace("run:\n  {}", "run: {}"),
+        [],
+        ("run.name (or run.dir) is missing",),
+    ),
     "missing_train_section": ("run: {name: x}\n", [], ("train.steps is missing",)),
     "steps_null": (GOOD, ["train.steps=null"], ("train.steps must be an integer",)),
     "near_miss_option": (GOOD, ["train.options.head=4"], ("train.options.head", "Did you mean train.options.heads?")),
     "mlp_batch_of_one": (MLP.read_text(), ["train.batch_size=1"], ("train.batch_size is 1", "batch norm")),
     "mlp_batch_beyond_share": (MLP.read_text(), ["train.options.samples=20"], ("train.options.samples is 20", "no full batch")),
     "gpt_batch_beyond_windows": (GOOD, ["train.options.sentences=100", "train.batch_size=200"], ("fewer than the 2 ranks times",)),
-    "gpt_largest_corpus_too_few_windows": (GOOD, ["train.options={sentences: 200000, block: 2, dim: 4, heads: 1, layers: 1}",
-                                                  "train.batch_size=1000000"], ("give at most", "fewer than the 2 ranks times")),
+    "gpt_largest_corpus_too_few_windows": (
+        GOOD,
+        ["train.options={sentences: 200000, block: 2, dim: 4, heads: 1, layers: 1}", "train.batch_size=1000000"],
+        ("give at most", "fewer than the 2 ranks times"),
+    ),
     "gpt_beyond_memory": (GOOD, ["train.options.dim=4096", "train.options.layers=64"], ("GiB on each rank", "Lower dim")),
     "mlp_beyond_memory": (MLP.read_text(), ["train.options.hidden=100000", "train.options.features=100000"], ("GiB on each rank",)),
 }
@@ -293,8 +302,10 @@ def test_a_good_entrypoint_and_good_configs_still_load(tmp_path: Path, monkeypat
         assert isinstance(load_config(config), Config)
     # Anchors, aliases and merge keys within the limits stay legal YAML.
     path = tmp_path / "anchored.yaml"
-    path.write_text(f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  task: mlp\n  warmup_steps: &n 3\n"
-                    "checkpoint:\n  every_steps: *n\n")
+    path.write_text(
+        f"run: {{name: anchored, dir: {tmp_path}/a}}\ntrain:\n  <<: {{steps: 7}}\n  task: mlp\n  warmup_steps: &n 3\n"
+        "checkpoint:\n  every_steps: *n\n"
+    )
     cfg = load_config(path)
     assert (cfg.train.steps, cfg.train.warmup_steps, cfg.checkpoint.every_steps) == (7, 3, 3)
     assert load_config(None, ["train.lr=1e-3", "slurm.signal=sigusr1", f"run.dir={tmp_path}/r"]).slurm.signal == "USR1"
@@ -302,12 +313,45 @@ def test_a_good_entrypoint_and_good_configs_still_load(tmp_path: Path, monkeypat
 
 # -- fuzz --------------------------------------------------------------------------------
 
-KEYS = ["run", "train", "slurm", "local", "chaos", "checkpoint", "determinism", "repro", "executor", "name", "dir", "steps", "lr",
-        "options", "heads", "dim", "signal", "signal_rank", "mem_gb", "every_minutes", "preempt_every_s", "entrypoint", "task",
-        "tasks", "nodes", "seed", "allow", "setup", "extra_sbatch", "x"]
+KEYS = [
+    "run",
+    "train",
+    "slurm",
+    "local",
+    "chaos",
+    "checkpoint",
+    "determinism",
+    "repro",
+    "executor",
+    "name",
+    "dir",
+    "steps",
+    "lr",
+    "options",
+    "heads",
+    "dim",
+    "signal",
+    "signal_rank",
+    "mem_gb",
+    "every_minutes",
+    "preempt_every_s",
+    "entrypoint",
+    "task",
+    "tasks",
+    "nodes",
+    "seed",
+    "allow",
+    "setup",
+    "extra_sbatch",
+    "x",
+]
 SCALARS = st.one_of(
-    st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=40), st.sampled_from(["KILL", "USR2", ".nan", "-.inf", "tiny_gpt", "mlp", "/proc/x", "a:b", "1e999", "&a", "*a"]),
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=40),
+    st.sampled_from(["KILL", "USR2", ".nan", "-.inf", "tiny_gpt", "mlp", "/proc/x", "a:b", "1e999", "&a", "*a"]),
 )
 
 
@@ -316,9 +360,10 @@ def _nested(inner: st.SearchStrategy) -> st.SearchStrategy:
 
 
 DOCS = st.recursive(SCALARS, _nested, max_leaves=30)
-SETS = st.lists(st.builds(lambda k, v: f"{k}={v}", st.lists(st.sampled_from(KEYS), min_size=1, max_size=3).map(".".join),
-                          st.text(max_size=30)),
-                max_size=3)
+SETS = st.lists(
+    st.builds(lambda k, v: f"{k}={v}", st.lists(st.sampled_from(KEYS), min_size=1, max_size=3).map(".".join), st.text(max_size=30)),
+    max_size=3,
+)
 
 
 def _loads_or_refuses(path: Path | None, sets: list[str]) -> None:
@@ -358,9 +403,16 @@ def test_what_the_schema_still_takes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     path = tmp_path / "config.yaml"
     path.write_text(GOOD.replace("\n", "\r\n"))  # a file saved with Windows line ends is still one config
     assert load_config(path).run.name == "tiny_gpt"
-    cfg = load_config(path, ["run.dir=runs//x/./y/", 'train.options.started="2024-01-01"', "train.options.op==",
-                             'train.options.pem="-----BEGIN KEY-----\\nabc\\tdef\\n-----END KEY-----"',
-                             "train.options.nested={a: [1, 2.5, null]}"])
+    cfg = load_config(
+        path,
+        [
+            "run.dir=runs//x/./y/",
+            'train.options.started="2024-01-01"',
+            "train.options.op==",
+            'train.options.pem="-----BEGIN KEY-----\\nabc\\tdef\\n-----END KEY-----"',
+            "train.options.nested={a: [1, 2.5, null]}",
+        ],
+    )
     assert cfg.run.dir == "runs/x/y"
     assert cfg.train.options["started"] == "2024-01-01" and cfg.train.options["op"] == "="
     assert cfg.train.options["pem"] == "-----BEGIN KEY-----\nabc\tdef\n-----END KEY-----"  # text a task reads may span lines

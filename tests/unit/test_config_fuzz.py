@@ -34,32 +34,124 @@ from legato.tasks.options import SCHEMAS
 
 DOCUMENTS = 700  # mutated shipped configs, each with up to two --set values
 SET_LISTS = 400  # one to three --set values against a good config
-FUZZ = settings(deadline=None, derandomize=True, database=None,
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 
 SHIPPED = {path.stem: yaml.safe_load(path.read_text()) for path in sorted((ROOT / "configs").glob("*.yaml"))}
 SECTIONS = [yaml_key(f) for f in dataclasses.fields(Config) if f.name != "executor"]
-LEAVES = ["executor"] + [
-    f"{section}.{yaml_key(f)}" for section in SECTIONS for f in dataclasses.fields(getattr(Config(), section))
-] + sorted({f"train.options.{name}" for schema in SCHEMAS.values() for name in schema}) + [
-    "train.options.head", "train.options.x", "train.options.nested", "train.stepz", "run.nmae", "x",
-]
+LEAVES = (
+    ["executor"]
+    + [f"{section}.{yaml_key(f)}" for section in SECTIONS for f in dataclasses.fields(getattr(Config(), section))]
+    + sorted({f"train.options.{name}" for schema in SCHEMAS.values() for name in schema})
+    + [
+        "train.options.head",
+        "train.options.x",
+        "train.options.nested",
+        "train.stepz",
+        "run.nmae",
+        "x",
+    ]
+)
 ENTRYPOINTS = ["nosuch_legato_pkg.mod:main", "'a b:c'", "json:loads", "os.path:join", "null", "1", "'pkg.mod'"]
 FRAGMENTS = [
     # tags beyond the core schema, and keys that are not text
-    "!!binary aGVsbG8=", "!!set {a, b}", "!!omap [a: 1]", "!!pairs [a: 1]", "2024-01-01", "2001-12-14t21:59:43.10-05:00",
-    "!!python/tuple [1]", "!!python/object/apply:os.system ['touch /tmp/legato-pwned']", "!foo 1", "!<tag:example.com,2000:a> 1",
-    "{1: a, b: c}", "{true: 1}", "{null: 1}", "{2024-01-01: x}", "{on: 1}", "{1.5: x}", "=", "!!str 5", "!!int '7'", "!!float 3",
+    "!!binary aGVsbG8=",
+    "!!set {a, b}",
+    "!!omap [a: 1]",
+    "!!pairs [a: 1]",
+    "2024-01-01",
+    "2001-12-14t21:59:43.10-05:00",
+    "!!python/tuple [1]",
+    "!!python/object/apply:os.system ['touch /tmp/legato-pwned']",
+    "!foo 1",
+    "!<tag:example.com,2000:a> 1",
+    "{1: a, b: c}",
+    "{true: 1}",
+    "{null: 1}",
+    "{2024-01-01: x}",
+    "{on: 1}",
+    "{1.5: x}",
+    "=",
+    "!!str 5",
+    "!!int '7'",
+    "!!float 3",
     # numbers
-    ".nan", "-.inf", ".inf", "1e999", "1e-3", "-1", "0", "1", "2", "3", "8", "64", "1.5", "0.5", "99999999999999999999", "4096",
-    "200000", "true", "no", "null", "~",
+    ".nan",
+    "-.inf",
+    ".inf",
+    "1e999",
+    "1e-3",
+    "-1",
+    "0",
+    "1",
+    "2",
+    "3",
+    "8",
+    "64",
+    "1.5",
+    "0.5",
+    "99999999999999999999",
+    "4096",
+    "200000",
+    "true",
+    "no",
+    "null",
+    "~",
     # names and paths
-    "a/b", "../x", "a/../b", "~/x", "'~'", "'  padded '", "''", "/proc/x", "/dev/null", "runs/ok", "'a//b/./c/'", "..", ".",
-    '"a\\rb"', '"a\\r\\nb"', '"a\\nb"', '"a\\tb"', '"\\x01"', '"\\x7f"', '"\\u0085"', '"\\u2028"', '"\\0"', '"line\\n#SBATCH --x"',
+    "a/b",
+    "../x",
+    "a/../b",
+    "~/x",
+    "'~'",
+    "'  padded '",
+    "''",
+    "/proc/x",
+    "/dev/null",
+    "runs/ok",
+    "'a//b/./c/'",
+    "..",
+    ".",
+    '"a\\rb"',
+    '"a\\r\\nb"',
+    '"a\\nb"',
+    '"a\\tb"',
+    '"\\x01"',
+    '"\\x7f"',
+    '"\\u0085"',
+    '"\\u2028"',
+    '"\\0"',
+    '"line\\n#SBATCH --x"',
     # words that mean something to some key
-    "KILL", "USR2", "SIGUSR1", "mlp", "tiny_gpt", "slurm", "local", "gloo", "cuda", "strict", "warn", "auto", "float16",
-    "[python, numpy]", "[cuda]", "[1, 2, 3]", "[-1]", "[.nan]", "[a, [b]]", "[]", "{}", "{a: .nan}", "{x: [1, {y: .inf}]}",
-    "{constraint: gpu}", "{'x y': 1}", "{comment: \"a\\nb\"}", "{heads: 5}", "{dim: 8, heads: 4}", "{samples: 1}",
+    "KILL",
+    "USR2",
+    "SIGUSR1",
+    "mlp",
+    "tiny_gpt",
+    "slurm",
+    "local",
+    "gloo",
+    "cuda",
+    "strict",
+    "warn",
+    "auto",
+    "float16",
+    "[python, numpy]",
+    "[cuda]",
+    "[1, 2, 3]",
+    "[-1]",
+    "[.nan]",
+    "[a, [b]]",
+    "[]",
+    "{}",
+    "{a: .nan}",
+    "{x: [1, {y: .inf}]}",
+    "{constraint: gpu}",
+    "{'x y': 1}",
+    '{comment: "a\\nb"}',
+    "{heads: 5}",
+    "{dim: 8, heads: 4}",
+    "{samples: 1}",
 ]
 VALUES = st.one_of(  # the fragments twice: random text is mostly refused for its type, before any other check sees it
     st.sampled_from(FRAGMENTS),
@@ -76,8 +168,13 @@ def _value_for(key: str, value: str, entrypoint: str) -> str:
 
 
 def _default(key: str) -> object:
-    node: object = {**Config().to_dict(), "train": {**Config().to_dict()["train"], "options": {
-        name: spec[1] for schema in SCHEMAS.values() for name, spec in schema.items()}}}
+    node: object = {
+        **Config().to_dict(),
+        "train": {
+            **Config().to_dict()["train"],
+            "options": {name: spec[1] for schema in SCHEMAS.values() for name, spec in schema.items()},
+        },
+    }
     for part in key.split("."):
         node = node.get(part, 1) if isinstance(node, dict) else 1
     return node
@@ -94,7 +191,8 @@ PLAUSIBLE = {key: _plausible(key) for key in LEAVES + SECTIONS}
 # The keys whose shapes issue 25 is about, drawn more often than the rest.
 KEYS = LEAVES + SECTIONS + 4 * ["train.steps", "train.task", "run.name", "run.dir", "train.options.heads", "train.options.x"]
 KEYED_VALUES = st.sampled_from(KEYS).flatmap(
-    lambda key: st.tuples(st.just(key), st.one_of(st.sampled_from(PLAUSIBLE[key]), VALUES), st.sampled_from(ENTRYPOINTS)))
+    lambda key: st.tuples(st.just(key), st.one_of(st.sampled_from(PLAUSIBLE[key]), VALUES), st.sampled_from(ENTRYPOINTS))
+)
 MUTATION = st.tuples(st.sampled_from(["set", "set", "delete"]), KEYED_VALUES).map(lambda m: (m[0], *m[1]))
 SET = KEYED_VALUES.map(lambda kv: f"{kv[0]}={_value_for(*kv)}")
 
@@ -153,8 +251,12 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 @settings(FUZZ, max_examples=DOCUMENTS)
-@given(base=st.sampled_from(sorted(SHIPPED)), mutations=st.lists(MUTATION, min_size=1, max_size=3), sets=st.lists(SET, max_size=2),
-       slurm_tools=st.booleans())
+@given(
+    base=st.sampled_from(sorted(SHIPPED)),
+    mutations=st.lists(MUTATION, min_size=1, max_size=3),
+    sets=st.lists(SET, max_size=2),
+    slurm_tools=st.booleans(),
+)
 def test_fuzz_mutated_shipped_configs(workdir: Path, base: str, mutations: list, sets: list[str], slurm_tools: bool) -> None:
     path = workdir / "fuzz.yaml"
     path.write_text(mutated(SHIPPED[base], mutations))

@@ -22,8 +22,14 @@ A100, H100 = "NVIDIA A100-SXM4-80GB (sm_80)", "NVIDIA H100 80GB HBM3 (sm_90)"
 
 def saved(*gpus: str | None) -> dict:
     """A manifest's fields the check reads, with each rank's GPU as it wrote."""
-    return {"world_size": len(gpus), "torch_version": "2.13.0", "threads": 1, "training": None,
-            "ranks": [{"rank": r} for r in range(len(gpus))], "gpus": list(gpus)}
+    return {
+        "world_size": len(gpus),
+        "torch_version": "2.13.0",
+        "threads": 1,
+        "training": None,
+        "ranks": [{"rank": r} for r in range(len(gpus))],
+        "gpus": list(gpus),
+    }
 
 
 def check(manifest: dict, live: tuple[str | None, ...] | None, strict: bool = True, training: dict | None = None) -> None:
@@ -63,8 +69,15 @@ def test_fast_mode_warns_and_the_same_kind_an_older_manifest_or_an_unknown_run_p
 
 
 def test_a_manifest_whose_gpu_is_not_a_name_is_refused() -> None:
-    manifest = {"step": 1, "world_size": 1, "torch_version": "2.13.0", "global_hash": "", "files": {}, "gpus": [3],
-                "ranks": [{"rank": 0, "hash": "", "components": {}}]}
+    manifest = {
+        "step": 1,
+        "world_size": 1,
+        "torch_version": "2.13.0",
+        "global_hash": "",
+        "files": {},
+        "gpus": [3],
+        "ranks": [{"rank": 0, "hash": "", "components": {}}],
+    }
     with pytest.raises(ValueError, match=r"gpus\[0\] is an int"):
         check_manifest(manifest)
 

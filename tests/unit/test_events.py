@@ -87,8 +87,18 @@ def test_every_ledger_kind_round_trips_through_the_ledger(tmp_path: Path) -> Non
 def _resumed_report(rank: int) -> dict:
     """What the Session hands its `on_event` after a replay-verified resume."""
     replay = {"identical": True, "steps": 3, "from_step": 2, "first_divergence": None}
-    return {"event": "resumed", "rank": rank, "step": 5, "path": "/run/checkpoints/step_5", "expected_hash": "ab", "recomputed_hash": "ab",
-            "match": True, "mismatches": {}, "replay": replay, "resharded": None}
+    return {
+        "event": "resumed",
+        "rank": rank,
+        "step": 5,
+        "path": "/run/checkpoints/step_5",
+        "expected_hash": "ab",
+        "recomputed_hash": "ab",
+        "match": True,
+        "mismatches": {},
+        "replay": replay,
+        "resharded": None,
+    }
 
 
 def test_a_scripts_session_records_rank_0s_resumes_where_verify_reads_them(tmp_path: Path) -> None:
@@ -102,8 +112,15 @@ def test_a_scripts_session_records_rank_0s_resumes_where_verify_reads_them(tmp_p
     assert record["replay"]["identical"] and record["match"]
     verdict = compare_runs(tmp_path / "reference", run)
     assert verdict.resumes == [
-        {"step": 5, "match": True, "mismatches": {}, "replay": _resumed_report(0)["replay"], "job_id": None, "restart": None,
-         "resharded": None}
+        {
+            "step": 5,
+            "match": True,
+            "mismatches": {},
+            "replay": _resumed_report(0)["replay"],
+            "job_id": None,
+            "restart": None,
+            "resharded": None,
+        }
     ]
 
 

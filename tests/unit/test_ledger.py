@@ -80,11 +80,25 @@ def test_summary_marks_unverified_resume_and_resubmission(tmp_path: Path) -> Non
     assert first.ended == "ended (NODE_FAIL), resubmitted" and first.steps_run == 10
     assert second.verified is False and second.resumed_from_step == 10
     assert not summary.all_resumes_verified and summary.state == "failed" and second.ended == "resume not verified"
-    assert summary.failure is not None and summary.failure.startswith("resume not verified at step 10: restored state differs "
-                                                                      "(rank 0: rng.numpy)")
+    assert summary.failure is not None and summary.failure.startswith(
+        "resume not verified at step 10: restored state differs (rank 0: rng.numpy)"
+    )
     assert "LEGATO_RESUME=unverified" in summary.failure
-    went_on = summarize(tmp_path, [*events, {"event": "continued_unverified", "time": 7, "job_id": "6", "restart": 0, "step": 10,
-                                             "components": ["rng.numpy"], "how": "LEGATO_RESUME=unverified"}])
+    went_on = summarize(
+        tmp_path,
+        [
+            *events,
+            {
+                "event": "continued_unverified",
+                "time": 7,
+                "job_id": "6",
+                "restart": 0,
+                "step": 10,
+                "components": ["rng.numpy"],
+                "how": "LEGATO_RESUME=unverified",
+            },
+        ],
+    )
     assert went_on.state == "running" and went_on.failure is None and went_on.attempts[1].continued_unverified
     assert went_on.unverified == {"step": 10, "components": ["rng.numpy"], "how": "LEGATO_RESUME=unverified"}
 
@@ -123,8 +137,19 @@ def test_status_shows_the_replays_own_seconds_beside_its_steps(tmp_path: Path) -
         {"event": "run_started", "time": 1, "total_steps": 40},
         {"event": "attempt_started", "restart": 0, **tag},
         {"event": "attempt_started", "restart": 1, **tag},
-        {"event": "resumed", "time": 3, "job_id": "5", "restart": 1, "step": 26, "expected_hash": "h", "recomputed_hash": "h",
-         "mismatches": {}, "match": True, "replay": replay, "seconds": 1.75},
+        {
+            "event": "resumed",
+            "time": 3,
+            "job_id": "5",
+            "restart": 1,
+            "step": 26,
+            "expected_hash": "h",
+            "recomputed_hash": "h",
+            "mismatches": {},
+            "match": True,
+            "replay": replay,
+            "seconds": 1.75,
+        },
     ]
     summary = summarize(tmp_path, events)
     assert summary.attempts[1].replay_text == "replay ✓ 6 steps in 0.52s"
@@ -136,21 +161,41 @@ def test_status_shows_the_replays_own_seconds_beside_its_steps(tmp_path: Path) -
 def test_a_checkpoint_whose_ranks_held_differing_replicated_state_is_shown_with_a_warning() -> None:
     """The supervisor's line for such a checkpoint names the ranks; a checkpoint without (and older ledgers) reads as before."""
     view = LiveView(io.StringIO())
-    record = {"event": "checkpoint_committed", "time": 2, "job_id": "5", "restart": 0, "step": 20, "global_hash": "ab" * 16,
-              "seconds": 0.5, "bytes": 2**20, "reason": "periodic"}
+    record = {
+        "event": "checkpoint_committed",
+        "time": 2,
+        "job_id": "5",
+        "restart": 0,
+        "step": 20,
+        "global_hash": "ab" * 16,
+        "seconds": 0.5,
+        "bytes": 2**20,
+        "reason": "periodic",
+    }
     plain = view.event_line(record)
     flagged = view.event_line({**record, "diverged": {"1": ["model:0"], "0": ["optimizer:2"]}})
     assert plain is not None and "WARNING" not in plain
-    assert flagged == plain + ("; WARNING: rank(s) 0, 1 held replicated state that differs from the copy saved for every rank, so a "
-                               "resume from it will fail its verification (see the rank's log)")
+    assert flagged == plain + (
+        "; WARNING: rank(s) 0, 1 held replicated state that differs from the copy saved for every rank, so a "
+        "resume from it will fail its verification (see the rank's log)"
+    )
 
 
 def test_a_checkpoint_held_by_its_replay_says_so_and_its_size_in_kib() -> None:
     """A stop checkpoint that holds its state as the replay from an earlier checkpoint writes a few records: its line names
     that checkpoint and the steps to replay, so that "0.0 MiB" does not read as an empty checkpoint."""
     view = LiveView(io.StringIO())
-    record = {"event": "checkpoint_committed", "time": 2, "job_id": "5", "restart": 0, "step": 41, "global_hash": "ab" * 16,
-              "seconds": 0.08, "bytes": 12 * 2**10, "reason": "signal"}
+    record = {
+        "event": "checkpoint_committed",
+        "time": 2,
+        "job_id": "5",
+        "restart": 0,
+        "step": 41,
+        "global_hash": "ab" * 16,
+        "seconds": 0.08,
+        "bytes": 12 * 2**10,
+        "reason": "signal",
+    }
     assert "(12 KiB)" in view.event_line(record)
     line = view.event_line({**record, "replays_from": 40})
     assert "(the state of step 40 and 1 step to replay from it; 12 KiB written)" in line, line
@@ -162,21 +207,54 @@ def test_a_replay_of_one_step_reads_as_one_step() -> None:
     assert (counted(1, "step"), counted(0, "step"), counted(4, "step")) == ("1 step", "0 steps", "4 steps")
     view = LiveView(io.StringIO())
     replay = {"identical": True, "steps": 1, "from_step": 20, "first_divergence": None, "seconds": 0.05}
-    line = view.event_line({"event": "resumed", "time": 2, "job_id": "5", "restart": 1, "step": 21, "expected_hash": "ab" * 16,
-                            "recomputed_hash": "ab" * 16, "match": True, "mismatches": {}, "replay": replay, "seconds": 0.12})
+    line = view.event_line(
+        {
+            "event": "resumed",
+            "time": 2,
+            "job_id": "5",
+            "restart": 1,
+            "step": 21,
+            "expected_hash": "ab" * 16,
+            "recomputed_hash": "ab" * 16,
+            "match": True,
+            "mismatches": {},
+            "replay": replay,
+            "seconds": 0.12,
+        }
+    )
     assert "replay ✓ 1 step from step 20 in 0.05s" in line, line
 
 
 def test_status_names_what_the_census_found_with_or_without_a_resume(tmp_path: Path) -> None:
     """The census's findings reach `legato status`, not only the start of a rank's stderr; a resume says it verified without."""
     tag = {"job_id": "7", "time": 2, "hosts": ["a"], "world_size": 2}
-    found = {"event": "unsaved_state", "time": 3, "job_id": "7", "restart": 0, "step": 2, "when": "early", "strict": False,
-             "objects": [], "names": ["losses_m"]}
+    found = {
+        "event": "unsaved_state",
+        "time": 3,
+        "job_id": "7",
+        "restart": 0,
+        "step": 2,
+        "when": "early",
+        "strict": False,
+        "objects": [],
+        "names": ["losses_m"],
+    }
     events = [{"event": "attempt_started", "restart": 0, **tag}, found]
     assert "the census found state legato does not save: losses_m (register each one training changes" in status_table(
-        summarize(tmp_path, events))
-    resumed = {"event": "resumed", "time": 4, "job_id": "7", "restart": 1, "step": 4, "expected_hash": "h", "recomputed_hash": "h",
-               "match": True, "mismatches": {}, "unregistered": ["losses_m", "saver"]}
+        summarize(tmp_path, events)
+    )
+    resumed = {
+        "event": "resumed",
+        "time": 4,
+        "job_id": "7",
+        "restart": 1,
+        "step": 4,
+        "expected_hash": "h",
+        "recomputed_hash": "h",
+        "match": True,
+        "mismatches": {},
+        "unregistered": ["losses_m", "saver"],
+    }
     summary = summarize(tmp_path, [*events, {"event": "attempt_started", "restart": 1, **tag}, resumed])
     table = status_table(summary)
     assert summary.unregistered == ["losses_m", "saver"] and "✓ except 2" in table

@@ -65,9 +65,14 @@ def test_a_session_reads_its_losses_back_at_its_captures_not_at_every_step(tmp_p
     monkeypatch.setattr(telemetry, "PROGRESS_INTERVAL_S", float("inf"))
     data = TensorDataset(torch.randn(160, 3, generator=torch.Generator().manual_seed(0)), torch.randn(160, 1))
     model = torch.nn.Linear(3, 1)
-    session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), total_steps=40,
-                             loader=legato.resumable_loader(data, batch_size=4, seed=1),
-                             checkpoint=legato.CheckpointPolicy(replay_steps=16, hash_every_steps=0))
+    session = legato.Session(
+        tmp_path,
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
+        total_steps=40,
+        loader=legato.resumable_loader(data, batch_size=4, seed=1),
+        checkpoint=legato.CheckpointPolicy(replay_steps=16, hash_every_steps=0),
+    )
     seen = []
     for x, y in session:
         loss = fit_step(model, session.optimizer, x, y)

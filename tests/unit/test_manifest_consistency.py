@@ -106,8 +106,10 @@ def test_wrong_types_inside_ranks_and_files_are_named(tmp_path: Path) -> None:
         (lambda m: m["files"].update({"rank0.pt": "x"}), "files['rank0.pt'] is a str ('x'), not a dict"),
         (lambda m: m.pop("global_hash"), "has no global_hash"),
         (lambda m: m["ranks"][0].update(diverged=["model:0"]), "ranks[0].diverged is a list (['model:0']), not a dict"),
-        (lambda m: m["ranks"][0].update(diverged={"tensors": ["model:0"], "writers": ["1"]}),
-         "ranks[0].diverged.writers holds something other than ints"),
+        (
+            lambda m: m["ranks"][0].update(diverged={"tensors": ["model:0"], "writers": ["1"]}),
+            "ranks[0].diverged.writers holds something other than ints",
+        ),
         (lambda m: m["ranks"][0].update(diverged={"writers": [1]}), "has no ranks[0].diverged.tensors"),
         (lambda m: m["ranks"][0].update(cpu_capability=512), "ranks[0].cpu_capability is an int (512), not a str"),
     ]

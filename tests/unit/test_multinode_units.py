@@ -57,8 +57,9 @@ def test_status_compares_every_nodes_environment(tmp_path: Path, node1_first: bo
 
 
 def test_an_attempt_slurm_requeued_by_itself_is_marked_ended(tmp_path: Path) -> None:
-    started = [{"event": "attempt_started", "job_id": "7", "restart": r, "time": float(r), "hosts": ["n1", "n2"],
-                "world_size": 2} for r in (0, 1)]
+    started = [
+        {"event": "attempt_started", "job_id": "7", "restart": r, "time": float(r), "hosts": ["n1", "n2"], "world_size": 2} for r in (0, 1)
+    ]
     summary = summarize(tmp_path, [{"event": "run_started", "time": 0.0}, *started])
     assert [a.ended for a in summary.attempts] == ["ended, requeued by SLURM", "running"]
 

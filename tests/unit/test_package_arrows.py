@@ -80,7 +80,7 @@ def _child(package: str, module: str) -> str | None:
         return package
     if not module.startswith(package + "."):
         return None
-    return f"{package}.{module[len(package) + 1:].split('.')[0]}"
+    return f"{package}.{module[len(package) + 1 :].split('.')[0]}"
 
 
 def cycles(modules: dict[str, Path]) -> list[str]:
@@ -140,8 +140,13 @@ def _strongly_connected(edges: dict[tuple[str, str], list[str]]) -> list[set[str
 
 def outward(modules: dict[str, Path]) -> list[str]:
     """Imports of the core into legato.orchestrator or legato.slurm."""
-    return [f"{name}:{line} imports {target}" for name, path in modules.items() if not name.startswith(OUTER)
-            for target, line in imports(name, path, modules) if target.startswith(OUTER)]
+    return [
+        f"{name}:{line} imports {target}"
+        for name, path in modules.items()
+        if not name.startswith(OUTER)
+        for target, line in imports(name, path, modules)
+        if target.startswith(OUTER)
+    ]
 
 
 def test_no_import_climbs_a_layer_in_any_package() -> None:
@@ -160,18 +165,30 @@ def test_nothing_imports_the_repository_folders_by_their_names() -> None:
         if ".venv" in path.parts or "build" in path.parts:
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and not node.level
+                else []
+            )
             found += [f"{path.relative_to(ROOT)} imports {n}" for n in names if n.split(".")[0] in ("trainer", "slurm", "orchestrator")]
     assert found == []
 
 
 def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
     """A package `legato` under tmp_path with `files` (relative path -> source), read as the real one is."""
-    (tmp_path / "pyproject.toml").write_text('[tool.setuptools.package-dir]\n"legato" = "core"\n"legato.low" = "core/low"\n'
-                                             '"legato.high" = "core/high"\n"legato.orchestrator" = "outer"\n')
-    for rel, source in {"core/__init__.py": "", "core/low/__init__.py": "", "core/high/__init__.py": "",
-                        "outer/__init__.py": "", **files}.items():
+    (tmp_path / "pyproject.toml").write_text(
+        '[tool.setuptools.package-dir]\n"legato" = "core"\n"legato.low" = "core/low"\n'
+        '"legato.high" = "core/high"\n"legato.orchestrator" = "outer"\n'
+    )
+    for rel, source in {
+        "core/__init__.py": "",
+        "core/low/__init__.py": "",
+        "core/high/__init__.py": "",
+        "outer/__init__.py": "",
+        **files,
+    }.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_text(source)
     return package_modules(tmp_path)
@@ -180,14 +197,17 @@ def _plant(tmp_path: Path, files: dict[str, str]) -> dict[str, Path]:
 def test_a_planted_climb_is_caught_wherever_it_hides(tmp_path: Path) -> None:
     """A climb inside a function, between two subpackages, and a cycle of modules inside one, are each named with its
     line; the same imports under TYPE_CHECKING, or pointing down, are not."""
-    modules = _plant(tmp_path, {
-        "core/high/top.py": "from legato.low import base\n",
-        "core/low/base.py": "def f():\n    from legato.high import top\n",
-        "core/low/a.py": "from . import b\n",
-        "core/low/b.py": "import legato.low.a\n",
-        "core/low/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from legato.high import top\n",
-        "core/low/out.py": "def g():\n    import legato.orchestrator\n",
-    })
+    modules = _plant(
+        tmp_path,
+        {
+            "core/high/top.py": "from legato.low import base\n",
+            "core/low/base.py": "def f():\n    from legato.high import top\n",
+            "core/low/a.py": "from . import b\n",
+            "core/low/b.py": "import legato.low.a\n",
+            "core/low/typed.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from legato.high import top\n",
+            "core/low/out.py": "def g():\n    import legato.orchestrator\n",
+        },
+    )
     found = cycles(modules)
     assert len(found) == 2, found
     climb = next(p for p in found if p.startswith("in legato,"))

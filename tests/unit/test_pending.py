@@ -29,8 +29,7 @@ def supervise(tmp_path: Path, *scripts) -> tuple[int, FakeBackend, list[dict], l
     ledger = Ledger(cfg.run_dir)
     start_session(cfg, ledger, ["legato", "run"])
     fake, told = FakeBackend(ledger, list(scripts)), []
-    code = Supervisor(cfg, cfg.run_dir / "config.yaml", notify=lambda kind, data: told.append((kind, data)), poll_s=0.0,
-                      backend=fake).run()
+    code = Supervisor(cfg, cfg.run_dir / "config.yaml", notify=lambda kind, data: told.append((kind, data)), poll_s=0.0, backend=fake).run()
     return code, fake, ledger.read(), told
 
 
@@ -70,8 +69,11 @@ def test_the_time_waited_counts_from_the_submission() -> None:
     ]
     assert waiting_job(session, now=226.0) == {"job_id": "7", "reason": "Resources", "waited_s": 125.0}
     assert waiting_line(waiting_job(session, now=226.0)) == "job 7 pending for 2m05s: Resources (waiting for nodes or CPUs to free up)"
-    requeued = [*session, {"event": "job_state", "job_id": "7", "state": "RUNNING", "time": 140.0},
-                {"event": "job_state", "job_id": "7", "state": "PENDING", "time": 200.0}]
+    requeued = [
+        *session,
+        {"event": "job_state", "job_id": "7", "state": "RUNNING", "time": 140.0},
+        {"event": "job_state", "job_id": "7", "state": "PENDING", "time": 200.0},
+    ]
     assert waiting_job(requeued, now=226.0) == {"job_id": "7", "reason": None, "waited_s": 26.0}
     assert waiting_job([*session, {"event": "failed", "job_id": "7", "exit_code": 1, "reason": "x", "time": 131.0}], now=226.0) is None
 
@@ -82,12 +84,15 @@ def fake_scontrol(monkeypatch: pytest.MonkeyPatch, answers: dict[str, str | None
 
 
 def test_which_reasons_never_clear(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_scontrol(monkeypatch, {
-        "scontrol show job": "JobId=7 Partition=debug NumNodes=2-2 TimeLimit=00:10:00 Account=nope QOS=normal Features=(null)",
-        "scontrol show partition": "PartitionName=debug TotalNodes=1 MaxNodes=UNLIMITED MaxTime=00:05:00",
-        "scontrol show hostnames": "n1 ghost",
-        "scontrol show node": None,
-    })
+    fake_scontrol(
+        monkeypatch,
+        {
+            "scontrol show job": "JobId=7 Partition=debug NumNodes=2-2 TimeLimit=00:10:00 Account=nope QOS=normal Features=(null)",
+            "scontrol show partition": "PartitionName=debug TotalNodes=1 MaxNodes=UNLIMITED MaxTime=00:05:00",
+            "scontrol show hostnames": "n1 ghost",
+            "scontrol show node": None,
+        },
+    )
     for transient in ("Resources", "Priority", "BeginTime", "None", None, "ReqNodeNotAvail"):
         assert reasons.blocked("7", transient) is None, transient
     assert "asks for 2 node(s) and partition debug has 1 node(s)" in reasons.blocked("7", "PartitionNodeLimit")
@@ -101,12 +106,15 @@ def test_which_reasons_never_clear(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_node_limits_and_node_lists_that_may_still_clear(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake_scontrol(monkeypatch, {
-        "scontrol show job": "JobId=7 Partition=debug NumNodes=2",
-        "scontrol show partition": "PartitionName=debug TotalNodes=4 MaxNodes=UNLIMITED",
-        "scontrol show hostnames": "n1",
-        "scontrol show node": "NodeName=n1 State=DRAINED",
-    })
+    fake_scontrol(
+        monkeypatch,
+        {
+            "scontrol show job": "JobId=7 Partition=debug NumNodes=2",
+            "scontrol show partition": "PartitionName=debug TotalNodes=4 MaxNodes=UNLIMITED",
+            "scontrol show hostnames": "n1",
+            "scontrol show node": "NodeName=n1 State=DRAINED",
+        },
+    )
     assert reasons.blocked("7", "PartitionNodeLimit") is None, "2 of 4 nodes: it waits for drained ones to return"
     assert reasons.blocked("7", "PartitionConfig") is None
     assert reasons.blocked("7", "ReqNodeNotAvail, UnavailableNodes:n1") is None, "n1 exists: it may come back"

@@ -20,8 +20,16 @@ def test_redactor_catches_each_format_and_keeps_names() -> None:
             assert "<redacted" in r.text(value), name
     assert r.text(SECRETS["DATABASE_URL"]) == "postgres://trainer:<redacted: URL password>@db.example.org/runs"
     argv = r.argv(["train.py", "--api-token", "abc123", "--password=xyz789", "train.options.hf_token=plain", "lr=0.1", "--steps", "5"])
-    assert argv == ["train.py", "--api-token", "<redacted: follows a secret-looking flag>", "--password=<redacted: the name looks secret>",
-                    "train.options.hf_token=<redacted: the name looks secret>", "lr=0.1", "--steps", "5"]
+    assert argv == [
+        "train.py",
+        "--api-token",
+        "<redacted: follows a secret-looking flag>",
+        "--password=<redacted: the name looks secret>",
+        "train.options.hf_token=<redacted: the name looks secret>",
+        "lr=0.1",
+        "--steps",
+        "5",
+    ]
     adjusted = Redactor(allow=frozenset({"MY_PASSWORD"}), deny=("*_SETTING_X", "CORP_*"))
     assert adjusted.value("MY_PASSWORD", "visible") == "visible"
     assert adjusted.value("CORP_THING", "hidden").startswith("<redacted")

@@ -24,8 +24,16 @@ def records(full: torch.Tensor, world: int) -> list[dict]:
     """The records FSDP2 shards of `full` (dimension 0 over `world` ranks) become in a checkpoint."""
     out, start = [], 0
     for part in torch.chunk(full, world):
-        out.append({"local": part.clone(), "shape": list(full.shape), "local_shape": list(part.shape), "offsets": [start, 0],
-                    "placements": [["shard", 0]], "mesh": list(range(world))})
+        out.append(
+            {
+                "local": part.clone(),
+                "shape": list(full.shape),
+                "local_shape": list(part.shape),
+                "offsets": [start, 0],
+                "placements": [["shard", 0]],
+                "mesh": list(range(world)),
+            }
+        )
         start += part.shape[0]
     return out
 
@@ -51,8 +59,12 @@ def test_the_data_position_is_the_samples_consumed_re_divided() -> None:
     assert reshard._data({"seed": 7, "epoch": 1, "position": 8}, 2, 4) == {"seed": 7, "epoch": 1, "position": 4}
     assert reshard._data({"seed": 7, "epoch": 1, "position": 2}, 4, 2) == {"seed": 7, "epoch": 1, "position": 4}
     # The dataset's length, which the data position holds since 2026-11-27, goes along unchanged.
-    assert reshard._data({"seed": 7, "epoch": 1, "position": 8, "samples": 96}, 2, 4) == {"seed": 7, "epoch": 1, "position": 4,
-                                                                                        "samples": 96}
+    assert reshard._data({"seed": 7, "epoch": 1, "position": 8, "samples": 96}, 2, 4) == {
+        "seed": 7,
+        "epoch": 1,
+        "position": 4,
+        "samples": 96,
+    }
     with pytest.raises(UsageError, match="cannot share evenly"):
         reshard._data({"seed": 7, "epoch": 0, "position": 5}, 2, 4)
     with pytest.raises(UsageError, match="resumable loader"):
@@ -88,8 +100,9 @@ def test_verify_names_a_resharded_resume_when_its_runs_differ() -> None:
     from legato.orchestrator.reports import verdict_lines
     from legato.orchestrator.verify import Verdict
 
-    resumes = [{"step": 5, "match": True, "mismatches": {}, "replay": None, "job_id": None, "restart": 1,
-                "resharded": {"from": 2, "to": 4}}]
+    resumes = [
+        {"step": 5, "match": True, "mismatches": {}, "replay": None, "job_id": None, "restart": 1, "resharded": {"from": 2, "to": 4}}
+    ]
     verdict = Verdict(False, 36, 2, resumes, "a", "b", 0, cause="the resume at step 5")
     assert "legato: the resume at step 5 was resharded 2 -> 4 ranks: data position exact, not bitwise" in verdict_lines(verdict, None)
 

@@ -62,7 +62,7 @@ def order(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
 
 def assert_loaded_verified_restored(order: list[tuple[str, str]], loaded: str, files: list[str]) -> None:
     """Up to the first restore: one load of `loaded`, then each of `files` verified once (the biggest first), nothing else."""
-    resumed = order[:order.index(("restore", "")) + 1]
+    resumed = order[: order.index(("restore", "")) + 1]
     assert resumed[0] == ("load", loaded) and resumed[-1] == ("restore", "")
     assert sorted(resumed[1:-1]) == sorted(("verify", name) for name in files)
 

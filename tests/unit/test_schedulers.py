@@ -18,7 +18,8 @@ from legato.errors import EXIT_OK, EXIT_STOPPED
 
 SCHEDULERS = {
     "warmup_cosine": lambda opt: lr.SequentialLR(
-        opt, [lr.LinearLR(opt, start_factor=0.01, total_iters=5), lr.CosineAnnealingLR(opt, T_max=15)], milestones=[5]),
+        opt, [lr.LinearLR(opt, start_factor=0.01, total_iters=5), lr.CosineAnnealingLR(opt, T_max=15)], milestones=[5]
+    ),
     "one_cycle": lambda opt: lr.OneCycleLR(opt, max_lr=0.5, total_steps=20),
     "warm_restarts": lambda opt: lr.CosineAnnealingWarmRestarts(opt, T_0=4, T_mult=2),
     "chained": lambda opt: lr.ChainedScheduler([lr.ExponentialLR(opt, gamma=0.9), lr.StepLR(opt, step_size=3, gamma=0.5)]),
@@ -37,8 +38,16 @@ def run(run_dir: Path, kind: str, chaos: legato.Chaos | None = None) -> legato.S
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     scheduler = SCHEDULERS[kind](optimizer)
     loader = legato.resumable_loader(torch.utils.data.TensorDataset(features, features.sum(1, keepdim=True)), batch_size=8, seed=7)
-    session = legato.Session(run_dir, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=20,
-                             chaos=chaos or legato.Chaos(), checkpoint=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=4))
+    session = legato.Session(
+        run_dir,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loader=loader,
+        total_steps=20,
+        chaos=chaos or legato.Chaos(),
+        checkpoint=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=4),
+    )
     for x, y in session:
         loss = F.mse_loss(model(x), y)
         optimizer.zero_grad()

@@ -54,7 +54,8 @@ def said(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_a_refusal_is_said_once_and_raised_on_as_a_usage_error_that_ends_an_uncaught_script_with_exit_2(
-        caplog: pytest.LogCaptureFixture) -> None:
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     with pytest.raises(UsageRefused) as info:
         outer()  # the inner entry said it; the outer one passes it on without a second line
     assert isinstance(info.value, UsageError) and isinstance(info.value, SystemExit) and info.value.code == EXIT_USAGE
@@ -93,10 +94,14 @@ def test_every_entry_of_the_public_api_says_its_refusal(entry: str, tmp_path: Pa
 
 
 def test_arguments_that_do_not_fit_an_entry_are_a_refusal_naming_them_and_other_type_errors_are_not(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     model = torch.nn.Linear(1, 1)
-    with pytest.raises(UsageRefused, match=r"^Session\(\): missing a required argument: 'optimizer'\. Pass the arguments it takes: "
-                       r"Session\(run_dir, \*, model, optimizer, loader=\.\.\."):
+    with pytest.raises(
+        UsageRefused,
+        match=r"^Session\(\): missing a required argument: 'optimizer'\. Pass the arguments it takes: "
+        r"Session\(run_dir, \*, model, optimizer, loader=\.\.\.",
+    ):
         legato.Session(tmp_path / "a", model=model, total_steps=1)
     with pytest.raises(UsageRefused, match=r"^Session\(\): no argument named optimiser \(did you mean optimizer\?\)"):
         legato.Session(tmp_path / "b", model=model, optimiser=torch.optim.SGD(model.parameters(), lr=0.1), total_steps=1)

@@ -51,8 +51,15 @@ def test_attempts_count_from_the_ledger_and_the_id_is_kept(tmp_path: Path) -> No
 
 
 def _committed(step: int, reason: str) -> dict:
-    return {"event": Kind.CHECKPOINT_COMMITTED, "rank": 0, "step": step, "global_hash": f"h{step}", "seconds": 0.1, "bytes": 1,
-            "reason": reason}
+    return {
+        "event": Kind.CHECKPOINT_COMMITTED,
+        "rank": 0,
+        "step": step,
+        "global_hash": f"h{step}",
+        "seconds": 0.1,
+        "bytes": 1,
+        "reason": reason,
+    }
 
 
 def test_status_reads_a_scripts_attempts_from_what_its_recorder_wrote(tmp_path: Path) -> None:
@@ -63,14 +70,28 @@ def test_status_reads_a_scripts_attempts_from_what_its_recorder_wrote(tmp_path: 
     first({"event": Kind.STOP_AGREED, "rank": 0, "step": 4, "signal_received_at": None})
     first(_committed(4, "signal"))
     second = LedgerRecorder(tmp_path, Identity.establish(tmp_path, alone, scripted=True).tag)
-    second({"event": Kind.RESUMED, "rank": 0, "step": 4, "path": "x", "expected_hash": "h4", "recomputed_hash": "h4", "match": True,
-            "mismatches": {}, "replay": None})
+    second(
+        {
+            "event": Kind.RESUMED,
+            "rank": 0,
+            "step": 4,
+            "path": "x",
+            "expected_hash": "h4",
+            "recomputed_hash": "h4",
+            "match": True,
+            "mismatches": {},
+            "replay": None,
+        }
+    )
     second(_committed(8, "periodic"))
     third = LedgerRecorder(tmp_path, Identity.establish(tmp_path, alone, scripted=True).tag)  # the second was killed
     third(_committed(9, "final"))
     summary = summarize(tmp_path, read_records(tmp_path))
     assert [(a.ended, a.resumed_from_step, a.stop_signal_step) for a in summary.attempts] == [
-        ("stopped", None, 4), ("ended, killed", 4, None), ("finished", None, None)]
+        ("stopped", None, 4),
+        ("ended, killed", 4, None),
+        ("finished", None, None),
+    ]
     assert summary.state == Kind.FINISHED and summary.final_global_hash == "h9" and summary.step == 9
     assert (tmp_path / "progress.json").is_file()
 
@@ -101,8 +122,13 @@ def test_a_finished_run_launched_again_trains_nothing_and_its_attempt_ends_finis
 
     def launch(total_steps: int) -> legato.Session:
         model = torch.nn.Linear(2, 1)
-        session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), total_steps=total_steps,
-                                 checkpoint=legato.CheckpointPolicy(replay_steps=0))
+        session = legato.Session(
+            tmp_path,
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            total_steps=total_steps,
+            checkpoint=legato.CheckpointPolicy(replay_steps=0),
+        )
         for step in session:
             session.report(fit_step(model, session.optimizer, torch.full((1, 2), float(step)), torch.ones(1, 1)))
         assert session.exit_code == 0
@@ -130,8 +156,13 @@ def test_another_model_in_the_same_run_directory_is_named_and_its_checkpoints_ar
     import legato
 
     def launch(model: torch.nn.Module) -> None:
-        session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), total_steps=3,
-                                 checkpoint=legato.CheckpointPolicy(replay_steps=0))
+        session = legato.Session(
+            tmp_path,
+            model=model,
+            optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+            total_steps=3,
+            checkpoint=legato.CheckpointPolicy(replay_steps=0),
+        )
         for _ in session:
             session.report(fit_step(model, session.optimizer, torch.ones(1, 2), torch.ones(1, 1)))
 
@@ -176,8 +207,13 @@ def test_another_optimizer_class_that_loads_without_an_error_is_named_as_the_lik
 
     def launch(make: type) -> None:
         model = torch.nn.Linear(2, 1)
-        session = legato.Session(tmp_path, model=model, optimizer=make(model.parameters(), lr=0.1), total_steps=3,
-                                 checkpoint=legato.CheckpointPolicy(replay_steps=0))
+        session = legato.Session(
+            tmp_path,
+            model=model,
+            optimizer=make(model.parameters(), lr=0.1),
+            total_steps=3,
+            checkpoint=legato.CheckpointPolicy(replay_steps=0),
+        )
         for _ in session:
             session.report(fit_step(model, session.optimizer, torch.ones(1, 2), torch.ones(1, 1)))
 
@@ -198,8 +234,14 @@ def _fit(tmp_path: Path, total_steps: int, every_steps: int = 0, dataset: object
     model = torch.nn.Linear(2, 1)
     loader = None if dataset is None else torch.utils.data.DataLoader(dataset, batch_size=2)
     policy = legato.CheckpointPolicy(replay_steps=0, every_steps=every_steps)
-    session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=loader,
-                             total_steps=total_steps, checkpoint=policy)
+    session = legato.Session(
+        tmp_path,
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loader=loader,
+        total_steps=total_steps,
+        checkpoint=policy,
+    )
     return session, model
 
 
@@ -279,8 +321,15 @@ def test_a_break_that_follows_the_plan_records_no_early_exit(tmp_path: Path, whe
     model = torch.nn.Linear(2, 1)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(8, 2), torch.ones(8, 1)), batch_size=2)
     chaos = legato.Chaos(signal_rank=0, signal_at_steps=(2,)) if when == "after an agreed stop" else None
-    session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=loader,
-                             total_epochs=2, checkpoint=legato.CheckpointPolicy(replay_steps=0, agree_every_steps=1), chaos=chaos)
+    session = legato.Session(
+        tmp_path,
+        model=model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        loader=loader,
+        total_epochs=2,
+        checkpoint=legato.CheckpointPolicy(replay_steps=0, agree_every_steps=1),
+        chaos=chaos,
+    )
     for _ in session.epochs():
         for x, y in session.batches():
             session.report(fit_step(model, session.optimizer, x, y))

@@ -35,10 +35,25 @@ def test_environment_by_allowlist_with_stable_keyed_fingerprints(tmp_path: Path)
     assert run_key(tmp_path / "repro") == key, "one key per run directory"
     assert oct((tmp_path / "repro" / "fingerprint.key").stat().st_mode & 0o777) == "0o600"
     r = Redactor(key=key)
-    env = r.environ({"PATH": "/usr/bin", "LD_PRELOAD": "/lib/libm.so.6", "OMP_NUM_THREADS": "4", "LC_ALL": "C.UTF-8",
-                     "SLURM_NTASKS": "2", "MY_SETTING": "plain", "EMPTY": "", **ALLOWLISTED_PLANTS})
+    env = r.environ(
+        {
+            "PATH": "/usr/bin",
+            "LD_PRELOAD": "/lib/libm.so.6",
+            "OMP_NUM_THREADS": "4",
+            "LC_ALL": "C.UTF-8",
+            "SLURM_NTASKS": "2",
+            "MY_SETTING": "plain",
+            "EMPTY": "",
+            **ALLOWLISTED_PLANTS,
+        }
+    )
     assert (env["PATH"], env["LD_PRELOAD"], env["OMP_NUM_THREADS"], env["LC_ALL"], env["SLURM_NTASKS"]) == (
-        "/usr/bin", "/lib/libm.so.6", "4", "C.UTF-8", "2")
+        "/usr/bin",
+        "/lib/libm.so.6",
+        "4",
+        "C.UTF-8",
+        "2",
+    )
     # Not on the allowlist: name and fingerprint only, even for a harmless value.
     assert env["MY_SETTING"] == fingerprint_line(key, "plain") and is_fingerprint(env["EMPTY"])
     for name in ALLOWLISTED_PLANTS:

@@ -51,15 +51,18 @@ def test_total_epochs_is_held_to_the_same_rule_and_a_numpy_integer_is_a_whole_nu
     assert _session(tmp_path / "from_epochs", loader=loader, total_steps=None, total_epochs=np.int32(3)).total_steps == 12
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"keep_last": 0}, "CheckpointPolicy: keep_last is 0, but it must be positive. Set a value of 1 or more."),
-    ({"verify": "eror"}, "CheckpointPolicy: verify is 'eror', which is not one of: error, warn. Pick one of those."),
-    ({"replay_steps": -3}, "CheckpointPolicy: replay_steps is -3, but it must be at least 0."),
-    ({"every_minutes": -1}, "CheckpointPolicy: every_minutes is -1.0, but it must be at least 0."),
-    ({"agree_every_steps": 2.5}, "CheckpointPolicy: agree_every_steps must be an integer, but it is 2.5 (float)."),
-    ({"async_": "yes"}, "CheckpointPolicy: async_ must be true or false, but it is 'yes' (str)."),
-    ({"replay_seconds": math.nan}, "CheckpointPolicy: replay_seconds is nan; it must be a finite number."),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"keep_last": 0}, "CheckpointPolicy: keep_last is 0, but it must be positive. Set a value of 1 or more."),
+        ({"verify": "eror"}, "CheckpointPolicy: verify is 'eror', which is not one of: error, warn. Pick one of those."),
+        ({"replay_steps": -3}, "CheckpointPolicy: replay_steps is -3, but it must be at least 0."),
+        ({"every_minutes": -1}, "CheckpointPolicy: every_minutes is -1.0, but it must be at least 0."),
+        ({"agree_every_steps": 2.5}, "CheckpointPolicy: agree_every_steps must be an integer, but it is 2.5 (float)."),
+        ({"async_": "yes"}, "CheckpointPolicy: async_ must be true or false, but it is 'yes' (str)."),
+        ({"replay_seconds": math.nan}, "CheckpointPolicy: replay_seconds is nan; it must be a finite number."),
+    ],
+)
 def test_a_checkpoint_policy_out_of_bounds_is_refused_naming_the_argument(kwargs: dict, message: str) -> None:
     with pytest.raises(legato.UsageError) as refused:
         legato.CheckpointPolicy(**kwargs)
@@ -72,12 +75,15 @@ def test_keep_last_zero_no_longer_reaches_a_run_where_it_pruned_every_checkpoint
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize(("signals", "message"), [
-    ("USR2", "StopPolicy: signals is 'USR2', but it must be a tuple of one or more signal names"),
-    ((), "StopPolicy: signals is (), but it must be a tuple"),
-    (("FOO",), "StopPolicy: a name in signals is 'FOO', which is not a signal name"),
-    (("USR2", "KILL"), "StopPolicy: a name in signals is 'KILL', which is a signal a stop cannot use"),
-])
+@pytest.mark.parametrize(
+    ("signals", "message"),
+    [
+        ("USR2", "StopPolicy: signals is 'USR2', but it must be a tuple of one or more signal names"),
+        ((), "StopPolicy: signals is (), but it must be a tuple"),
+        (("FOO",), "StopPolicy: a name in signals is 'FOO', which is not a signal name"),
+        (("USR2", "KILL"), "StopPolicy: a name in signals is 'KILL', which is a signal a stop cannot use"),
+    ],
+)
 def test_a_stop_policy_names_the_signal_it_cannot_use(signals: object, message: str) -> None:
     with pytest.raises(legato.UsageError) as refused:
         legato.StopPolicy(signals=signals)
@@ -124,47 +130,58 @@ def test_a_run_dir_that_is_a_file_is_refused_with_the_config_rule_and_the_file_i
     assert _session(PurePosixPath(tmp_path / "pure")).run_dir == tmp_path / "pure"  # any os.PathLike
 
 
-@pytest.mark.parametrize(("swap", "message"), [
-    ("model_is_the_optimizer", "Session: model= is a SGD, not a torch.nn.Module."),
-    ("optimizer_is_the_model", "Session: optimizer= is a Linear, not a torch optimizer (it has no param_groups)."),
-    ("no_optimizer", "Session: optimizer= is a NoneType, not a torch optimizer"),
-    ("scheduler_is_a_name", "Session state 'scheduler' is a str, which has no state_dict()/load_state_dict()."),
-])
+@pytest.mark.parametrize(
+    ("swap", "message"),
+    [
+        ("model_is_the_optimizer", "Session: model= is a SGD, not a torch.nn.Module."),
+        ("optimizer_is_the_model", "Session: optimizer= is a Linear, not a torch optimizer (it has no param_groups)."),
+        ("no_optimizer", "Session: optimizer= is a NoneType, not a torch optimizer"),
+        ("scheduler_is_a_name", "Session state 'scheduler' is a str, which has no state_dict()/load_state_dict()."),
+    ],
+)
 def test_an_argument_of_the_wrong_kind_is_named_instead_of_an_attribute_error(tmp_path: Path, swap: str, message: str) -> None:
     model = torch.nn.Linear(2, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     kwargs = {"model": model, "optimizer": optimizer, "total_steps": 4}
-    kwargs.update({
-        "model_is_the_optimizer": {"model": optimizer},
-        "optimizer_is_the_model": {"optimizer": model},
-        "no_optimizer": {"optimizer": None},
-        "scheduler_is_a_name": {"scheduler": "cosine"},
-    }[swap])
+    kwargs.update(
+        {
+            "model_is_the_optimizer": {"model": optimizer},
+            "optimizer_is_the_model": {"optimizer": model},
+            "no_optimizer": {"optimizer": None},
+            "scheduler_is_a_name": {"scheduler": "cosine"},
+        }[swap]
+    )
     with pytest.raises(legato.UsageError) as refused:
         legato.Session(tmp_path / "run", **kwargs)
     assert str(refused.value).startswith(message), str(refused.value)
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"seed": 1.0}, "seed_everything(seed=1.0, rank=0): the seed is a whole number"),
-    ({"seed": "1"}, "seed_everything(seed='1', rank=0): the seed is a whole number"),
-    ({"rank": -1}, "seed_everything(seed=7, rank=-1): the seed is a whole number"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"seed": 1.0}, "seed_everything(seed=1.0, rank=0): the seed is a whole number"),
+        ({"seed": "1"}, "seed_everything(seed='1', rank=0): the seed is a whole number"),
+        ({"rank": -1}, "seed_everything(seed=7, rank=-1): the seed is a whole number"),
+    ],
+)
 def test_seed_everything_refuses_a_seed_or_rank_that_is_not_a_whole_number(kwargs: dict, message: str) -> None:
     with pytest.raises(legato.UsageError) as refused:
         legato.seed_everything(**{"seed": 7, "rank": 0, "mode": "fast", **kwargs})
     assert str(refused.value).startswith(message), str(refused.value)
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"dataset": 5}, "legato.resumable_loader() takes a map-style dataset (len() and indexing), which this int is not."),
-    ({"batch_size": 0}, "legato.resumable_loader(): batch_size=0 must be a whole number of at least 1."),
-    ({"world_size": 0}, "legato.resumable_loader(): world_size=0 must be a whole number of at least 1."),
-    ({"rank": 2, "world_size": 2}, "legato.resumable_loader(): rank=2 is not one of the 2 ranks (0 to 1)."),
-    ({"seed": "x"}, "legato.resumable_loader(): seed='x' must be a whole number"),
-    ({"world_size": 9}, "legato.resumable_loader(): the dataset's 8 samples cannot be split over 9 ranks."),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"dataset": 5}, "legato.resumable_loader() takes a map-style dataset (len() and indexing), which this int is not."),
+        ({"batch_size": 0}, "legato.resumable_loader(): batch_size=0 must be a whole number of at least 1."),
+        ({"world_size": 0}, "legato.resumable_loader(): world_size=0 must be a whole number of at least 1."),
+        ({"rank": 2, "world_size": 2}, "legato.resumable_loader(): rank=2 is not one of the 2 ranks (0 to 1)."),
+        ({"seed": "x"}, "legato.resumable_loader(): seed='x' must be a whole number"),
+        ({"world_size": 9}, "legato.resumable_loader(): the dataset's 8 samples cannot be split over 9 ranks."),
+    ],
+)
 def test_resumable_loader_names_the_argument_it_cannot_use(kwargs: dict, message: str) -> None:
     arguments = {"dataset": torch.utils.data.TensorDataset(torch.zeros(8, 2)), "batch_size": 2, "seed": 1, "rank": 0, "world_size": 1}
     arguments.update(kwargs)
@@ -199,7 +216,8 @@ def _train(session: legato.Session) -> int:
 
 
 def test_legato_resume_required_refuses_a_launch_with_nothing_to_resume_and_resumes_one_with_something(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A job script's relaunch says it must resume: a mistyped run directory is refused (exit 2) before anything is written,
     and a real one resumes (one whose checkpoints are all unusable is refused at the pick, whatever LEGATO_RESUME says)."""
     monkeypatch.setenv("LEGATO_RESUME", "required")

@@ -37,8 +37,9 @@ class Ema:
         self.value = state["value"].clone()
 
 
-def run(run_dir: Path, *, stop_after: int | None = None, chaos: legato.Chaos | None = None,
-        policy: legato.CheckpointPolicy | None = None) -> legato.Session:
+def run(
+    run_dir: Path, *, stop_after: int | None = None, chaos: legato.Chaos | None = None, policy: legato.CheckpointPolicy | None = None
+) -> legato.Session:
     """One 'process' of a training run: fresh objects, reseeded RNGs, one pass over the session."""
     legato.seed_everything(7, rank=0, mode="fast")
     features = torch.randn(96, 6, generator=torch.Generator().manual_seed(0))
@@ -50,11 +51,19 @@ def run(run_dir: Path, *, stop_after: int | None = None, chaos: legato.Chaos | N
     ema = Ema()
     base = chaos or legato.Chaos()
     if stop_after is not None:
-        base = legato.Chaos(signal_at_steps=(stop_after,), skip_restore=base.skip_restore,
-                            consume_rng_after_restore=base.consume_rng_after_restore)
+        base = legato.Chaos(
+            signal_at_steps=(stop_after,), skip_restore=base.skip_restore, consume_rng_after_restore=base.consume_rng_after_restore
+        )
     session = legato.Session(
-        run_dir, model=model, optimizer=optimizer, scheduler=scheduler, loader=loader, total_steps=STEPS,
-        extras={"ema": ema}, checkpoint=policy or legato.CheckpointPolicy(hash_every_steps=1, replay_steps=0), chaos=base,
+        run_dir,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        loader=loader,
+        total_steps=STEPS,
+        extras={"ema": ema},
+        checkpoint=policy or legato.CheckpointPolicy(hash_every_steps=1, replay_steps=0),
+        chaos=base,
     )
     for x, y in session:
         loss = F.mse_loss(model(x), y)
@@ -145,8 +154,9 @@ def test_a_component_left_unrestored_is_caught_and_named(tmp_path: Path, compone
 
 def test_verify_warn_continues_and_records_the_mismatch(tmp_path: Path) -> None:
     run(tmp_path, stop_after=5)
-    session = run(tmp_path, chaos=legato.Chaos(skip_restore=frozenset({"rng.torch"})),
-                  policy=legato.CheckpointPolicy(verify="warn", replay_steps=0))
+    session = run(
+        tmp_path, chaos=legato.Chaos(skip_restore=frozenset({"rng.torch"})), policy=legato.CheckpointPolicy(verify="warn", replay_steps=0)
+    )
     assert session.exit_code == EXIT_OK
     assert session.resumed is not None and session.resumed.mismatches == {0: ["rng.torch"]}
 
@@ -154,8 +164,11 @@ def test_verify_warn_continues_and_records_the_mismatch(tmp_path: Path) -> None:
 def test_rng_drawn_after_the_restore_passes_the_digest_check_but_not_the_trajectory(reference: Path, tmp_path: Path) -> None:
     """Without the replay, the digest check proves only the restore: the planted draw after it shows in the first resumed step."""
     run(tmp_path, stop_after=5)
-    session = run(tmp_path, chaos=legato.Chaos(consume_rng_after_restore=("torch",)),
-                  policy=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=0))
+    session = run(
+        tmp_path,
+        chaos=legato.Chaos(consume_rng_after_restore=("torch",)),
+        policy=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=0),
+    )
     assert session.resumed is not None and session.resumed.match
     ref, got = trajectory(reference), trajectory(tmp_path)
     assert got[:5] == ref[:5] and got[5]["loss_hex"] != ref[5]["loss_hex"]
@@ -165,5 +178,6 @@ def test_an_extra_without_state_dict_is_refused(tmp_path: Path) -> None:
     model = torch.nn.Linear(2, 1)
     loader = legato.resumable_loader(torch.utils.data.TensorDataset(torch.zeros(8, 2)), batch_size=2, seed=0)
     with pytest.raises(legato.UsageError, match="no state_dict"):
-        legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=loader, total_steps=2,
-                       extras={"x": 3})
+        legato.Session(
+            tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), loader=loader, total_steps=2, extras={"x": 3}
+        )

@@ -35,8 +35,9 @@ def _events(ledger: list[dict], name: str) -> list[dict]:
 
 
 def test_a_job_that_waits_then_finishes_is_submitted_once_and_every_state_change_is_recorded(tmp_path: Path) -> None:
-    code, fake, ledger = _supervise(_config(tmp_path), [pending("Priority"), pending("Resources"), running(), still(),
-                                                        ended("COMPLETED", FINISHED)])
+    code, fake, ledger = _supervise(
+        _config(tmp_path), [pending("Priority"), pending("Resources"), running(), still(), ended("COMPLETED", FINISHED)]
+    )
     assert code == EXIT_OK
     assert [job for job, _ in fake.submitted] == ["101"]
     assert [e["state"] for e in _events(ledger, "job_state")] == ["PENDING", "RUNNING", "COMPLETED"]
@@ -61,8 +62,12 @@ def test_a_job_that_requeues_itself_at_a_checkpoint_is_not_resubmitted(tmp_path:
 
 def test_a_resume_that_did_not_verify_ends_with_the_mismatch_code(tmp_path: Path) -> None:
     resumed = {"event": "resumed", "restart": 1, "step": 20, "match": False}
-    script = [running(0), still("RUNNING", {"event": "requeued", "restart": 0}), running(1, ("n1",), resumed),
-              ended("COMPLETED", {**FINISHED, "restart": 1})]
+    script = [
+        running(0),
+        still("RUNNING", {"event": "requeued", "restart": 0}),
+        running(1, ("n1",), resumed),
+        ended("COMPLETED", {**FINISHED, "restart": 1}),
+    ]
     code, _, _ = _supervise(_config(tmp_path), script)
     assert code == EXIT_RESUME_MISMATCH
 
@@ -87,8 +92,9 @@ def test_the_requeue_budget_ends_the_run(tmp_path: Path) -> None:
     assert failed["job_id"] == "102" and "requeue budget exhausted" in failed["reason"] and "slurm.max_requeues is 1" in failed["reason"]
 
 
-def test_a_job_whose_rank_lost_its_peers_is_cancelled_after_the_grace_and_resubmitted(tmp_path: Path,
-                                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_job_whose_rank_lost_its_peers_is_cancelled_after_the_grace_and_resubmitted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(supervisor_module, "LOST_RANK_GRACE_S", 0.0)
     lost = {"event": "rank_lost", "restart": 0, "reason": "a rank lost its peers (timeout)", "checkpoint_step": 10}
     hanging = [running(0, ("n1",), lost), still()]  # one task hangs on its way out: the job never ends by itself

@@ -42,5 +42,10 @@ def test_a_resume_cuts_the_lines_past_its_step(tmp_path: Path) -> None:
     resumed = TrajectoryWriter(path, 4)
     resumed.write({"step": 5, "again": True})
     resumed.close()
-    assert [(r["step"], r.get("again", False)) for r in read_trajectory(path)] == [(1, False), (2, False), (3, False), (4, False),
-                                                                                    (5, True)]
+    assert [(r["step"], r.get("again", False)) for r in read_trajectory(path)] == [
+        (1, False),
+        (2, False),
+        (3, False),
+        (4, False),
+        (5, True),
+    ]

@@ -16,8 +16,9 @@ from legato.state.trees import DESCEND, leaves, rebuilt
 
 plain = st.recursive(
     st.none() | st.booleans() | st.integers() | st.text(max_size=4),
-    lambda inner: st.lists(inner, max_size=4) | st.lists(inner, max_size=4).map(tuple)
-    | st.dictionaries(st.text(max_size=3), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.lists(inner, max_size=4).map(tuple) | st.dictionaries(st.text(max_size=3), inner, max_size=4)
+    ),
     max_leaves=30,
 )
 # No deadline or speed check: on a loaded CI machine a slow example is not a failure; fixed examples, no database.

@@ -154,8 +154,9 @@ def test_port_depends_on_job_and_restart() -> None:
     assert all(10000 <= port(str(j), r) < 30000 for j in range(50) for r in range(3))
 
 
-def test_local_jobs_are_given_the_gpus_the_supervisor_sees(tmp_path, monkeypatch: pytest.MonkeyPatch,
-                                                           caplog: pytest.LogCaptureFixture) -> None:
+def test_local_jobs_are_given_the_gpus_the_supervisor_sees(
+    tmp_path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """submitit's LocalExecutor hides every GPU it is not handed. This machine has no GPU, so a stand-in `nvidia-smi`
     lists two (the only fake here); CUDA_VISIBLE_DEVICES, when set, wins."""
     from legato.slurm.submission import visible_gpus

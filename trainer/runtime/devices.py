@@ -53,8 +53,9 @@ def _device(choice: str, local_rank: int) -> torch.device:
 def _backend(choice: str, device: torch.device, local_world_size: int) -> str:
     if device.type == "cpu":
         if choice == "nccl":
-            raise UsageError("train.backend is nccl, but the ranks train on the CPU; NCCL moves CUDA tensors only. Set train.backend: "
-                             "auto or gloo.")
+            raise UsageError(
+                "train.backend is nccl, but the ranks train on the CPU; NCCL moves CUDA tensors only. Set train.backend: auto or gloo."
+            )
         return "gloo"
     shared = local_world_size > torch.cuda.device_count()
     if choice == "nccl" and shared:

@@ -50,12 +50,12 @@ def resolve_entrypoint(cfg: Config) -> Callable[[Any], int | None]:
     if func is None:
         raise UsageError(
             f"train.entrypoint {cfg.train.entrypoint!r}: module {module_name!r} has no function {func_name!r}. "
-            "Name a function that takes the run context, as in \"mypkg.train:main\"."
+            'Name a function that takes the run context, as in "mypkg.train:main".'
         )
     if not callable(func):
         raise UsageError(
             f"train.entrypoint {cfg.train.entrypoint!r}: {func_name!r} in {module_name!r} is a {type(func).__name__}, not a function. "
-            "Name a function that takes the run context, as in \"mypkg.train:main\"."
+            'Name a function that takes the run context, as in "mypkg.train:main".'
         )
     _check_signature(cfg.train.entrypoint, func)
     return func

@@ -78,8 +78,13 @@ def run_rank(cfg: Config, env: RankEnv, on_event: Callable[[dict], None] | None 
 
 
 # What gloo (and c10d's store) say when another rank's process or node went away mid-collective.
-PEER_LOST_WORDS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "remote worker crashing", "remote worker "
-                   "hanging")
+PEER_LOST_WORDS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "remote worker crashing",
+    "remote worker hanging",
+)
 
 
 def peer_lost(exc: BaseException) -> bool:

@@ -114,8 +114,9 @@ def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signa
     arm = armed_child()
     try:
         for rank in range(nproc):
-            procs.append(subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port), preexec_fn=arm,
-                                          process_group=0))
+            procs.append(
+                subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port), preexec_fn=arm, process_group=0)
+            )
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
         if received:
             forward(received[0], None)

@@ -77,8 +77,10 @@ def _take(paths: RunPaths, wait_s: float) -> tuple[int | None, str | None]:
     except OSError as exc:
         if exc.errno != errno.ELOOP:
             raise
-        return None, (f"{paths.attempt_lock} is a symbolic link, and legato writes nothing outside the run directory it is "
-                      "given. Remove the link (the launch recreates the file) and launch again.")
+        return None, (
+            f"{paths.attempt_lock} is a symbolic link, and legato writes nothing outside the run directory it is "
+            "given. Remove the link (the launch recreates the file) and launch again."
+        )
     deadline = time.monotonic() + wait_s
     waiting = False
     while True:
@@ -87,8 +89,9 @@ def _take(paths: RunPaths, wait_s: float) -> tuple[int | None, str | None]:
         except OSError as exc:
             if exc.errno not in _HELD:
                 os.close(fd)
-                log.warning("cannot lock %s (%s): a second launch into this run directory would not be refused",
-                            paths.attempt_lock, exc.strerror)
+                log.warning(
+                    "cannot lock %s (%s): a second launch into this run directory would not be refused", paths.attempt_lock, exc.strerror
+                )
                 return None, None
         else:
             _write_holder(fd)
@@ -139,6 +142,8 @@ def holder(paths: RunPaths) -> str:
 def refusal(run_dir: Path, who: str) -> str:
     """The paragraph that refuses a launch into `run_dir`, which `who` (as `holder` says it) holds."""
     paths = RunPaths(run_dir)
-    return (f"Another launch is training in {paths.root} ({who}): it holds {paths.attempt_lock.name}. Two launches "
-            "into one run directory would interleave their checkpoints and records. Wait for that launch to end or stop it "
-            "(scancel its job, or kill its launcher), or give this launch its own run directory.")
+    return (
+        f"Another launch is training in {paths.root} ({who}): it holds {paths.attempt_lock.name}. Two launches "
+        "into one run directory would interleave their checkpoints and records. Wait for that launch to end or stop it "
+        "(scancel its job, or kill its launcher), or give this launch its own run directory."
+    )

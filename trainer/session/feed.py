@@ -46,12 +46,15 @@ class Feed:
         except StopIteration:
             # An epoch of unknown length ended: the next one starts where the plain loop starts it.
             if self.position.step_in_epoch == 0:
-                raise UsageError(f"The loader yielded no batch in epoch {self.position.epoch}. Pass a loader that yields at least one "
-                                 "batch per epoch.") from None
+                raise UsageError(
+                    f"The loader yielded no batch in epoch {self.position.epoch}. Pass a loader that yields at least one batch per epoch."
+                ) from None
             if self.epoch_length is not None and self.position.step_in_epoch != self.epoch_length:
-                raise UsageError(f"The loader's epoch {self.position.epoch} ended after {self.position.step_in_epoch} batches, but "
-                                 f"len(loader) is {self.epoch_length}, from which total_epochs= counted the run's steps. Give the "
-                                 "loader (or its dataset) a __len__ that matches what it yields, or pass total_steps= instead.") from None
+                raise UsageError(
+                    f"The loader's epoch {self.position.epoch} ended after {self.position.step_in_epoch} batches, but "
+                    f"len(loader) is {self.epoch_length}, from which total_epochs= counted the run's steps. Give the "
+                    "loader (or its dataset) a __len__ that matches what it yields, or pass total_steps= instead."
+                ) from None
             if self.epoch_mode:
                 self._batches = None
                 return EPOCH_OVER

@@ -52,8 +52,16 @@ class Identity:
         if peers.rank == 0:
             found = (run_id(run_dir), _attempts(run_dir) + scripted)
             if scripted:
-                record(run_dir, Kind.ATTEMPT_STARTED, job_id=job_id, restart=found[1] - 1, executor=SCRIPT_EXECUTOR,
-                       hosts=list(dict.fromkeys(hosts)), world_size=peers.world_size, master_addr=os.environ.get("MASTER_ADDR", ""))
+                record(
+                    run_dir,
+                    Kind.ATTEMPT_STARTED,
+                    job_id=job_id,
+                    restart=found[1] - 1,
+                    executor=SCRIPT_EXECUTOR,
+                    hosts=list(dict.fromkeys(hosts)),
+                    world_size=peers.world_size,
+                    master_addr=os.environ.get("MASTER_ADDR", ""),
+                )
         rid, attempt = peers.from_leader(found)
         return cls(rid, max(1, attempt), job_id)
 

@@ -24,8 +24,9 @@ from legato.store.bases import held_by_replay, location
 log = logging.getLogger(__name__)
 
 
-def open_attempt(resumer: Resumer, saving: Saver, replayer: Replayer, position: Position, training: dict | None,
-                 total_steps: int, world_size: int) -> tuple[dict | None, int]:
+def open_attempt(
+    resumer: Resumer, saving: Saver, replayer: Replayer, position: Position, training: dict | None, total_steps: int, world_size: int
+) -> tuple[dict | None, int]:
     """Collective: resume the newest usable checkpoint, or start fresh. Returns its manifest (None: fresh) and the step this
     attempt's own training starts at (the steps of a replay come before it)."""
 

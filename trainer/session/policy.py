@@ -41,7 +41,9 @@ class StopPolicy:
     @refusing
     def __post_init__(self) -> None:
         if isinstance(self.signals, str) or not isinstance(self.signals, (tuple, list)) or not self.signals:
-            raise UsageError(f"StopPolicy: signals is {self.signals!r}, but it must be a tuple of one or more signal names. "
-                             "Write StopPolicy(signals=(\"USR2\",)), or (\"USR2\", \"TERM\") for two.")
+            raise UsageError(
+                f"StopPolicy: signals is {self.signals!r}, but it must be a tuple of one or more signal names. "
+                'Write StopPolicy(signals=("USR2",)), or ("USR2", "TERM") for two.'
+            )
         for name in self.signals:
             normalize_signal(name, key="StopPolicy: a name in signals")

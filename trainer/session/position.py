@@ -116,7 +116,7 @@ class Metrics:
         for loss in losses:
             self._values["loss_sum"] += number(loss)
             self._values["loss_count"] += 1
-        del self._unsummed[:len(losses)]
+        del self._unsummed[: len(losses)]
 
     def state_dict(self) -> dict:
         return dict(self.values)

@@ -156,8 +156,7 @@ class Verdict:
         return asdict(self)
 
 
-def judge(from_step: int, to_step: int, reports: list[RankReport], loader: bool = True, unregistered: list[str] | None = None
-          ) -> Verdict:
+def judge(from_step: int, to_step: int, reports: list[RankReport], loader: bool = True, unregistered: list[str] | None = None) -> Verdict:
     """Combine every rank's report of a replay from `from_step` to `to_step` into one Verdict (the first divergence, if any);
     `loader`: whether the Session feeds the loop from a loader (else the loop draws its own batches); `unregistered`: what
     the census found unsaved in this run."""
@@ -248,6 +247,8 @@ def describe(verdict: Verdict, guess: bool = True) -> str:
     d = verdict.first_divergence or {}
     bits = f" (loss {d['loss_bits'][0]} recorded, {d['loss_bits'][1]} replayed)" if d.get("loss_bits") else ""
     at_end = "; ".join(f"rank {r}: {', '.join(n)}" for r, n in verdict.differing_at_end.items()) or "none"
-    found = (f"replay of {span} diverged first at step {d.get('step')} on rank {d.get('rank')}{bits}; components differing at "
-             f"step {verdict.from_step + verdict.steps}: {at_end}")
+    found = (
+        f"replay of {span} diverged first at step {d.get('step')} on rank {d.get('rank')}{bits}; components differing at "
+        f"step {verdict.from_step + verdict.steps}: {at_end}"
+    )
     return f"{found}. Likely cause: {d.get('cause')}" if guess else found

@@ -80,8 +80,13 @@ class Replayer:
         telemetry, rank = self.resumer.telemetry, self.resumer.peers.rank
         telemetry.stop_agreed(step, self.flag.received_at)
         telemetry.emit(Kind.REPLAY_STOPPED, step=step, checkpoint_step=self.check.to_step)
-        telemetry.say("rank %d: ranks agreed to stop during the replay, after step %d; the checkpoint at step %d still stands; "
-                      "run the same command again to resume", rank, step, self.check.to_step)
+        telemetry.say(
+            "rank %d: ranks agreed to stop during the replay, after step %d; the checkpoint at step %d still stands; "
+            "run the same command again to resume",
+            rank,
+            step,
+            self.check.to_step,
+        )
         return Outcome.STOPPED
 
     def _finish(self, held_at: int | None) -> Outcome:
@@ -94,8 +99,13 @@ class Replayer:
         check.report.differing = sorted(n for n in set(saved) | set(components) if saved.get(n) != components.get(n))
         check.report.held_at = held_at
         reports = r.peers.gather((own_hash, check.report))
-        verdict = replay.judge(check.from_step, check.to_step, [rep for _, rep in reports], loader=r.feed.source is not None,
-                               unregistered=r.carried.get(UNREGISTERED_KEY))
+        verdict = replay.judge(
+            check.from_step,
+            check.to_step,
+            [rep for _, rep in reports],
+            loader=r.feed.source is not None,
+            unregistered=r.carried.get(UNREGISTERED_KEY),
+        )
         verdict.seconds = round(time.perf_counter() - self._started, 3)
         recomputed = global_hash([h for h, _ in reports])
         unrestored = {rep.rank: rep.unrestored for _, rep in reports if rep.unrestored}
@@ -103,8 +113,12 @@ class Replayer:
         if verdict.identical or held_by_replay(manifest) or r.going_on(manifest) is None:
             r.conclude(path, manifest, recomputed, unrestored, verdict)
             return Outcome.VERIFIED
-        log.warning("rank %d: %s. Loading checkpoint %s instead, to go on unverified from its saved state.", r.peers.rank,
-                    replay.describe(verdict), path)
+        log.warning(
+            "rank %d: %s. Loading checkpoint %s instead, to go on unverified from its saved state.",
+            r.peers.rank,
+            replay.describe(verdict),
+            path,
+        )
         r.load(path)
         mismatches, recomputed = r.check(manifest["ranks"])
         for rank, names in unrestored.items():

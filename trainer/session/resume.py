@@ -80,9 +80,21 @@ class Resumed:
 class Resumer:
     """One rank's side of selecting, restoring and verifying a checkpoint."""
 
-    def __init__(self, root: Path, peers: Peers, components: list[Component], feed: Feed, chaos: Chaos, telemetry: Telemetry,
-                 verify: str, reshard: bool = False, compiled: bool = False, gpus: tuple[str | None, ...] | None = None,
-                 carried: dict | None = None, go_on_unverified: bool = False) -> None:
+    def __init__(
+        self,
+        root: Path,
+        peers: Peers,
+        components: list[Component],
+        feed: Feed,
+        chaos: Chaos,
+        telemetry: Telemetry,
+        verify: str,
+        reshard: bool = False,
+        compiled: bool = False,
+        gpus: tuple[str | None, ...] | None = None,
+        carried: dict | None = None,
+        go_on_unverified: bool = False,
+    ) -> None:
         self.root, self.peers, self.components, self.feed = root, peers, components, feed
         self.chaos, self.telemetry, self.verify, self.reshard = chaos, telemetry, verify, reshard
         # The manifest fields this run's next checkpoints carry: a continuation past a failed verification goes in there.
@@ -166,8 +178,11 @@ class Resumer:
     def load(self, path: Path, prefix: str = "") -> None:
         """Restore every component from `path` (RNG last; the feed reopens the epoch's iterator at the first batch)."""
         preloaded, self._preloaded = self._preloaded, None
-        states = preloaded[1] if preloaded is not None and preloaded[0] == (path, prefix) else layout.load(
-            self.components, path, self.peers.rank, prefix)
+        states = (
+            preloaded[1]
+            if preloaded is not None and preloaded[0] == (path, prefix)
+            else layout.load(self.components, path, self.peers.rank, prefix)
+        )
         table.restore(self.components, states, self.chaos.skips, last=False, source=path)
         self.feed.resumed()
         if not self.chaos.skips("data"):  # a data position left unrestored on purpose is the verification's to name
@@ -194,12 +209,20 @@ class Resumer:
         seconds = time.perf_counter() - self._started
         self.resumed = Resumed(self.feed.position.step, path, manifest["global_hash"], recomputed, resharded=resharded, seconds=seconds)
         self.telemetry.emit(
-            Kind.RESUMED, step=self.resumed.step, path=str(path), expected_hash=manifest["global_hash"], recomputed_hash=recomputed,
-            match=True, mismatches={}, replay=None, seconds=round(seconds, 3), resharded=resharded,
-            unverified=self.carried.get(UNVERIFIED_KEY), unregistered=self.carried.get(UNREGISTERED_KEY),
+            Kind.RESUMED,
+            step=self.resumed.step,
+            path=str(path),
+            expected_hash=manifest["global_hash"],
+            recomputed_hash=recomputed,
+            match=True,
+            mismatches={},
+            replay=None,
+            seconds=round(seconds, 3),
+            resharded=resharded,
+            unverified=self.carried.get(UNVERIFIED_KEY),
+            unregistered=self.carried.get(UNREGISTERED_KEY),
         )
-        self.telemetry.say("rank %d: resumed at step %d from %s, %s", self.peers.rank, self.resumed.step, path,
-                           resharded_label(resharded))
+        self.telemetry.say("rank %d: resumed at step %d from %s, %s", self.peers.rank, self.resumed.step, path, resharded_label(resharded))
         self.chaos.consume_rng(self.components)
 
     def check(self, saved_ranks: list[dict]) -> tuple[dict[int, list[str]], str]:
@@ -210,8 +233,9 @@ class Resumer:
         reports = self.peers.gather((own_hash, differing))
         return {r: names for r, (_, names) in enumerate(reports) if names}, global_hash([h for h, _ in reports])
 
-    def conclude(self, path: Path, manifest: dict, recomputed: str, mismatches: dict[int, list[str]],
-                 verdict: replay.Verdict | None = None) -> None:
+    def conclude(
+        self, path: Path, manifest: dict, recomputed: str, mismatches: dict[int, list[str]], verdict: replay.Verdict | None = None
+    ) -> None:
         """Report the resume; raise (or warn, under checkpoint.verify: warn) when it did not verify.
 
         A checkpoint whose state is held by its replay is refused under "warn" too: nothing else proves the state."""
@@ -233,27 +257,42 @@ class Resumer:
             unregistered=self.carried.get(UNREGISTERED_KEY),
         )
         if self.resumed.match:
-            how = ("" if verdict is None else
-                   f" by a replay of {counted(verdict.steps, 'step')} from step {verdict.from_step} in {verdict.seconds:.2f}s")
+            how = (
+                ""
+                if verdict is None
+                else f" by a replay of {counted(verdict.steps, 'step')} from step {verdict.from_step} in {verdict.seconds:.2f}s"
+            )
             since = "" if not mark else f" (bitwise since step {mark['step']} only: {unverified_label(mark)})"
-            self.telemetry.say("rank %d: resumed at step %d from %s, global hash %s verified%s%s (resume %.2fs)%s", self.peers.rank, step,
-                               path, recomputed, how, except_label(self.carried.get(UNREGISTERED_KEY)), seconds, since)
+            self.telemetry.say(
+                "rank %d: resumed at step %d from %s, global hash %s verified%s%s (resume %.2fs)%s",
+                self.peers.rank,
+                step,
+                path,
+                recomputed,
+                how,
+                except_label(self.carried.get(UNREGISTERED_KEY)),
+                seconds,
+                since,
+            )
             return
-        changes = trajectory_changes(manifest, path, torch.get_num_threads(), self._capabilities, self.compiled, self.gpus,
-                                     self._by_config)
+        changes = trajectory_changes(manifest, path, torch.get_num_threads(), self._capabilities, self.compiled, self.gpus, self._by_config)
         message = _problems(step, path, manifest, mismatches, verdict, changes)
         how = self.going_on(manifest)
         if how is not None:
             self._continue_unverified(step, mismatches, verdict, message, how)
             return
         if bases.held_by_replay(manifest):
-            message += (f" The checkpoint holds its state at step {manifest['step']} only as its replay, so there is no saved state to "
-                        "fall back to (checkpoint.verify: warn does not go on from it). Undo what changed "
-                        "since the run that wrote it (code, data, settings, libraries, the GPU model, a non-deterministic step) and run "
-                        "the same command again: the checkpoint is unharmed.")
-        message = (f"FAILED: resume not verified. {message} To go on from this checkpoint anyway, by a deliberate choice that the run "
-                   f"records (it then no longer claims to be bitwise the run it started as), run the same command with "
-                   f"{RESUME_ENV}={GO_ON_UNVERIFIED} in its environment.")
+            message += (
+                f" The checkpoint holds its state at step {manifest['step']} only as its replay, so there is no saved state to "
+                "fall back to (checkpoint.verify: warn does not go on from it). Undo what changed "
+                "since the run that wrote it (code, data, settings, libraries, the GPU model, a non-deterministic step) and run "
+                "the same command again: the checkpoint is unharmed."
+            )
+        message = (
+            f"FAILED: resume not verified. {message} To go on from this checkpoint anyway, by a deliberate choice that the run "
+            f"records (it then no longer claims to be bitwise the run it started as), run the same command with "
+            f"{RESUME_ENV}={GO_ON_UNVERIFIED} in its environment."
+        )
         refuse(log, self.peers.rank, "%s Every rank exits %d.", message, ResumeMismatchError.exit_code)
         self.refused = True
         raise ResumeMismatchError(message)
@@ -278,8 +317,9 @@ class Resumer:
             self.carried[UNREGISTERED_KEY] = sorted(unregistered)
         return self.carried.get(UNVERIFIED_KEY)
 
-    def _continue_unverified(self, step: int, mismatches: dict[int, list[str]], verdict: replay.Verdict | None, message: str,
-                             how: str) -> None:
+    def _continue_unverified(
+        self, step: int, mismatches: dict[int, list[str]], verdict: replay.Verdict | None, message: str, how: str
+    ) -> None:
         """Go on from the restored state by the user's choice (`how`): recorded in the ledger and in every later checkpoint."""
         differing = {name for names in mismatches.values() for name in names}
         if verdict is not None:
@@ -288,8 +328,14 @@ class Resumer:
         self.carried.setdefault(UNVERIFIED_KEY, mark)
         self.telemetry.emit(Kind.CONTINUED_UNVERIFIED, **mark)
         if self.peers.rank == 0:
-            log.warning("%s Continuing unverified by %s: %s. From here on the run is not proven bitwise with its start; later "
-                        "resumes are verified against the state from step %d.", message, how, unverified_label(mark), step)
+            log.warning(
+                "%s Continuing unverified by %s: %s. From here on the run is not proven bitwise with its start; later "
+                "resumes are verified against the state from step %d.",
+                message,
+                how,
+                unverified_label(mark),
+                step,
+            )
 
 
 def resume_choice(environ: Mapping[str, str]) -> str:
@@ -306,13 +352,16 @@ def resume_choice(environ: Mapping[str, str]) -> str:
 
 def nothing_to_resume(root: Path) -> str:
     """The refusal of a launch under LEGATO_RESUME=required that finds no checkpoint under `root`."""
-    return (f"{RESUME_ENV}={REQUIRED}, but {root} holds no checkpoint to resume, so this launch would train from step 0. Check the "
-            "run directory the command names (a relaunch into a mistyped one starts a new run), or unset "
-            f"{RESUME_ENV} to start fresh.")
+    return (
+        f"{RESUME_ENV}={REQUIRED}, but {root} holds no checkpoint to resume, so this launch would train from step 0. Check the "
+        "run directory the command names (a relaunch into a mistyped one starts a new run), or unset "
+        f"{RESUME_ENV} to start fresh."
+    )
 
 
-def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None,
-              changes: list[str]) -> str:
+def _problems(
+    step: int, path: Path, manifest: dict, mismatches: dict[int, list[str]], verdict: replay.Verdict | None, changes: list[str]
+) -> str:
     """The paragraph of a failed resume: what differed, and its cause where known (recorded at the save, or a change of
     this run's that takes it off the trajectory: `changes`, legato.store.trajectory_changes) instead of a guess."""
     problems = []
@@ -326,8 +375,7 @@ def _problems(step: int, path: Path, manifest: dict, mismatches: dict[int, list[
         )
     if verdict is not None and not verdict.identical:
         # A cause recorded at the save is known, not guessed: the replay's guess would name another one first.
-        problems.append(f"Resume verification failed at step {manifest['step']} ({path}): the "
-                        f"{replay.describe(verdict, guess=not known)}.")
+        problems.append(f"Resume verification failed at step {manifest['step']} ({path}): the {replay.describe(verdict, guess=not known)}.")
     if problems and known:
         problems.append(known)
     return " ".join(problems)
@@ -338,8 +386,10 @@ def _likely(names: set[str]) -> str:
     is not the one that wrote the checkpoint (an SGD where it saved an AdamW loads without an error) or was changed."""
     if names and all(name.startswith("rng.") for name in names):
         return "A generator was drawn from between the restore and the first step, or was not restored."
-    return (f"This run's {', '.join(sorted(names))} is not what wrote the checkpoint (another class, settings or shapes in the "
-            "script) or was changed after the restore, before the first step; or something was not restored.")
+    return (
+        f"This run's {', '.join(sorted(names))} is not what wrote the checkpoint (another class, settings or shapes in the "
+        "script) or was changed after the restore, before the first step; or something was not restored."
+    )
 
 
 def _diverged(manifest: dict) -> str:
@@ -352,8 +402,10 @@ def _diverged(manifest: dict) -> str:
             writers.update(entry[DIVERGED]["writers"])
     if not found:
         return ""
-    detail = "; ".join(f"rank {rank}: {', '.join(sorted(t)[:6])}{', ...' if len(t) > 6 else ''}, written by rank "
-                       f"{', '.join(map(str, sorted(w)))}" for rank, (t, w) in sorted(found.items()))
+    detail = "; ".join(
+        f"rank {rank}: {', '.join(sorted(t)[:6])}{', ...' if len(t) > 6 else ''}, written by rank {', '.join(map(str, sorted(w)))}"
+        for rank, (t, w) in sorted(found.items())
+    )
     return (
         f"The cause was recorded when this state was saved: these ranks' copies of replicated tensors differed from the copy "
         f"written for every rank ({detail}), so their own values were never saved. Replicated state (a DDP model, its "
@@ -364,17 +416,33 @@ def _diverged(manifest: dict) -> str:
     )
 
 
-def pick(root: Path, world_size: int, training: dict | None, reshard: bool = False,
-         verify: Verifier | None = None, cpu_capabilities: tuple[str, ...] | None = None,
-         compiled: bool | None = None, gpus: tuple[str | None, ...] | None = None) -> tuple[str, dict] | str | None:
+def pick(
+    root: Path,
+    world_size: int,
+    training: dict | None,
+    reshard: bool = False,
+    verify: Verifier | None = None,
+    cpu_capabilities: tuple[str, ...] | None = None,
+    compiled: bool | None = None,
+    gpus: tuple[str | None, ...] | None = None,
+) -> tuple[str, dict] | str | None:
     """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank.
 
     `verify` verifies the files of each candidate (`verify_listed` by default); `cpu_capabilities`: every rank's torch
     CPU capability, in rank order (this process's alone by default); `compiled`: whether this attempt's model runs under
     torch.compile, `gpus`: every rank's GPU, in rank order (None: unknown)."""
     capabilities = cpu_capabilities or (torch.backends.cpu.get_cpu_capability(),)
-    run = RunShape(world_size, training, torch.__version__, torch.get_num_threads(), strict_determinism(training), reshard,
-                   capabilities, compiled, gpus)
+    run = RunShape(
+        world_size,
+        training,
+        torch.__version__,
+        torch.get_num_threads(),
+        strict_determinism(training),
+        reshard,
+        capabilities,
+        compiled,
+        gpus,
+    )
     try:
         found = newest_usable(root, run, strict=True, verify=verify)
     except UsageError as exc:
@@ -390,8 +458,9 @@ def pick(root: Path, world_size: int, training: dict | None, reshard: bool = Fal
     unusable = None if bases.held_by_replay(found.manifest) else bases.problem(found.path, found.manifest, verify)
     if unusable is None:
         return str(found.path), found.manifest
-    log.warning("checkpoint %s: %s; resuming from the checkpoint itself, verified by its digests but without a replay", found.path,
-                unusable)
+    log.warning(
+        "checkpoint %s: %s; resuming from the checkpoint itself, verified by its digests but without a replay", found.path, unusable
+    )
     return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
 
 
@@ -407,9 +476,11 @@ def resting_on(path: Path, manifest: dict) -> list[tuple[Path, dict]]:
 
 def replay_needed(path: Path, manifest: dict, cause: str, fix: str) -> str:
     """The refusal of a resume that cannot replay a checkpoint whose state is held by its replay."""
-    return (f"Checkpoint {path} is a stop checkpoint: it holds its state at step {manifest['step']} only as its replay base "
-            f"(step {manifest['replay']['from_step']}) and the records of the steps since, so resuming it means replaying those "
-            f"steps and proving step {manifest['step']} bit for bit. This run cannot replay: {cause}. {fix}")
+    return (
+        f"Checkpoint {path} is a stop checkpoint: it holds its state at step {manifest['step']} only as its replay base "
+        f"(step {manifest['replay']['from_step']}) and the records of the steps since, so resuming it means replaying those "
+        f"steps and proving step {manifest['step']} bit for bit. This run cannot replay: {cause}. {fix}"
+    )
 
 
 def strict_determinism(training: dict | None) -> bool:

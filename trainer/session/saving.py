@@ -54,8 +54,16 @@ class Saver:
     """One rank's checkpoint policy, its two drivers, and the replay base with the step records since it."""
 
     def __init__(
-        self, root: Path, peers: Peers, components: list[Component], position: Position, policy: Any,
-        telemetry: Telemetry, meta: dict[str, Any], kill: KillPoint | None, background: bool,
+        self,
+        root: Path,
+        peers: Peers,
+        components: list[Component],
+        position: Position,
+        policy: Any,
+        telemetry: Telemetry,
+        meta: dict[str, Any],
+        kill: KillPoint | None,
+        background: bool,
     ) -> None:
         self.root, self.peers, self.components, self.position = root, peers, components, position
         self.policy, self.telemetry, self.meta, self.kill = policy, telemetry, meta, kill
@@ -136,11 +144,16 @@ class Saver:
         """Why this run cannot replay `manifest`, whose state is held by its replay, and the fix; None when it can."""
         step = manifest["step"]
         if self.snapshot is None:
-            return ("replay is off (replay_steps=0)", "Resume it with replay on (CheckpointPolicy(replay_steps=32), the default; config "
-                    "checkpoint.replay_steps), as in the run that wrote it; later checkpoints may turn it off again.")
+            return (
+                "replay is off (replay_steps=0)",
+                "Resume it with replay on (CheckpointPolicy(replay_steps=32), the default; config "
+                "checkpoint.replay_steps), as in the run that wrote it; later checkpoints may turn it off again.",
+            )
         if step >= total_steps:
-            return (f"this run ends at step {total_steps}, so the replay could not reach step {step}",
-                    f"Resume it with more than {step} total steps (total_steps=, or the config's steps), as the run that wrote it had.")
+            return (
+                f"this run ends at step {total_steps}, so the replay could not reach step {step}",
+                f"Resume it with more than {step} total steps (total_steps=, or the config's steps), as the run that wrote it had.",
+            )
         return None
 
     def resumed(self, path: Path, manifest: dict, replayed: bool, verified: bool) -> None:
@@ -188,8 +201,9 @@ class Saver:
             return "periodic"
         return None
 
-    def step_end(self, reason: str | None, loss: Loss | None, lr: float | None, received_at: float | None,
-                 alongside: AbstractContextManager) -> None:
+    def step_end(
+        self, reason: str | None, loss: Loss | None, lr: float | None, received_at: float | None, alongside: AbstractContextManager
+    ) -> None:
         """After the agreement: log the trajectory, report progress and a stop, and write the checkpoint due. `alongside`:
         the caller's work that goes with a checkpoint (the census), entered around its write whenever one is due."""
         step, epoch = self.position.step, self.position.epoch
@@ -224,12 +238,22 @@ class Saver:
         """No checkpoint before the standing one (see `standing`); a stop leaves it to the next attempt."""
         step = self.position.step
         if reason != "signal":
-            log.info("rank %d: no %s checkpoint at step %d: the checkpoint at step %d stands until this run passes it", self.peers.rank,
-                     reason, step, self.standing)
+            log.info(
+                "rank %d: no %s checkpoint at step %d: the checkpoint at step %d stands until this run passes it",
+                self.peers.rank,
+                reason,
+                step,
+                self.standing,
+            )
             return
         self.telemetry.emit(Kind.REPLAY_STOPPED, step=step, checkpoint_step=self.standing)
-        self.telemetry.say("rank %d: stopped at step %d without a checkpoint: the checkpoint at step %d still stands, and the next "
-                           "attempt resumes it again", self.peers.rank, step, self.standing)
+        self.telemetry.say(
+            "rank %d: stopped at step %d without a checkpoint: the checkpoint at step %d still stands, and the next "
+            "attempt resumes it again",
+            self.peers.rank,
+            step,
+            self.standing,
+        )
 
     def close(self) -> None:
         """Leave: the background writer stops (a checkpoint in flight stays unpublished)."""
@@ -251,8 +275,9 @@ class Saver:
         share = ckpt.RankShare(rank, files, components, rank_hash(components), replay=base, seen=seen_all)
         meta = {**self._meta(reason), bases.BY_REPLAY: True} if by_replay else self._meta(reason)
         try:
-            committed = ckpt.write_checkpoint(self.root, step, share, self.peers.world_size, self.peers.group, meta,
-                                              self.policy.keep_last, self.kill)
+            committed = ckpt.write_checkpoint(
+                self.root, step, share, self.peers.world_size, self.peers.group, meta, self.policy.keep_last, self.kill
+            )
         except NotWritten as exc:
             self.last_save_time = time.monotonic()  # the next try after a full interval, not at every step
             self._not_written(reason, exc)
@@ -260,8 +285,14 @@ class Saver:
         if by_replay:
             committed = dataclasses.replace(committed, replays_from=self.snapshot.step)
         self.last_save_time = time.monotonic()
-        log.info("rank %d: %s checkpoint step %d committed in %.3fs, global hash %s", rank, reason, step, committed.seconds,
-                 committed.global_hash)
+        log.info(
+            "rank %d: %s checkpoint step %d committed in %.3fs, global hash %s",
+            rank,
+            reason,
+            step,
+            committed.seconds,
+            committed.global_hash,
+        )
         self._committed(committed, reason)
 
     def newest_published(self) -> int | None:
@@ -279,18 +310,24 @@ class Saver:
         since = "the start" if standing is None else f"step {standing}"
         then = {
             "periodic": "Training goes on, and the next checkpoint tries again: free space (or raise the quota) before the run "
-                        f"stops, or the steps since {since} are trained again after it",
+            f"stops, or the steps since {since} are trained again after it",
             "signal": f"The ranks stop without it: the next attempt resumes from {since} and trains the steps since again. Free "
-                      "space (or raise the quota) before it starts",
+            "space (or raise the quota) before it starts",
             "final": "Training reached its last step, but the run is not done without this checkpoint: free space (or raise the "
-                     f"quota) and run the same command again; it resumes from {since} and trains the rest again",
+            f"quota) and run the same command again; it resumes from {since} and trains the rest again",
         }[reason]
         stands = "no checkpoint stands yet" if standing is None else f"the checkpoint at step {standing} stands"
         message = f"{reason} {exc}; {stands}. {then}."
         self.unsaved_end = self.unsaved_end or reason == "final"
         self.telemetry.say("rank %d: %s", self.peers.rank, message)
-        self.telemetry.emit(Kind.CHECKPOINT_FAILED, step=exc.step, reason=reason, errors={str(r): e for r, e in exc.errors.items()},
-                            standing=standing, message=message)
+        self.telemetry.emit(
+            Kind.CHECKPOINT_FAILED,
+            step=exc.step,
+            reason=reason,
+            errors={str(r): e for r, e in exc.errors.items()},
+            standing=standing,
+            message=message,
+        )
 
     def _held_by_replay(self, reason: str) -> bool:
         """Whether the checkpoint due now writes its base only: a stop under verify "error" that has a base, whose resume

@@ -147,8 +147,9 @@ class Session:
         self.generators = {} if self.source is None else dict(self.source.generators)
         self._position = Position(self.steps_per_epoch)
         self._metrics = Metrics()
-        self.components = session_table(model, optimizer, scheduler, scaler, self._position, self._metrics, self.extras,
-                                        self.source, self.generators)
+        self.components = session_table(
+            model, optimizer, scheduler, scaler, self._position, self._metrics, self.extras, self.source, self.generators
+        )
         self.stopped = False
 
         self._feed = Feed(self.source, self._position, per_epoch if total_epochs is not None else None)
@@ -162,12 +163,33 @@ class Session:
         # its continuation mark, if any.
         carried = {"training": training, COMPILED_KEY: compiled, GPUS_KEY: list(gpus)}
         self._census = Census(self._peers, self._telemetry, census, self._registered, carried)
-        self._resumer = Resumer(self.checkpoint_root, self._peers, self.components, self._feed, self.chaos, self._telemetry,
-                                checkpoint.verify, checkpoint.reshard, compiled, gpus, carried, go_on_unverified=resume == GO_ON_UNVERIFIED)
+        self._resumer = Resumer(
+            self.checkpoint_root,
+            self._peers,
+            self.components,
+            self._feed,
+            self.chaos,
+            self._telemetry,
+            checkpoint.verify,
+            checkpoint.reshard,
+            compiled,
+            gpus,
+            carried,
+            go_on_unverified=resume == GO_ON_UNVERIFIED,
+        )
         self._replayer = Replayer(self._resumer, self._agreement, self._flag)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
-        self._saving = Saver(self.checkpoint_root, self._peers, self.components, self._position, checkpoint, self._telemetry,
-                             carried, self.chaos.kill, background)
+        self._saving = Saver(
+            self.checkpoint_root,
+            self._peers,
+            self.components,
+            self._position,
+            checkpoint,
+            self._telemetry,
+            carried,
+            self.chaos.kill,
+            background,
+        )
         self._losses, self._loss = LossBook(), None
         self._lr: float | None = None
         self._begun = False
@@ -308,8 +330,18 @@ class Session:
 
     def _registered(self) -> list[Any]:
         """What the Session saves or was told to ignore: the census of unsaved state counts everything else."""
-        return [self.model, self.optimizer, self.scheduler, self.scaler, self.loader, self.source, self.carried,
-                *self.extras.values(), *self.generators.values(), *self._ignored]
+        return [
+            self.model,
+            self.optimizer,
+            self.scheduler,
+            self.scaler,
+            self.loader,
+            self.source,
+            self.carried,
+            *self.extras.values(),
+            *self.generators.values(),
+            *self._ignored,
+        ]
 
     def _steps(self) -> Iterator[Any]:
         while self.step < self.total_steps and not self.stopped and not (self._feed.epoch_mode and self._position.epoch_complete):
@@ -329,8 +361,9 @@ class Session:
         if self.carried.used:
             # A batch carried before the loop: saved from now on, and restored into its tensors below.
             self.components.insert(next(i for i, c in enumerate(self.components) if c.name == "data"), Component(CARRIED, self.carried))
-        found, resume_step = open_attempt(self._resumer, self._saving, self._replayer, self._position, self.training,
-                                          self.total_steps, self.world_size)
+        found, resume_step = open_attempt(
+            self._resumer, self._saving, self._replayer, self._position, self.training, self.total_steps, self.world_size
+        )
         self._resumed_step = resume_step
         # The resume restored the bucket layout with the other components; chaos "buckets" leaves DDP's own (fault injection).
         layout = restoring(ddp_of(self.model), found is not None, self.chaos.skips("buckets"))
@@ -340,8 +373,9 @@ class Session:
         if agree_at_start(self._flag, self._peers.group):
             # A stop signal during start-up: stop before the first step; the newest checkpoint already holds this state.
             # Name the checkpoint's step, not a replay base's: it is where the next attempt starts.
-            self._telemetry.say("rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank,
-                                resume_step)
+            self._telemetry.say(
+                "rank %d: stop signal during start-up; stopping at step %d without a new checkpoint", self.rank, resume_step
+            )
             self._telemetry.stop_agreed(resume_step, self._flag.received_at, at_start=True)
             self.stopped = True
         elif found is not None and self.step >= self.total_steps:

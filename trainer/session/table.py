@@ -27,20 +27,34 @@ from legato.state.owned import Gradients, ShardedOptimizer, is_rng, is_sharded
 from legato.state.sharded import ShardedGradients, Shards, holds_dtensors, meshes_of
 
 
-def session_table(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, scaler: Any, position: Position,
-                  metrics: Metrics, extras: Mapping[str, Any], source: Any, generators: Mapping[str, Any]) -> list[Component]:
+def session_table(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    scaler: Any,
+    position: Position,
+    metrics: Metrics,
+    extras: Mapping[str, Any],
+    source: Any,
+    generators: Mapping[str, Any],
+) -> list[Component]:
     """Every piece of state, in restore order: replicated by DDP (its share written by each rank), this rank's own, or its
     FSDP2 shards."""
     module = unwrap(model)
     sharded = holds_dtensors(module)
-    rows = _sharded_rows(module, optimizer) if sharded else [
-        # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
-        # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
-        Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
-        # A ZeroRedundancyOptimizer's state is sharded: each rank saves the shard it owns.
-        Component("optimizer", ShardedOptimizer(optimizer)) if is_sharded(optimizer) else
-        Component("optimizer", OptimizerState(optimizer), table.TRAIN_STATE_FILE),
-    ]
+    rows = (
+        _sharded_rows(module, optimizer)
+        if sharded
+        else [
+            # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
+            # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
+            Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
+            # A ZeroRedundancyOptimizer's state is sharded: each rank saves the shard it owns.
+            Component("optimizer", ShardedOptimizer(optimizer))
+            if is_sharded(optimizer)
+            else Component("optimizer", OptimizerState(optimizer), table.TRAIN_STATE_FILE),
+        ]
+    )
     # Each rank's own, though usually alike: a scheduler may keep a per-rank metric (timm's step_update(n, metric=this
     # rank's loss average)), and one saved once would restore rank 0's value on every rank. A few numbers per rank.
     if scheduler is not None:
@@ -66,5 +80,7 @@ def session_table(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sche
 def _sharded_rows(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[Component]:
     """An FSDP2 (fully_shard) model and its optimizer hold DTensors: each rank saves its own shards of both."""
     meshes = meshes_of(module)
-    return [Component("model", Shards(module, meshes), table.SHARD_FILE),
-            Component("optimizer", Shards(OptimizerState(optimizer), meshes), table.SHARD_FILE)]
+    return [
+        Component("model", Shards(module, meshes), table.SHARD_FILE),
+        Component("optimizer", Shards(OptimizerState(optimizer), meshes), table.SHARD_FILE),
+    ]

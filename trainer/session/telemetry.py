@@ -86,8 +86,15 @@ class Telemetry:
         optional: dict[str, Any] = {"diverged": {str(r): t for r, t in committed.diverged.items()}} if committed.diverged else {}
         if committed.replays_from is not None:
             optional["replays_from"] = committed.replays_from
-        self.emit(Kind.CHECKPOINT_COMMITTED, reason=reason, step=committed.step, global_hash=committed.global_hash,
-                  seconds=committed.seconds, bytes=committed.bytes, **optional)
+        self.emit(
+            Kind.CHECKPOINT_COMMITTED,
+            reason=reason,
+            step=committed.step,
+            global_hash=committed.global_hash,
+            seconds=committed.seconds,
+            bytes=committed.bytes,
+            **optional,
+        )
 
     def stop_agreed(self, step: int, received_at: float | None, **extra: Any) -> None:
         """The ranks agreed to stop after `step`."""
@@ -108,8 +115,7 @@ class Telemetry:
     def already_complete(self, step: int, global_hash: str) -> None:
         """The attempt resumed a run whose training is done (relaunched once more, or given a shorter total_steps): it
         trains nothing, and ends as the run's last attempt did, finished."""
-        self.say("rank %d: the run is already complete at step %d (total_steps=%d); nothing to train", self.rank, step,
-                 self.total_steps)
+        self.say("rank %d: the run is already complete at step %d (total_steps=%d); nothing to train", self.rank, step, self.total_steps)
         self.emit(Kind.FINISHED, step=step, final_global_hash=global_hash)
 
     def close(self) -> None:

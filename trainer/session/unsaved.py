@@ -45,16 +45,19 @@ EARLY_LOOKS = 2  # plain-state looks at the end of the attempt's first trained s
 def check_mode(mode: str) -> str:
     """The census mode, or a UsageError naming the choices."""
     if mode not in MODES:
-        raise UsageError(f"Session(census={mode!r}) is not one of {', '.join(MODES)}. Pass census=\"warn\" (the default: say what "
-                         "legato does not save), \"strict\" (refuse to train) or \"off\".")
+        raise UsageError(
+            f'Session(census={mode!r}) is not one of {", ".join(MODES)}. Pass census="warn" (the default: say what '
+            'legato does not save), "strict" (refuse to train) or "off".'
+        )
     return mode
 
 
 class Census:
     """One rank's census of unsaved state, given what the Session registers (a callable: the set may grow)."""
 
-    def __init__(self, peers: Peers, telemetry: Telemetry, mode: str, registered: Callable[[], list[Any]],
-                 carried: dict | None = None) -> None:
+    def __init__(
+        self, peers: Peers, telemetry: Telemetry, mode: str, registered: Callable[[], list[Any]], carried: dict | None = None
+    ) -> None:
         self.peers, self.telemetry, self.mode = peers, telemetry, check_mode(mode)
         self.registered = registered
         self.carried = carried if carried is not None else {}  # the manifest fields the next checkpoints carry
@@ -123,9 +126,12 @@ class Census:
         strict = self.mode == "strict"
         self.telemetry.emit(Kind.UNSAVED_STATE, step=step, when=when, objects=new, strict=strict, names=sorted(named))
         if strict:
-            raise UsageError(text + " Strict mode (determinism.mode: strict, Session(census=\"strict\")) refuses to train until each "
-                             "is registered, changed or ignored.")
+            raise UsageError(
+                text + ' Strict mode (determinism.mode: strict, Session(census="strict")) refuses to train until each '
+                "is registered, changed or ignored."
+            )
         if self.peers.rank == 0:
             at = {"start": "the start of this attempt", "early": f"the attempt's first steps (step {step})"}.get(
-                when, f"the {when} checkpoint of step {step}")
+                when, f"the {when} checkpoint of step {step}"
+            )
             log.warning("%s (Found at %s.)", text, at)

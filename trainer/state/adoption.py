@@ -121,8 +121,11 @@ def _map_style(loader: DataLoader, worker_rng: bool) -> Source:
         _refuse_persistent(loader, f"is a {type(loader).__name__}")
     if callable(getattr(loader.dataset, "set_epoch", None)):
         # Persistent workers keep the dataset copy of the epoch that started them; a resumed run's would copy a later one.
-        _refuse_persistent(loader, f"reads a dataset with set_epoch() ({type(loader.dataset).__name__}), which never reaches "
-                                   "persistent workers: they keep the copy they started with")
+        _refuse_persistent(
+            loader,
+            f"reads a dataset with set_epoch() ({type(loader.dataset).__name__}), which never reaches "
+            "persistent workers: they keep the copy they started with",
+        )
     sampler = user_sampler(batches)
     if not (callable(getattr(sampler, "set_epoch", None)) or _rng_ordered(sampler)):
         raise UsageError(

@@ -128,8 +128,9 @@ def find_unsaved(registered: Iterable[Any], frame: types.FrameType | None = None
     for obj, kind in _confirmed(_sweep(covered, set(found) | _inner(found))):
         found[id(obj)] = (obj, kind, _holder(obj))
     inner = _inner(found)
-    findings = [Finding(kind, _type_name(obj), where, _size(obj, kind, covered)) for key, (obj, kind, where) in found.items()
-                if key not in inner]
+    findings = [
+        Finding(kind, _type_name(obj), where, _size(obj, kind, covered)) for key, (obj, kind, where) in found.items() if key not in inner
+    ]
     return sorted(findings, key=lambda f: (SWEPT.index(f.kind) if f.kind in SWEPT else len(SWEPT), f.where))
 
 
@@ -159,8 +160,10 @@ def describe(findings: list[Finding]) -> str:
             "Give it generator=torch.Generator() or persistent_workers=False (a training loader: pass it as loader=)."
         )
     if any(f.kind == PLAIN for f in state):
-        parts.append("An object whose plain attributes change (a meter, a best-checkpoint saver's list, a counter) registers without "
-                     "a class of your own: extras={'saver': legato.attributes(saver)} saves its plain attributes.")
+        parts.append(
+            "An object whose plain attributes change (a meter, a best-checkpoint saver's list, a counter) registers without "
+            "a class of your own: extras={'saver': legato.attributes(saver)} saves its plain attributes."
+        )
     parts.append("Mark an object that needs none of this with Session(..., ignore=[obj]) or session.ignore(obj) before the loop.")
     return " ".join(parts)
 

@@ -89,9 +89,11 @@ def _does_not_fit(source: object, c: Component, exc: Exception) -> str:
     held = c.obj
     while hasattr(held, "obj"):  # legato's adapters (Shards, OptimizerState) hold the user's object as `obj`
         held = held.obj
-    return (f"Checkpoint {source} does not fit this run's {c.name} ({type(held).__name__}): {type(exc).__name__}: {said} The run "
-            "directory holds checkpoints of another model or setup. Resume it with the setup that wrote them, or start this one in "
-            "a new run directory.")
+    return (
+        f"Checkpoint {source} does not fit this run's {c.name} ({type(held).__name__}): {type(exc).__name__}: {said} The run "
+        "directory holds checkpoints of another model or setup. Resume it with the setup that wrote them, or start this one in "
+        "a new run directory."
+    )
 
 
 def state_hash(table: Iterable[Component]) -> tuple[dict[str, str], str]:

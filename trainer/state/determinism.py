@@ -26,7 +26,6 @@ from legato.voice import refusing
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Seeds:
     """Every seed a rank was started with: enough to replay it."""
@@ -53,10 +52,12 @@ def seed_everything(seed: int, rank: int = 0, mode: str = "strict") -> Seeds:
     afterwards).
     """
     if mode not in ("strict", "fast"):
-        raise UsageError(f"seed_everything(mode={mode!r}): mode is \"strict\" or \"fast\".")
+        raise UsageError(f'seed_everything(mode={mode!r}): mode is "strict" or "fast".')
     if whole_number(seed) is None or whole_number(rank) is None or rank < 0:
-        raise UsageError(f"seed_everything(seed={seed!r}, rank={rank!r}): the seed is a whole number (seed=1.0 and seed=1 would "
-                         "seed different streams), and the rank is this process's index from 0, such as int(os.environ[\"RANK\"]).")
+        raise UsageError(
+            f"seed_everything(seed={seed!r}, rank={rank!r}): the seed is a whole number (seed=1.0 and seed=1 would "
+            'seed different streams), and the rank is this process\'s index from 0, such as int(os.environ["RANK"]).'
+        )
     hashseed = os.environ.get("PYTHONHASHSEED")
     if mode == "strict":
         _enable_strict(hashseed)
@@ -73,9 +74,9 @@ def _enable_strict(hashseed: str | None) -> None:
     if hashseed is None or hashseed == "random":
         # Named as the API's argument: legato's own launchers set PYTHONHASHSEED, so only a script's own call gets here.
         raise UsageError(
-            "seed_everything(mode=\"strict\") needs PYTHONHASHSEED set before Python starts (set order and str hashes depend on it). "
+            'seed_everything(mode="strict") needs PYTHONHASHSEED set before Python starts (set order and str hashes depend on it). '
             "Launch with python -m legato.torchrun, python -m legato or legato run (they set it), or export PYTHONHASHSEED=0 before "
-            "plain torchrun or srun, or call seed_everything(seed, rank, mode=\"fast\")."
+            'plain torchrun or srun, or call seed_everything(seed, rank, mode="fast").'
         )
     if "CUBLAS_WORKSPACE_CONFIG" not in os.environ:
         if torch.cuda.is_available() and torch.cuda.is_initialized():

@@ -92,7 +92,7 @@ def _cuda_digest(t: torch.Tensor) -> bytes:
             _staging.extend(torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2))
         landing = None
         for i, start in enumerate(range(0, flat.numel(), STAGING_BYTES)):
-            chunk = flat[start:start + STAGING_BYTES]
+            chunk = flat[start : start + STAGING_BYTES]
             buffer = _staging[i % 2][: chunk.numel()]
             buffer.copy_(chunk, non_blocking=True)
             copied = stream.record_event()

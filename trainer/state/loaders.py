@@ -143,8 +143,12 @@ class LegatoSource(Source):
         return iter(self.loader)
 
     def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
-        return {"seed": self.sampler.seed, "epoch": epoch, "position": step_in_epoch * self.loader.batch_size,
-                SAMPLES_KEY: self.sampler.length}
+        return {
+            "seed": self.sampler.seed,
+            "epoch": epoch,
+            "position": step_in_epoch * self.loader.batch_size,
+            SAMPLES_KEY: self.sampler.length,
+        }
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
         same_samples(state, self.sampler.length)
@@ -252,8 +256,10 @@ class TorchSource(Source):
             self.generators[SAMPLER_GENERATOR] = own
         self.steps_per_epoch = len(loader)
         if self.steps_per_epoch == 0:
-            raise UsageError(f"The DataLoader yields no batch (batch size {loader.batch_size}, {len(self.user_sampler)} samples on this "
-                             "rank). Lower the batch size.")
+            raise UsageError(
+                f"The DataLoader yields no batch (batch size {loader.batch_size}, {len(self.user_sampler)} samples on this "
+                "rank). Lower the batch size."
+            )
         self._opened: dict[str, torch.Tensor] = {}
         self._opened_epoch: Any = None  # the sampler's own epoch when this epoch's iterator opened
         self.keeps_workers = loader.persistent_workers and loader.num_workers > 0
@@ -312,9 +318,16 @@ class TorchSource(Source):
 
     def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
         seed = None if self.seeding is None else self.seeding.seed
-        return {"epoch": epoch, "step_in_epoch": step_in_epoch, "opened": dict(self._opened), "worker_seed": seed,
-                "sampler_epoch": self._opened_epoch, "persistent_workers": self.keeps_workers,
-                "workers_born": self._born, SAMPLES_KEY: dataset_size(self.loader.dataset)}
+        return {
+            "epoch": epoch,
+            "step_in_epoch": step_in_epoch,
+            "opened": dict(self._opened),
+            "worker_seed": seed,
+            "sampler_epoch": self._opened_epoch,
+            "persistent_workers": self.keeps_workers,
+            "workers_born": self._born,
+            SAMPLES_KEY: dataset_size(self.loader.dataset),
+        }
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
         same_samples(state, dataset_size(self.loader.dataset))

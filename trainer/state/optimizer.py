@@ -63,7 +63,6 @@ class OptimizerState:
             return
         optimizers = _optimizers(self.obj)
         if len(optimizers) != len(state[UNSTEPPED]):
-            raise ValueError(f"the checkpoint holds {len(state[UNSTEPPED])} optimizers before their first step, this run "
-                             f"{len(optimizers)}")
+            raise ValueError(f"the checkpoint holds {len(state[UNSTEPPED])} optimizers before their first step, this run {len(optimizers)}")
         for optimizer, saved in zip(optimizers, state[UNSTEPPED]):
             torch.optim.Optimizer.load_state_dict(optimizer, saved)

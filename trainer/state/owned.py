@@ -55,8 +55,10 @@ class NumpyGenerator:
     def load_state_dict(self, state: dict) -> None:
         current = self.generator.bit_generator.state
         if current["bit_generator"] != state["kind"]:
-            raise UsageError(f"A numpy Generator extra was saved as {state['kind']} and is now {current['bit_generator']}. Build it "
-                             "with the same bit generator.")
+            raise UsageError(
+                f"A numpy Generator extra was saved as {state['kind']} and is now {current['bit_generator']}. Build it "
+                "with the same bit generator."
+            )
         self.generator.bit_generator.state = _unwords(current, state["words"])
 
 
@@ -206,8 +208,13 @@ def _plain_values(batch: Any) -> list:
 
 def _write_back(batch: Any, values: Any) -> None:
     """Put the saved plain values into the batch's dicts and lists, in the order `_plain_values` reads them."""
-    slots = ((key, batch[key]) for key in sorted(batch, key=repr)) if isinstance(batch, Mapping) else \
-        enumerate(batch) if isinstance(batch, (list, tuple)) else ()
+    slots = (
+        ((key, batch[key]) for key in sorted(batch, key=repr))
+        if isinstance(batch, Mapping)
+        else enumerate(batch)
+        if isinstance(batch, (list, tuple))
+        else ()
+    )
     for key, item in slots:
         if not _is_plain(item):
             _write_back(item, values)

@@ -84,8 +84,11 @@ def fingerprints(registered: Iterable[Any], frame: types.FrameType | None) -> di
 
 def changed(before: dict[str, Print], after: dict[str, Print]) -> list[Finding]:
     """The objects found at the same place in both looks, of the same class, whose plain attributes differ."""
-    return [Finding(PLAIN, now.type, where, f"{now.attributes} plain attribute(s)")
-            for where, now in after.items() if where in before and before[where].type == now.type and before[where].digest != now.digest]
+    return [
+        Finding(PLAIN, now.type, where, f"{now.attributes} plain attribute(s)")
+        for where, now in after.items()
+        if where in before and before[where].type == now.type and before[where].digest != now.digest
+    ]
 
 
 def short_name(where: str) -> str:
@@ -98,12 +101,16 @@ class Attributes:
 
     def __init__(self, obj: Any, names: tuple[str, ...]) -> None:
         if not isinstance(getattr(obj, "__dict__", None), dict):
-            raise UsageError(f"legato.attributes() takes an object with attributes; got a {type(obj).__name__}. Pass the object "
-                             "whose attributes change during training (a meter, a saver, a trainer), e.g. legato.attributes(meter).")
+            raise UsageError(
+                f"legato.attributes() takes an object with attributes; got a {type(obj).__name__}. Pass the object "
+                "whose attributes change during training (a meter, a saver, a trainer), e.g. legato.attributes(meter)."
+            )
         missing = [n for n in names if n not in vars(obj)]
         if missing:
-            raise UsageError(f"legato.attributes(): the {type(obj).__name__} has no attribute {', '.join(missing)}. Name attributes "
-                             f"it has ({', '.join(sorted(vars(obj))[:8])}), or none to save all its plain ones.")
+            raise UsageError(
+                f"legato.attributes(): the {type(obj).__name__} has no attribute {', '.join(missing)}. Name attributes "
+                f"it has ({', '.join(sorted(vars(obj))[:8])}), or none to save all its plain ones."
+            )
         self.obj, self.names = obj, names
 
     def state_dict(self) -> dict:

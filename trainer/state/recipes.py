@@ -96,8 +96,9 @@ class Completed:
     writers: list[int] = field(default_factory=list)  # the ranks that wrote those tensors
 
 
-def share(recipes: Mapping[str, Recipe], own: Mapping[str, bytes], replicated: Mapping[str, bytes],
-          sums: Mapping[str, str]) -> dict[str, Any]:
+def share(
+    recipes: Mapping[str, Recipe], own: Mapping[str, bytes], replicated: Mapping[str, bytes], sums: Mapping[str, str]
+) -> dict[str, Any]:
     """A rank's share as plain data: its recipes, the digests only it uses (its own files), those it wrote for every rank,
     and the block sums of every replicated tensor it holds (legato.state.checksum)."""
     return {
@@ -115,14 +116,17 @@ def complete(shares: list[Mapping[str, Any]]) -> list[Completed]:
     for rank, s in enumerate(shares):
         for key, d in s[REPLICATED].items():
             if pool.setdefault(key, d) != d:
-                raise ValueError(f"two ranks wrote tensor {key} with different digests (rank {rank}: {d}, before: {pool[key]}); "
-                                 "the replicated state differs between the ranks")
+                raise ValueError(
+                    f"two ranks wrote tensor {key} with different digests (rank {rank}: {d}, before: {pool[key]}); "
+                    "the replicated state differs between the ranks"
+                )
             writer.setdefault(key, rank)
     return [_bake_all(rank, s, pool, writer, shares) for rank, s in enumerate(shares)]
 
 
-def _bake_all(rank: int, s: Mapping[str, Any], pool: Mapping[str, str], writer: Mapping[str, int],
-              shares: list[Mapping[str, Any]]) -> Completed:
+def _bake_all(
+    rank: int, s: Mapping[str, Any], pool: Mapping[str, str], writer: Mapping[str, int], shares: list[Mapping[str, Any]]
+) -> Completed:
     own = s[OWN]
     diverged = sorted(key for key, sums in s[SUMS].items() if key in writer and shares[writer[key]][SUMS][key] != sums)
 

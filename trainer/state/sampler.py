@@ -97,8 +97,15 @@ _SET_BY_RESUMABLE_LOADER = frozenset({"sampler", "batch_sampler", "drop_last", "
 
 @refusing
 def resumable_loader(
-    dataset: Any, batch_size: int, *, seed: int, rank: int = 0, world_size: int = 1, num_workers: int = 0, shuffle: bool = True,
-    **kwargs: Any
+    dataset: Any,
+    batch_size: int,
+    *,
+    seed: int,
+    rank: int = 0,
+    world_size: int = 1,
+    num_workers: int = 0,
+    shuffle: bool = True,
+    **kwargs: Any,
 ) -> DataLoader:
     """A DataLoader whose position the Session can save and restore exactly; `kwargs` go to the DataLoader, except what it sets itself."""
     fixed = sorted(kwargs.keys() & _SET_BY_RESUMABLE_LOADER)
@@ -126,9 +133,11 @@ def resumable_loader(
 def _check_loader_arguments(dataset: Any, batch_size: Any, seed: Any, rank: Any, world_size: Any) -> None:
     """A UsageError naming the first argument resumable_loader() cannot build an exactly resumable loader from."""
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        raise UsageError(f"legato.resumable_loader() takes a map-style dataset (len() and indexing), which this "
-                         f"{type(dataset).__name__} is not. For an IterableDataset or a stream, build your own DataLoader and "
-                         "pass it as Session(loader=...).")
+        raise UsageError(
+            f"legato.resumable_loader() takes a map-style dataset (len() and indexing), which this "
+            f"{type(dataset).__name__} is not. For an IterableDataset or a stream, build your own DataLoader and "
+            "pass it as Session(loader=...)."
+        )
     counts = {"batch_size": (batch_size, 1), "world_size": (world_size, 1), "rank": (rank, 0)}
     for name, (value, least) in counts.items():
         if whole_number(value) is None or value < least:
@@ -136,8 +145,12 @@ def _check_loader_arguments(dataset: Any, batch_size: Any, seed: Any, rank: Any,
     if whole_number(seed) is None:
         raise UsageError(f"legato.resumable_loader(): seed={seed!r} must be a whole number; the order is a function of (seed, epoch).")
     if rank >= world_size:
-        raise UsageError(f"legato.resumable_loader(): rank={rank} is not one of the {world_size} ranks (0 to {world_size - 1}). Pass "
-                         "this process's rank and the world size, such as dist.get_rank() and dist.get_world_size().")
+        raise UsageError(
+            f"legato.resumable_loader(): rank={rank} is not one of the {world_size} ranks (0 to {world_size - 1}). Pass "
+            "this process's rank and the world size, such as dist.get_rank() and dist.get_world_size()."
+        )
     if len(dataset) < world_size:
-        raise UsageError(f"legato.resumable_loader(): the dataset's {len(dataset)} samples cannot be split over {world_size} ranks. "
-                         "Use a larger dataset or fewer ranks.")
+        raise UsageError(
+            f"legato.resumable_loader(): the dataset's {len(dataset)} samples cannot be split over {world_size} ranks. "
+            "Use a larger dataset or fewer ranks."
+        )

@@ -52,6 +52,7 @@ def local(t: torch.Tensor | None) -> torch.Tensor | None:
 
 def meshes_of(module: torch.nn.Module) -> Callable[[], list[Any]]:
     """The device meshes `module`'s parameters live on, looked up when a restore needs them."""
+
     def meshes() -> list[Any]:
         found: list[Any] = []
         for p in module.parameters():
@@ -94,10 +95,16 @@ def _record(t: Any) -> dict:
         part = part.clone()
     mesh = t.device_mesh
     local_shape, offsets = _chunk(t.shape, mesh, t.placements)
-    return {MARK: {
-        "local": part, "shape": list(t.shape), "local_shape": local_shape, "offsets": offsets,
-        "placements": [_placement(p) for p in t.placements], "mesh": mesh.mesh.tolist(),
-    }}
+    return {
+        MARK: {
+            "local": part,
+            "shape": list(t.shape),
+            "local_shape": local_shape,
+            "offsets": offsets,
+            "placements": [_placement(p) for p in t.placements],
+            "mesh": mesh.mesh.tolist(),
+        }
+    }
 
 
 def to_plain(value: Any) -> Any:

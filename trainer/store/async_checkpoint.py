@@ -86,8 +86,9 @@ class _InFlight:
 class AsyncCheckpointer:
     """One rank's side of the asynchronous checkpoints of a Session."""
 
-    def __init__(self, root: Path, rank: int, world_size: int, group: dist.ProcessGroup | None, keep_last: int,
-                 kill: KillPoint | None) -> None:
+    def __init__(
+        self, root: Path, rank: int, world_size: int, group: dist.ProcessGroup | None, keep_last: int, kill: KillPoint | None
+    ) -> None:
         self.root, self.rank, self.world_size, self.group = root, rank, world_size, group
         self.keep_last, self.kill = keep_last, kill
         self.staging = Snapshot()
@@ -152,7 +153,9 @@ class AsyncCheckpointer:
         assert self.in_flight is not None
         log.warning(
             "rank %d: periodic checkpoint at step %d waits for the one of step %d, still being written (at most one in flight)",
-            self.rank, step, self.in_flight.job.step,
+            self.rank,
+            step,
+            self.in_flight.job.step,
         )
         return self.finish()
 
@@ -204,12 +207,20 @@ class AsyncCheckpointer:
         try:
             commit.leader_outcome(self.root, step, error, self.group)
         except NotWritten as exc:
-            log.error("rank %d: checkpoint step %d abandoned (its manifest could not be published); the previous checkpoint stands",
-                      self.rank, step)
+            log.error(
+                "rank %d: checkpoint step %d abandoned (its manifest could not be published); the previous checkpoint stands",
+                self.rank,
+                step,
+            )
             return exc
         seconds = time.perf_counter() - flight.started
-        log.info("rank %d: asynchronous checkpoint step %d committed %.3fs after its step (%.3fs blocking)", self.rank, step, seconds,
-                 flight.job.blocking_s)
+        log.info(
+            "rank %d: asynchronous checkpoint step %d committed %.3fs after its step (%.3fs blocking)",
+            self.rank,
+            step,
+            seconds,
+            flight.job.blocking_s,
+        )
         return commit.committed(self.root, step, reports, ghash, seconds)
 
     def _abandon(self, why: str) -> NotWritten:

@@ -87,7 +87,7 @@ def problem(path: Path, manifest: dict, verify: Verifier | None = None) -> str |
     if base is None:
         return None
     name = base.get("dir") if isinstance(base, dict) else None
-    if not isinstance(name, str) or "/" in name or not name.startswith(STEP_PREFIX) or not name[len(STEP_PREFIX):].isdigit():
+    if not isinstance(name, str) or "/" in name or not name.startswith(STEP_PREFIX) or not name[len(STEP_PREFIX) :].isdigit():
         return f"its replay base names {name!r}, which is not a checkpoint directory"
     directory = path.parent / name
     try:
@@ -104,5 +104,7 @@ def _split_steps(replay: dict) -> str | None:
     if len(set(steps.values())) <= 1:
         return None
     shown = ", ".join(f"rank {rank}: step {step}" for rank, step in steps.items())
-    return (f"its ranks' replay bases are of different steps ({shown}), so no replay starts from one state; the ranks took "
-            "their replay bases without agreeing on the step")
+    return (
+        f"its ranks' replay bases are of different steps ({shown}), so no replay starts from one state; the ranks took "
+        "their replay bases without agreeing on the step"
+    )

@@ -92,8 +92,10 @@ class NotWritten(Exception):
         self.step, self.errors = step, errors
         # An asynchronous checkpoint's ranks agree only that one failed: each knows its own error alone.
         detail = "; ".join(f"rank {rank}: {error}" for rank, error in sorted(errors.items())) or "another rank's files failed"
-        super().__init__(f"checkpoint step {step} could not be written ({detail}); its partial files are removed, and "
-                         f"{_free(root)} on the checkpoints' filesystem")
+        super().__init__(
+            f"checkpoint step {step} could not be written ({detail}); its partial files are removed, and "
+            f"{_free(root)} on the checkpoints' filesystem"
+        )
 
 
 @dataclass(frozen=True)
@@ -141,12 +143,19 @@ def write_files(directory: Path, files: dict[str, Any], seen: tuple[Digests, ...
     return dict(zip(files, save_all({directory / name: state for name, state in files.items()}, known)))
 
 
-def report(rank: int, state_hash: str, components: dict[str, str], written: dict[str, dict], replay: dict | None,
-           share: dict | None = None) -> dict:
+def report(
+    rank: int, state_hash: str, components: dict[str, str], written: dict[str, dict], replay: dict | None, share: dict | None = None
+) -> dict:
     """One rank's report of its written share: what `agree` exchanges and `publish` turns into the manifest. With `share`
     (a staged copy's share of the digests, legato.state.recipes) the digests and hash are left to `complete`."""
-    out = {"rank": rank, "hash": state_hash, "components": components, "files": written, "replay": replay,
-           CPU_CAPABILITY_KEY: torch.backends.cpu.get_cpu_capability()}
+    out = {
+        "rank": rank,
+        "hash": state_hash,
+        "components": components,
+        "files": written,
+        "replay": replay,
+        CPU_CAPABILITY_KEY: torch.backends.cpu.get_cpu_capability(),
+    }
     return out if share is None else {**out, SHARE: share}
 
 
@@ -182,8 +191,12 @@ def warn_diverged(reports: list[dict]) -> None:
             continue
         log.warning(
             "rank %d's copy of the replicated state differs from the copy written for every rank by rank %s (tensors %s): its "
-            "own values were not saved, so a resume from this state will fail its verification on rank %d", rank,
-            ", ".join(map(str, diverged["writers"])), ", ".join(diverged["tensors"][:6]), rank)
+            "own values were not saved, so a resume from this state will fail its verification on rank %d",
+            rank,
+            ", ".join(map(str, diverged["writers"])),
+            ", ".join(diverged["tensors"][:6]),
+            rank,
+        )
 
 
 def agree(own: dict, world_size: int, group: dist.ProcessGroup | None) -> list[dict]:
@@ -235,8 +248,13 @@ def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dic
 
 
 def _rank_entry(report: dict) -> dict:
-    entry = {"rank": report["rank"], "hash": report["hash"], "components": report["components"], "wrote": sorted(report["files"]),
-             CPU_CAPABILITY_KEY: report[CPU_CAPABILITY_KEY]}
+    entry = {
+        "rank": report["rank"],
+        "hash": report["hash"],
+        "components": report["components"],
+        "wrote": sorted(report["files"]),
+        CPU_CAPABILITY_KEY: report[CPU_CAPABILITY_KEY],
+    }
     return {**entry, DIVERGED: report[DIVERGED]} if DIVERGED in report else entry
 
 
@@ -261,7 +279,7 @@ def prune(root: Path, keep_last: int, keep: int) -> None:
     (it did not verify), and the run replaces each when it gets there.
     """
     for stale in root.glob(f"{TMP_STEP_PREFIX}*"):
-        suffix = stale.name[len(TMP_STEP_PREFIX):]
+        suffix = stale.name[len(TMP_STEP_PREFIX) :]
         if not suffix.isdigit() or int(suffix) < keep:
             shutil.rmtree(stale, ignore_errors=True)
     upto = [p for p in list_checkpoints(root) if checkpoint_step(p) <= keep]
@@ -304,8 +322,9 @@ def check_written(root: Path, tmp: Path, step: int, reports: list[dict], rank: i
     raise NotWritten(step, errors, root)
 
 
-def publish_or_remove(root: Path, tmp: Path, step: int, world_size: int, reports: list[dict], ghash: str, meta: dict,
-                      kill: KillPoint | None) -> str | None:
+def publish_or_remove(
+    root: Path, tmp: Path, step: int, world_size: int, reports: list[dict], ghash: str, meta: dict, kill: KillPoint | None
+) -> str | None:
     """The leader's `publish`; when it fails before the rename, `tmp` is removed and the error returned as text."""
     try:
         publish(root, tmp, step, world_size, reports, ghash, meta, kill)

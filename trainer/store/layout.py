@@ -153,8 +153,10 @@ def _fill(tree: Any, shares: Mapping[int, Mapping[int, torch.Tensor]], where: Pa
             return DESCEND
         _, rank, index = node
         if rank not in shares or index not in shares[rank]:
-            raise UsageError(f"The checkpoint {where} lacks rank {rank}'s share ({share_file(rank)}) of the replicated state; "
-                             "resume from another checkpoint (move this one away).")
+            raise UsageError(
+                f"The checkpoint {where} lacks rank {rank}'s share ({share_file(rank)}) of the replicated state; "
+                "resume from another checkpoint (move this one away)."
+            )
         return shares[rank][index]
 
     return rebuilt(tree, tensor)
@@ -164,11 +166,11 @@ def load(table: Iterable[Component], path: Path, rank: int, prefix: str = "") ->
     """Every component's saved state from checkpoint directory `path`, as this rank must restore it."""
     table = list(table)
     names = [rank_file(rank, prefix), *sorted({prefix + c.file for c in table if c.replicated})]
-    share_names = sorted(p.name for p in path.glob(f"{prefix}{SHARE_PREFIX}*.pt") if _share_index(p.name[len(prefix):]) is not None)
+    share_names = sorted(p.name for p in path.glob(f"{prefix}{SHARE_PREFIX}*.pt") if _share_index(p.name[len(prefix) :]) is not None)
     # The files are read in parallel: torch.load spends most of its time in reads and copies that release the GIL.
     with ThreadPoolExecutor(max_workers=max(1, len(names) + len(share_names)), thread_name_prefix="legato-restore") as pool:
         loaded = dict(zip([*names, *share_names], pool.map(lambda name: _load(path, name, prefix), [*names, *share_names])))
-    shares = {_share_index(name[len(prefix):]): loaded.pop(name) for name in share_names}
+    shares = {_share_index(name[len(prefix) :]): loaded.pop(name) for name in share_names}
     contents = {name: _fill(loaded[name], shares, path) if shares else loaded[name] for name in names}
     states: dict[str, Any] = {}
     missing = []

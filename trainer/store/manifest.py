@@ -55,7 +55,7 @@ def list_checkpoints(root: Path) -> list[Path]:
     """Published checkpoint directories, newest step first."""
     found = []
     for path in root.glob(f"{STEP_PREFIX}*"):
-        suffix = path.name[len(STEP_PREFIX):]
+        suffix = path.name[len(STEP_PREFIX) :]
         if path.is_dir() and suffix.isdigit():
             found.append((int(suffix), path))
     return [p for _, p in sorted(found, reverse=True)]
@@ -171,7 +171,7 @@ def _verify_file(path: Path, info: dict) -> None:
             pos = 0
             for offset, length in segments:
                 combined.update(region_record("G", offset - pos, xxhash.xxh3_128_digest(data[pos:offset])))
-                combined.update(region_record("S", length, xxhash.xxh3_128_digest(data[offset:offset + length])))
+                combined.update(region_record("S", length, xxhash.xxh3_128_digest(data[offset : offset + length])))
                 pos = offset + length
             combined.update(region_record("G", size - pos, xxhash.xxh3_128_digest(data[pos:size])))
     if combined.hexdigest() != info[HASH_KEY]:

@@ -47,8 +47,10 @@ def refusal(manifest: dict) -> str | None:
     if isinstance(base, dict) and isinstance(base.get("files"), dict):
         names += list(base["files"])  # held by its replay: the state is its base's, in another checkpoint's directory
     if not any(".shard" in name for name in names) or any(name.endswith(MODEL_FILE) for name in names):
-        return ("checkpoint.reshard applies to FSDP2 (fully_shard) checkpoints only; this one holds a replicated (DDP) model, "
-                "whose buckets and ZeroRedundancyOptimizer shards are laid out for its world size")
+        return (
+            "checkpoint.reshard applies to FSDP2 (fully_shard) checkpoints only; this one holds a replicated (DDP) model, "
+            "whose buckets and ZeroRedundancyOptimizer shards are laid out for its world size"
+        )
     return None
 
 
@@ -98,7 +100,7 @@ def _chunk(records: list[dict], rank: int, new: int, where: str) -> dict:
     size = math.ceil(shape[dim] / new)  # FSDP2 chunks like torch.chunk: every rank ceil(n / ranks), the last ones less or none
     lo = min(rank * size, shape[dim])
     hi = min(lo + size, shape[dim])
-    local_shape = [*shape[:dim], hi - lo, *shape[dim + 1:]]
+    local_shape = [*shape[:dim], hi - lo, *shape[dim + 1 :]]
     part = torch.empty(local_shape, dtype=first["local"].dtype)
     covered = 0
     for r in records:
@@ -107,8 +109,10 @@ def _chunk(records: list[dict], rank: int, new: int, where: str) -> dict:
             part.narrow(dim, start - lo, stop - start).copy_(r["local"].narrow(dim, start - r["offsets"][dim], stop - start))
             covered += stop - start
     if covered != hi - lo:
-        raise UsageError(f"The checkpoint's shards of {where} do not cover rows {lo}..{hi} of dimension {dim}: a shard file is "
-                         "missing or from another layout. Resume from another checkpoint, or with the world size that wrote it.")
+        raise UsageError(
+            f"The checkpoint's shards of {where} do not cover rows {lo}..{hi} of dimension {dim}: a shard file is "
+            "missing or from another layout. Resume from another checkpoint, or with the world size that wrote it."
+        )
     offsets = [0] * len(shape)
     offsets[dim] = lo
     return {**first, "local": part, "local_shape": local_shape, "offsets": offsets, "mesh": list(range(new))}

@@ -71,8 +71,19 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
             log.warning("skipping checkpoint %s: its state is held by its replay, and %s", path, unusable)
             continue
         if run is not None:
-            check_compatible(found.manifest, path, run.world_size, run.training, run.torch_version, run.threads, run.strict, run.reshard,
-                             run.cpu_capabilities, compiled=run.compiled, gpus=run.gpus)
+            check_compatible(
+                found.manifest,
+                path,
+                run.world_size,
+                run.training,
+                run.torch_version,
+                run.threads,
+                run.strict,
+                run.reshard,
+                run.cpu_capabilities,
+                compiled=run.compiled,
+                gpus=run.gpus,
+            )
         return found
     if strict and candidates:
         raise UsageError(
@@ -94,8 +105,16 @@ def installed_torch_version() -> str:
 
 
 def check_compatible(
-    manifest: dict, path: Path, world_size: int, training: dict | None, torch_version: str, threads: int | None = None, strict: bool = True,
-    reshard: bool = False, cpu_capabilities: Sequence[str] | None = None, compiled: bool | None = None,
+    manifest: dict,
+    path: Path,
+    world_size: int,
+    training: dict | None,
+    torch_version: str,
+    threads: int | None = None,
+    strict: bool = True,
+    reshard: bool = False,
+    cpu_capabilities: Sequence[str] | None = None,
+    compiled: bool | None = None,
     gpus: Sequence[str | None] | None = None,
 ) -> None:
     """Raise a UsageError when checkpoint `path` cannot continue this run bit for bit (or, opted into by `reshard`, resharded).
@@ -150,8 +169,10 @@ def _check_reshard(manifest: dict, path: Path, world_size: int, reshard: bool) -
         )
     problem = refusal(manifest)
     if problem is not None:
-        raise UsageError(f"Checkpoint {path} was written by {written} ranks and this run has {world_size}: {problem}. Run with "
-                         f"{written} ranks, or use a new run directory to start over.")
+        raise UsageError(
+            f"Checkpoint {path} was written by {written} ranks and this run has {world_size}: {problem}. Run with "
+            f"{written} ranks, or use a new run directory to start over."
+        )
 
 
 def _check_global_batch(manifest: dict, path: Path, world_size: int, training: dict | None) -> None:
@@ -172,6 +193,6 @@ def _refuse_or_warn(message: str, strict: bool, by_config: bool) -> None:
     config, or for a script's own Session), a warning under fast."""
     mode = "determinism.mode" if by_config else "the determinism mode (seed_everything(mode=...))"
     if strict:
-        fix = "set determinism.mode: fast" if by_config else "call seed_everything(seed, rank, mode=\"fast\")"
+        fix = "set determinism.mode: fast" if by_config else 'call seed_everything(seed, rank, mode="fast")'
         raise UsageError(f"{message}, or {fix} to continue with a warning.")
     log.warning("%s. Continuing because %s is fast: the resumed run is not bitwise the uninterrupted one.", message, mode)

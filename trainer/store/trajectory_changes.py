@@ -19,13 +19,24 @@ from pathlib import Path
 from legato.store.manifest_schema import COMPILED_KEY, CPU_CAPABILITY_KEY, GPUS_KEY
 
 
-def trajectory_changes(manifest: dict, path: Path, threads: int | None, cpu_capabilities: Sequence[str] | None,
-                       compiled: bool | None, gpus: Sequence[str | None] | None, by_config: bool) -> list[str]:
+def trajectory_changes(
+    manifest: dict,
+    path: Path,
+    threads: int | None,
+    cpu_capabilities: Sequence[str] | None,
+    compiled: bool | None,
+    gpus: Sequence[str | None] | None,
+    by_config: bool,
+) -> list[str]:
     """What this run changes that takes it off the trajectory of checkpoint `path`, one paragraph each with its fix (worded
     for a config, or for a script's own Session): another torch thread count, CPU instruction set, GPU model, or
     compiled/eager model. None is said of what is unknown (None here, or absent from an older manifest)."""
-    changes = (_threads_change(manifest, path, threads, by_config), _capability_change(manifest, path, cpu_capabilities, by_config),
-               _gpu_change(manifest, path, gpus, by_config), _compile_switch(manifest, path, compiled))
+    changes = (
+        _threads_change(manifest, path, threads, by_config),
+        _capability_change(manifest, path, cpu_capabilities, by_config),
+        _gpu_change(manifest, path, gpus, by_config),
+        _compile_switch(manifest, path, compiled),
+    )
     return [change for change in changes if change]
 
 
@@ -34,8 +45,11 @@ def _threads_change(manifest: dict, path: Path, threads: int | None, by_config: 
     saved = manifest.get("threads")
     if saved is None or threads is None or saved == threads:
         return ""
-    allocation = "slurm.cpus_per_task on SLURM, or as many CPUs per local rank" if by_config else (
-        "#SBATCH --cpus-per-task, or torch.set_num_threads")
+    allocation = (
+        "slurm.cpus_per_task on SLURM, or as many CPUs per local rank"
+        if by_config
+        else ("#SBATCH --cpus-per-task, or torch.set_num_threads")
+    )
     return (
         f"Checkpoint {path} was written with {saved} torch threads per rank, but this run has {threads}. CPU kernels "
         "split their sums by thread count, so the run would continue on another trajectory. Give the job the "
@@ -77,12 +91,15 @@ def _gpu_change(manifest: dict, path: Path, live: Sequence[str | None] | None, b
     if not changed:
         return ""
     sets = _changes_named(changed)
-    where = "slurm.extra_sbatch: {constraint: <feature>} or {gres: gpu:<type>:<count>}" if by_config else (
-        "#SBATCH --constraint=<feature> or --gres=gpu:<type>:<count>")
+    where = (
+        "slurm.extra_sbatch: {constraint: <feature>} or {gres: gpu:<type>:<count>}"
+        if by_config
+        else ("#SBATCH --constraint=<feature> or --gres=gpu:<type>:<count>")
+    )
     return (
         f"Checkpoint {path} was written on other devices than this run's ranks compute on ({sets}). Kernels differ between "
         "GPU models, and between a GPU and the CPU, so the run would continue on another trajectory. Keep the job on the "
-        f"devices that wrote it ({where}, with a feature or GPU type of those nodes that `sinfo -o \"%f %G\"` lists)"
+        f'devices that wrote it ({where}, with a feature or GPU type of those nodes that `sinfo -o "%f %G"` lists)'
     )
 
 

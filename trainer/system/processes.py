@@ -37,8 +37,9 @@ def run_command(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S) -> CommandRe
     """Run `cmd` with stdin closed and a hard time limit."""
     started = time.monotonic()
     try:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True, start_new_session=True
+        )
     except OSError as exc:
         return CommandResult(False, None, f"{cmd[0]}: {exc.strerror or exc}", 0.0)
     try:

@@ -7,8 +7,18 @@ from __future__ import annotations
 
 import random
 
-_SUBJECTS = ["the cluster", "a job", "every rank", "the scheduler", "our model", "the node", "a checkpoint", "the user",
-             "the optimizer", "each worker"]
+_SUBJECTS = [
+    "the cluster",
+    "a job",
+    "every rank",
+    "the scheduler",
+    "our model",
+    "the node",
+    "a checkpoint",
+    "the user",
+    "the optimizer",
+    "each worker",
+]
 _VERBS = ["waits for", "writes", "restores", "signals", "trains", "requeues", "verifies", "reads", "hashes", "resumes"]
 _OBJECTS = [
     "the state",

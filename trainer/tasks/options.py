@@ -51,8 +51,9 @@ def check_options(task: str, options: dict, world_size: int, batch_size: int) ->
     """The options with every named one checked; a UsageError naming `train.options.<key>` otherwise."""
     schema = SCHEMAS[task]
     _check_names(task, options, schema)
-    values = {name: _value(name, options.get(name, default), kind, low, high, what)
-              for name, (kind, default, low, high, what) in schema.items()}
+    values = {
+        name: _value(name, options.get(name, default), kind, low, high, what) for name, (kind, default, low, high, what) in schema.items()
+    }
     if task == "tiny_gpt":
         _check_tiny_gpt(values, world_size, batch_size)
     else:
@@ -65,8 +66,10 @@ def _check_names(task: str, options: dict, schema: Schema) -> None:
     for name in options:
         close = difflib.get_close_matches(name, [n for n in schema if n != name], n=1, cutoff=0.8) if name not in schema else []
         if close:
-            raise UsageError(f"train.options.{name} is not an option of the {task} task, so it would be ignored. Did you mean "
-                             f"train.options.{close[0]}? Fix the name.")
+            raise UsageError(
+                f"train.options.{name} is not an option of the {task} task, so it would be ignored. Did you mean "
+                f"train.options.{close[0]}? Fix the name."
+            )
 
 
 def _value(name: str, value: Any, kind: type, low: float, high: float, what: str) -> Any:
@@ -120,11 +123,15 @@ def _tiny_gpt_bytes(v: dict, batch_size: int) -> int:
 
 def _check_mlp(v: dict, world_size: int, batch_size: int) -> None:
     if batch_size < 2:
-        raise UsageError("train.batch_size is 1, but the mlp task's batch norm needs at least 2 samples in a batch to train. Set "
-                         "train.batch_size to 2 or more.")
+        raise UsageError(
+            "train.batch_size is 1, but the mlp task's batch norm needs at least 2 samples in a batch to train. Set "
+            "train.batch_size to 2 or more."
+        )
     if v["samples"] < world_size * batch_size:
-        raise UsageError(f"train.options.samples is {v['samples']}, fewer than the {world_size} ranks times train.batch_size "
-                         f"{batch_size}, so a rank would have no full batch. Raise samples, or lower train.batch_size.")
+        raise UsageError(
+            f"train.options.samples is {v['samples']}, fewer than the {world_size} ranks times train.batch_size "
+            f"{batch_size}, so a rank would have no full batch. Raise samples, or lower train.batch_size."
+        )
     if v["samples"] * v["features"] > MAX_MLP_VALUES:
         raise UsageError(
             f"train.options: {v['samples']} samples of {v['features']} features would hold {v['samples'] * v['features']:,} values "
