@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import warm
 
 from legato.runtime.launch import free_port
 
@@ -108,7 +109,8 @@ def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout
 
 
 def run_ranks(cmd: list[str], world_size: int = 2, timeout: float = 180, **env: str) -> list[subprocess.CompletedProcess]:
-    """Start `cmd` as every rank of a torchrun-style world (RANK, WORLD_SIZE, MASTER_*) and wait for them all."""
+    """Start `cmd` as every rank of a torchrun-style world (RANK, WORLD_SIZE, MASTER_*) and wait for them all; a
+    script's ranks start warm (helpers/warm.py: forked from a process that imported torch once)."""
     port = free_port()
     procs = []
     # stderr goes to files, not pipes read after the wait: a rank that writes more than a pipe holds (64 KiB of logs over
@@ -128,7 +130,7 @@ def run_ranks(cmd: list[str], world_size: int = 2, timeout: float = 180, **env: 
                 PYTHONWARNINGS="ignore",
                 **env,
             )
-            procs.append(subprocess.Popen(cmd, env=full, stderr=logs[rank], text=True))
+            procs.append(warm.start(cmd, full, stderr=logs[rank]))
         try:
             codes = [p.wait(timeout=timeout) for p in procs]
             return [subprocess.CompletedProcess(p.args, code, "", _read(log)) for p, code, log in zip(procs, codes, logs)]

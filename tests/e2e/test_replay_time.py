@@ -13,13 +13,13 @@ import contextlib
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, codes, run_ranks
+from helpers import warm
 from helpers.cli import legato, status, wait_for
 from helpers.launches import reaped, steps_done
 
@@ -75,7 +75,7 @@ def stop_from_outside(run_dir: Path, after: int) -> list[str]:
                     MASTER_PORT=str(port),
                     PYTHONWARNINGS="ignore",
                 )
-                procs.append(subprocess.Popen(command(run_dir, "--step-sleep", "0.15"), env=env, stderr=logs[rank], text=True))
+                procs.append(warm.start(command(run_dir, "--step-sleep", "0.15"), env, stderr=logs[rank]))
             wait_for(lambda: steps_done(run_dir) >= after or any(p.poll() is not None for p in procs), timeout=180, what="steps")
             assert all(p.poll() is None for p in procs), "a rank ended before the stop"
             procs[1].send_signal(signal.SIGUSR2)

@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from helpers import warm
+
 from legato.runtime.launch import free_port
 from legato.system.processes import children
 
@@ -24,10 +26,9 @@ def start_ranks(script: Path, out: Path, world: int = 2, **env: str) -> list[sub
     out.mkdir(parents=True, exist_ok=True)
     procs = [
         # stderr to a file, never a pipe nobody reads while the ranks run: a full pipe blocks a rank holding its logging lock.
-        subprocess.Popen(
+        warm.start(
             [sys.executable, str(script), str(out)],
             stderr=(out / f"rank{rank}.stderr").open("w"),
-            text=True,
             env=dict(
                 os.environ,
                 PYTHONHASHSEED="0",

@@ -1,0 +1,223 @@
+"""Ranks started warm: the scripts the suite runs by path (`python script.py ...` under a test's own RANK and
+WORLD_SIZE) are forked from a server that has already imported torch and what DDP and fully_shard import as they wrap
+a model, instead of each paying those imports again: 2.6 s of CPU per rank, about three quarters of a rank's CPU in
+the suite, and most of the suite's time on two cores.
+
+A warm rank is the script's own process, with its own pid (signals sent to it from outside reach it, and nothing
+else), its environment, arguments, working directory and standard streams as `subprocess.Popen` would give them,
+its exit code or killing signal as Popen reports them; it starts in a process group of its own. What it cannot have is
+a fresh interpreter, so a command is started cold (a real Popen) whenever that could show:
+
+- anything but `python script.py ...` (a launcher, `-m`, `-c`): legato's launchers, torchrun and the CLI always
+  start cold, as their tests are about how they start processes;
+- an environment that differs from the server's in a variable read when Python or torch starts (PYTHON*, OMP_*,
+  MKL_*, KMP_*, TORCH*, CUDA*, CUBLAS*, LD_*; PYTHONPATH is applied as the interpreter would);
+- LEGATO_TEST_WARM=0 in the suite's environment, which starts every rank cold.
+
+tests/e2e/test_warm_start.py shows a warm and a cold start of one DDP script end bitwise equal, and each rule above.
+This module must never be used to start a process whose start is what a test checks.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+# Read at interpreter or torch start-up: a rank whose value differs from the server's starts cold.
+READ_AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA", "CUBLAS", "LD_")
+SERVER_ENV = {"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "ignore"}  # what the suite gives every rank it starts by path
+_POLL_S = 0.05
+
+
+class WarmRank:
+    """A rank forked by the warm server, handled as a `subprocess.Popen` is (pid, poll, wait, send_signal, kill)."""
+
+    def __init__(self, args: list[str], pid: int, conn: socket.socket) -> None:
+        self.args, self.pid, self._conn = args, pid, conn
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        return self._status(0)
+
+    def wait(self, timeout: float | None = None) -> int:
+        code = self._status(timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def _status(self, timeout: float | None) -> int | None:
+        """The exit code once the server reported it (waiting up to `timeout` seconds, None for ever)."""
+        if self.returncode is None and select.select([self._conn], [], [], timeout)[0]:
+            self.returncode = int(self._conn.recv(64).decode())
+            self._conn.close()
+        return self.returncode
+
+
+class _Server:
+    """The per-process warm server: started on first use, killed when this process exits."""
+
+    def __init__(self) -> None:
+        self.dir = tempfile.mkdtemp(prefix="legato-warm-")
+        self.path = os.path.join(self.dir, "socket")
+        self.env = {**os.environ, **SERVER_ENV}
+        self.proc = subprocess.Popen([sys.executable, __file__, self.path], env=self.env, start_new_session=True, stdin=subprocess.DEVNULL)
+        atexit.register(self.close)
+
+    def connect(self, timeout: float = 120) -> socket.socket:
+        """A connection to the server, waiting for it to listen (its imports take a few seconds)."""
+        deadline = _now() + timeout
+        while True:
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                conn.connect(self.path)
+                return conn
+            except (FileNotFoundError, ConnectionRefusedError):
+                conn.close()
+                if self.proc.poll() is not None or _now() > deadline:
+                    raise RuntimeError(f"the warm rank server did not start (exit {self.proc.poll()})") from None
+                select.select([], [], [], _POLL_S)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+            os.rmdir(self.dir)
+
+
+_server: _Server | None = None
+
+
+def _now() -> float:
+    return os.times().elapsed
+
+
+def server_env() -> dict[str, str]:
+    """The environment the warm server started with (or will start with)."""
+    return _server.env if _server is not None else {**os.environ, **SERVER_ENV}
+
+
+def warm_enough(cmd: list[str], env: dict[str, str]) -> bool:
+    """Whether `cmd` under `env` may start warm (see the module's rules)."""
+    if os.environ.get("LEGATO_TEST_WARM", "1") == "0":
+        return False
+    if len(cmd) < 2 or cmd[0] != sys.executable or not cmd[1].endswith(".py") or not Path(cmd[1]).is_file():
+        return False
+    server = server_env()
+    keys = {k for k in {*server, *env} if k.startswith(READ_AT_START) and k != "PYTHONPATH"}
+    return all(server.get(k) == env.get(k) for k in keys)
+
+
+def start(cmd: list[str], env: dict[str, str], stdout: IO | None = None, stderr: IO | None = None, cwd: str | None = None) -> Any:
+    """`cmd` started as `subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, cwd=cwd)` would, warm where it
+    may (a WarmRank), else cold (a Popen)."""
+    if not warm_enough(cmd, env):
+        return subprocess.Popen(cmd, env=env, stdout=stdout, stderr=stderr, cwd=cwd, text=True)
+    global _server
+    if _server is None or _server.proc.poll() is not None:
+        _server = _Server()
+    conn = _server.connect()
+    fds = [0, (stdout or sys.stdout).fileno(), (stderr or sys.stderr).fileno()]
+    request = {"argv": cmd, "env": env, "cwd": cwd or os.getcwd()}
+    socket.send_fds(conn, [json.dumps(request).encode()], fds)
+    return WarmRank(cmd, int(conn.recv(64).decode()), conn)
+
+
+# The server side: runs as `python warm.py SOCKET`.
+
+
+def _serve(path: str) -> tuple[dict, list[int]]:
+    """Import what ranks import, then fork a child per request; returns only in a child, with its request and streams."""
+    import numpy  # noqa: F401
+    import torch
+    import torch._dynamo  # noqa: F401  (DDP's __init__ imports it)
+    import torch.distributed.checkpoint  # noqa: F401
+    import torch.distributed.fsdp  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    import legato.session.session  # noqa: F401
+
+    del torch
+    # No thread may run at a fork: none of those imports starts one (tests/e2e/test_warm_start.py checks).
+    parent = os.getppid()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    listener.bind(path)
+    listener.listen(64)
+    running: dict[int, socket.socket] = {}
+    while os.getppid() == parent:  # the suite's worker is gone: so is its server
+        if select.select([listener], [], [], _POLL_S)[0]:
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                for other in [conn, *running.values()]:
+                    other.close()
+                return json.loads(message), fds
+            for fd in fds:
+                os.close(fd)
+            conn.send(str(pid).encode())
+            running[pid] = conn
+        _reap(running)
+    for pid in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    sys.exit(0)
+
+
+def _reap(running: dict[int, socket.socket]) -> None:
+    """Every child that ended: its exit code (negative: the signal that killed it) sent to whoever started it."""
+    while running:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        conn = running.pop(pid, None)
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send(str(os.waitstatus_to_exitcode(status)).encode())
+            conn.close()
+
+
+def _become(request: dict, fds: list[int]) -> None:
+    """Turn this fork into `python script.py args` with the request's streams, environment and directory."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.setpgid(0, 0)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    script, *_ = sys.argv = request["argv"][1:]
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:1] = [os.path.dirname(os.path.abspath(script)), *extra]
+    import runpy
+
+    import numpy
+
+    numpy.random.seed()  # drawn from the OS, as a fresh interpreter's is (Python's `random` reseeds itself after a fork)
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    _become(*_serve(sys.argv[1]))
