@@ -35,7 +35,7 @@ def open_attempt(
         itself otherwise; None where it restores resharded or this run cannot resume it."""
         if manifest["world_size"] != world_size:
             return None
-        if saving.replayable(manifest, total_steps):
+        if saving.base.replayable(manifest, total_steps, world_size):
             return location(path, manifest)
         return None if held_by_replay(manifest) else (path, "")
 
@@ -44,17 +44,17 @@ def open_attempt(
         log.info("rank %d: no checkpoint under %s, starting at step 0", resumer.peers.rank, resumer.root)
         return None, 0
     path, manifest = found
-    cannot = saving.unreplayable(manifest, total_steps) if held_by_replay(manifest) else None
+    cannot = saving.base.unreplayable(manifest, total_steps) if held_by_replay(manifest) else None
     if cannot is not None and manifest["world_size"] == world_size:
         raise UsageError(replay_needed(path, manifest, *cannot))
-    if saving.replayable(manifest, total_steps):
+    if saving.base.replayable(manifest, total_steps, world_size):
         replayer.start(path, manifest)
-        saving.resumed(path, manifest, replayed=True, verified=replayer.base_restored)
+        saving.base.resumed(path, manifest, replayed=True, verified=replayer.base_restored)
         return manifest, manifest["step"]
     resumer.restore(path, manifest)
     # A resharded restore is not the checkpoint's files of this world size: the next replay base is written anew.
     resumed = resumer.resumed
-    saving.resumed(path, manifest, replayed=False, verified=resumed is not None and resumed.match and resumed.resharded is None)
+    saving.base.resumed(path, manifest, replayed=False, verified=resumed is not None and resumed.match and resumed.resharded is None)
     # Resharded from a stop checkpoint's replay base: the run goes on from the base's step.
     saving.standing = manifest["step"] if held_by_replay(manifest) else 0
     return manifest, position.step

@@ -1,19 +1,12 @@
-"""Saving a run: when a checkpoint is due, which driver writes it, and the replay base it carries.
+"""Saving a run: when a checkpoint is due, and which driver writes it, with the replay base it carries.
 
-At each step boundary the ranks agree (legato.dist.stop) whether to stop or
-checkpoint; a stop or the final step is written synchronously, a periodic one
-in the background when `checkpoint.async_` says so (legato.store.async_checkpoint,
-else legato.store.checkpoint). Every `replay_steps` steps, and when the ranks
-agree that the base is older than its time bound (legato.session.base_clock),
-the state is copied into the replay base (a Snapshot) and each step appends its
-record, so that every checkpoint carries its own proof. A base is written once: a checkpoint
-whose base is already on disk (the newest checkpoint's own state, or the base
-it wrote or refers to) refers to those files instead (legato.store.bases), and
-a final checkpoint, never replayed, has none. A stop checkpoint under
-verify "error" that has a base writes the base only: its state at step N is
-held by its replay (the resume must replay B+1..N and the digests at N prove
-it), so the one checkpoint users wait on at the time limit writes the state
-once. This module must never call back into the Session and never restore anything.
+At each step boundary the ranks agree (legato.dist.stop) whether to stop or checkpoint; a stop or the final step is
+written synchronously, a periodic one in the background when `checkpoint.async_` says so
+(legato.store.async_checkpoint, else legato.store.checkpoint). The replay base and the step records since it are
+legato.session.replay_base's; each checkpoint carries the base's share that proves it. A stop checkpoint under verify
+"error" that has a base writes the base only: its state at step N is held by its replay (the resume must replay
+B+1..N and the digests at N prove it), so the one checkpoint users wait on at the time limit writes the state once.
+This module must never call back into the Session and never restore anything.
 """
 
 from __future__ import annotations
@@ -30,17 +23,14 @@ import torch
 from legato.dist.peers import Peers
 from legato.dist.stop import StopAgreement
 from legato.events import Kind
-from legato.paths import STEP_PREFIX
-from legato.session import replay
-from legato.session.base_clock import BaseClock, bound_seconds
 from legato.session.losses import Loss
 from legato.session.position import Position
+from legato.session.replay_base import ReplayBase
 from legato.session.telemetry import Telemetry
 from legato.state import components as table
 from legato.state.components import Component
 from legato.state.hashing import Digests, rank_hash
-from legato.state.sharded import local
-from legato.state.snapshot import Snapshot, batch_tensors
+from legato.state.snapshot import Snapshot
 from legato.store import bases, layout
 from legato.store import checkpoint as ckpt
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
@@ -71,116 +61,26 @@ class Saver:
         self.last_checkpoint: Committed | None = None
         self.unsaved_end = False  # the final checkpoint could not be written: the run is not done
         self.last_save_time = time.monotonic()
-        # Replay: the base snapshot, the records of the steps since it, and the batches that outlive their step.
-        self.snapshot = Snapshot() if policy.replay_steps else None
-        self.window: list[dict] = []
-        self.base_clock = BaseClock(bound_seconds(policy.replay_seconds, policy.every_minutes) if self.snapshot is not None else 0.0)
-        self._base_agreed = False  # the ranks agreed at this step's boundary that the base is too old
-        self.held = replay.HeldBatches()
-        self._batch_fingerprint: str | None = None
-        # Base states on disk, step -> [directory, prefix]: the newest checkpoint's own state and its base, both kept
-        # from pruning while it is the newest. A snapshot found here is referred to, never written again.
-        self.on_disk: dict[int, list[str]] = {}
-        self._on_disk_after: dict[int, dict[int, list[str]]] = {}  # checkpoint step -> `on_disk` once it is committed
+        self.base = ReplayBase(policy, peers.rank)
         # Resharded from a stop checkpoint's replay base: the steps up to that checkpoint run again, and a checkpoint
         # among them would be older than the one that stands (never picked); none is written before it.
         self.standing = 0
 
-    # -- the replay base ------------------------------------------------------
-
-    def yielded(self, batch: Any) -> None:
-        """The batch about to be trained on: fingerprint it for this step's record."""
-        if self.snapshot is None:
-            return
-        tensors = batch_tensors(batch)
-        self._batch_fingerprint = replay.fingerprint(tensors)
-        self.held.yielded(tensors)
-
-    def record_step(self, loss: Loss | None, module: torch.nn.Module) -> dict | None:
-        """This step's replay record (the gradients' fingerprint only on the first step past the base)."""
-        if self.snapshot is None:
-            return None
-        step = self.position.step
-        first_after_base = step == (self.snapshot.step or 0) + 1
-        # A DTensor gradient (FSDP2) is fingerprinted by this rank's shard: no collective, no gather.
-        grads = replay.fingerprint(local(p.grad) for p in module.parameters()) if first_after_base else None
-        record = replay.step_record(step, loss, self._batch_fingerprint, grads)
-        self.held.step_ended(step)
-        self.window.append(record)
-        return record
-
     def take_snapshot(self) -> None:
         """Make the current state the replay base."""
-        if self.snapshot is None:
+        if not self.base.on:
             return
-        self.window = []
-        self._base_agreed = False
-        self.base_clock.taken()
-        staging = self.background.staging if self.background is not None else None
-        if staging is not None and staging.step == self.position.step and self.background.busy:
-            # This step's state is already staged for the checkpoint in flight: the staged copy becomes the
-            # replay base, and the old base's buffer is the next staging buffer. One copy, not two.
-            self.snapshot, self.background.staging = staging, self.snapshot
+        step, background = self.position.step, self.background
+        staging = background.staging if background is not None else None
+        if background is not None and staging is not None and staging.step == step and background.busy:
+            # This step's state is already staged for the checkpoint in flight: the staged copy becomes the replay base,
+            # and the old base's buffer is the next staging buffer.
+            background.staging = self.base.adopt(staging)
             return
-        if self.background is not None:
-            self.background.release(self.snapshot)
+        if background is not None and self.base.snapshot is not None:
+            background.release(self.base.snapshot)
         parts = table.capture(self.components)
-        self.snapshot.take(self.position.step, parts, *self._layout(parts))
-
-    def snapshot_due(self, total_steps: int) -> bool:
-        """Whether this step starts a new replay base (every replay_steps steps, or when the ranks agreed the base is too
-        old; short of the end)."""
-        step = self.position.step
-        if self.snapshot is None or step >= total_steps:
-            return False
-        return step % self.policy.replay_steps == 0 or self._base_agreed
-
-    def replayable(self, manifest: dict, total_steps: int) -> bool:
-        """Whether a resume from `manifest` proves itself by a replay."""
-        same_world = manifest["world_size"] == self.peers.world_size
-        return self.snapshot is not None and "replay" in manifest and manifest["step"] < total_steps and same_world
-
-    def unreplayable(self, manifest: dict, total_steps: int) -> tuple[str, str] | None:
-        """Why this run cannot replay `manifest`, whose state is held by its replay, and the fix; None when it can."""
-        step = manifest["step"]
-        if self.snapshot is None:
-            return (
-                "replay is off (replay_steps=0)",
-                "Resume it with replay on (CheckpointPolicy(replay_steps=32), the default; config "
-                "checkpoint.replay_steps), as in the run that wrote it; later checkpoints may turn it off again.",
-            )
-        if step >= total_steps:
-            return (
-                f"this run ends at step {total_steps}, so the replay could not reach step {step}",
-                f"Resume it with more than {step} total steps (total_steps=, or the config's steps), as the run that wrote it had.",
-            )
-        return None
-
-    def resumed(self, path: Path, manifest: dict, replayed: bool, verified: bool) -> None:
-        """After a resume: the state restored (checkpoint `path`, or its replay base) is on disk, if it verified on every rank."""
-        if not verified:
-            self.on_disk = {}
-        elif replayed:
-            directory, prefix = bases.location(path, manifest)
-            self.on_disk = {manifest["replay"]["from_step"]: [directory.name, prefix]}
-        else:
-            self.on_disk = {manifest["step"]: [path.name, ""]}
-
-    def _base(self, reason: str, by_replay: bool = False) -> tuple[dict[str, Any], list[str] | None, bool]:
-        """The replay base of the checkpoint due now: this rank's files to write for it, where it is on disk already, and
-        whether it has one. A final checkpoint has none (nothing resumes from it into a replay). `by_replay`: the
-        checkpoint holds no state of its own, so only its base is on disk after it."""
-        step, snap = self.position.step, self.snapshot
-        own = f"{STEP_PREFIX}{step}"
-        if reason == "final" or snap is None or snap.step is None or snap.step >= step:
-            self._on_disk_after[step] = {step: [own, ""]}
-            return {}, None, False
-        at = self.on_disk.get(snap.step)
-        mine = {} if by_replay else {step: [own, ""]}
-        self._on_disk_after[step] = {**mine, snap.step: at or [own, bases.REPLAY_PREFIX]}
-        if at is not None:
-            return {}, at, True
-        return {bases.REPLAY_PREFIX + name: content for name, content in snap.files.items()}, None, True
+        self.base.take(step, parts, *self._layout(parts))
 
     # -- checkpoints ----------------------------------------------------------
 
@@ -189,8 +89,8 @@ class Saver:
         step = self.position.step
         clock_due = self.policy.every_minutes > 0 and time.monotonic() - self.last_save_time >= 60 * self.policy.every_minutes
         flags = self.background.flags() if self.background is not None else {}
-        decision = agreement.boundary(step, stop_local, clock_due, base_due_local=self.base_clock.overdue(), **flags)
-        self._base_agreed = self.snapshot is not None and BaseClock.agreed(decision, self.snapshot.step)
+        decision = agreement.boundary(step, stop_local, clock_due, base_due_local=self.base.clock.overdue(), **flags)
+        self.base.agreed(decision)
         if self.background is not None:
             self._committed(self.background.settle(decision), "periodic")
         if step == total_steps:
@@ -267,11 +167,12 @@ class Saver:
         self.telemetry.sync()
         rank, step = self.peers.rank, self.position.step
         by_replay = self._held_by_replay(reason)
-        base_files, at, has_base = self._base(reason, by_replay)
+        base_files, at, has_base = self.base.for_checkpoint(step, reason, by_replay)
         files = {} if by_replay else layout.files(self.components, parts, rank, world_size=self.peers.world_size)
         files.update(base_files)
-        base = _share(rank, self.snapshot, self.window, at) if has_base else None
-        seen_all = (seen,) if not base_files else (seen, self.snapshot.seen)
+        base = self.base.share(at) if has_base else None
+        snapshot = self.base.snapshot
+        seen_all = (seen, snapshot.seen) if base_files and snapshot is not None else (seen,)
         share = ckpt.RankShare(rank, files, components, rank_hash(components), replay=base, seen=seen_all)
         meta = {**self._meta(reason), bases.BY_REPLAY: True} if by_replay else self._meta(reason)
         try:
@@ -283,7 +184,7 @@ class Saver:
             self._not_written(reason, exc)
             return
         if by_replay:
-            committed = dataclasses.replace(committed, replays_from=self.snapshot.step)
+            committed = dataclasses.replace(committed, replays_from=self.base.step)
         self.last_save_time = time.monotonic()
         log.info(
             "rank %d: %s checkpoint step %d committed in %.3fs, global hash %s",
@@ -332,9 +233,7 @@ class Saver:
     def _held_by_replay(self, reason: str) -> bool:
         """Whether the checkpoint due now writes its base only: a stop under verify "error" that has a base, whose resume
         replays to step N and proves it by the digests (under "warn" a divergent replay falls back to N's own files)."""
-        snap = self.snapshot
-        has_base = snap is not None and snap.step is not None and snap.step < self.position.step
-        return reason == "signal" and self.policy.verify != "warn" and has_base
+        return reason == "signal" and self.policy.verify != "warn" and self.base.holds_the_state_of(self.position.step)
 
     def _stage(self, parts: dict[str, Any]) -> Snapshot:
         """The blocking part of an asynchronous checkpoint: copy this rank's share into the reused staging buffer."""
@@ -351,15 +250,11 @@ class Saver:
     def _save_async(self, staged: Snapshot) -> None:
         """Hand the staged state to the background writer; it is committed at a later agreed boundary."""
         assert self.background is not None
-        snap, window, rank = self.snapshot, list(self.window), self.peers.rank
         files = dict(staged.files)
-        base_files, at, has_base = self._base("periodic")
+        base_files, at, has_base = self.base.for_checkpoint(self.position.step, "periodic")
         files.update(base_files)
-
-        def base() -> dict | None:
-            return _share(rank, snap, window, at) if has_base else None
-
-        holds = (staged, snap) if has_base else (staged,)
+        base = self.base.deferred_share(at) if has_base else lambda: None
+        holds = (staged, self.base.snapshot) if has_base and self.base.snapshot is not None else (staged,)
         self.background.start(Job(self.position.step, staged, files, base, self._meta("periodic"), holds, staged.copy_s))
         self.last_save_time = time.monotonic()
 
@@ -370,15 +265,8 @@ class Saver:
             return
         if committed is None:
             return
-        self.on_disk = self._on_disk_after.pop(committed.step, {})
-        self._on_disk_after = {step: after for step, after in self._on_disk_after.items() if step > committed.step}
+        self.base.committed(committed.step)
         if not committed.global_hash:
             return
         self.last_checkpoint = committed
         self.telemetry.committed(committed, reason)
-
-
-def _share(rank: int, snapshot: Snapshot, window: list[dict], at: list[str] | None) -> dict:
-    """A rank's replay share; `at` names the checkpoint directory and prefix holding the base when it is on disk already."""
-    share = replay.base_share(rank, snapshot, window)
-    return share if at is None else {**share, bases.AT_KEY: at}

@@ -350,7 +350,7 @@ class Session:
                 return
             self._loss = None
             self._lr = float(self.optimizer.param_groups[0]["lr"])
-            self._saving.yielded(batch)
+            self._saving.base.yielded(batch)
             yield batch
             self._end_step()
 
@@ -385,11 +385,11 @@ class Session:
         if self._position.advance(self._feed.epoch_mode):
             # The finished iterator goes now either way, as the plain loop's does, with its workers.
             self._feed.drop()
-        record = self._saving.record_step(self._loss, unwrap(self.model))
+        record = self._saving.base.record_step(self.step, self._loss, unwrap(self.model))
         self.chaos.slow_step()
         if self._replayer.active:
             self._losses.settle()  # the replay compares this step's loss bits now
-            outcome = self._replayer.step(self.step, record, self._saving.held.held_at)
+            outcome = self._replayer.step(self.step, record, self._saving.base.held.held_at)
             self.stopped = outcome is Outcome.STOPPED
             if outcome is Outcome.FELL_BACK:
                 self._saving.take_snapshot()
@@ -401,7 +401,7 @@ class Session:
             self.stopped = reason == "signal"
             if not self.stopped:
                 self._census.early_look(self.step, sys._getframe())
-        if self._saving.snapshot_due(self.total_steps) and not self.stopped:
+        if self._saving.base.due(self.step, self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
 
     @contextlib.contextmanager
