@@ -27,7 +27,7 @@ of a collective variant being the slowest rank's:
 - raw write + fsync of the bytes of one rank's share (state / ranks), every rank at once (the disk's floor for a spread
   write), of as many bytes as each rank wrote in the async run's waited checkpoint (the floor of its background write:
   the spread goes by whole tensors), and of the whole state by one rank, in 256 KiB writes (one write of a whole
-  buffer costs 4-5x on a VM that gives freed memory back to its host: docs/benchmarks.md, "Writes in pieces");
+  buffer costs 4-5x on a VM that gives freed memory back to its host: docs/benchmarks-log.md, "Writes in pieces");
 - a memory copy of the state, of one rank's share of it (state / ranks), and of the largest share a rank wrote in the
   async run (the spread goes by whole tensors, so one rank may stage more than state / ranks): the floors of a
   blocking part;

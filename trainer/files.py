@@ -16,7 +16,8 @@ from typing import BinaryIO
 # A buffer reaches a file in pieces of at most this size. Measured on this project's machines (virtual machines that give
 # freed memory back to their host: virtio-balloon free page reporting), once memory has settled a write() of 2 MiB or
 # more costs 4-5x the time of smaller ones, page cache filled in 2 MiB folios being the likely cause: 256 MiB written and
-# fsynced took 0.15 s in 256 KiB pieces and 0.70 s in one write (docs/benchmarks.md, "Writes in pieces"). Elsewhere a
+# fsynced took 0.20-0.23 s in 256 KiB pieces and 0.78-0.83 s in one write (docs/benchmarks-log.md, "Writes in pieces",
+# 2026-11-25). Elsewhere a
 # piece costs one system call per 256 KiB.
 WRITE_PIECE_BYTES = 256 * 1024
 

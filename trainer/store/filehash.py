@@ -107,7 +107,7 @@ def load_file(path: Path, own: bool = True) -> Any:
     The file is read through a private mapping of its page cache, then each storage is copied into memory of its own
     (views of one storage stay views of one copy), so nothing restored keeps the file mapped. From the page cache, copying
     from the mapping took half the time of torch.load's reads into new memory (256 MiB: 0.062-0.077 s against 0.131-0.144 s;
-    docs/benchmarks.md, "Restores through the page cache"); from disk, the copies overlap the reads. A resume loads before
+    docs/benchmarks-log.md, "Restores through the page cache"); from disk, the copies overlap the reads. A resume loads before
     it verifies (legato.session.resume): the file may not match its hash yet, which weights_only makes safe to read.
 
     `own=False` leaves the storages on the mapping, for a state that is only copied into live tensors and then dropped
