@@ -5,14 +5,16 @@ error line ends up in terminals, CI logs and tickets. argparse's own messages
 quote values in a few fixed phrasings, so `Parser` cuts the value out of each
 of those before argparse prints; unrecognized arguments are reported by name
 only. Errors still go out as argparse prints them (usage, then one error line)
-with exit code 2. Both command lines use it: `legato` (legato.orchestrator)
-and `python -m legato` (legato.runtime.launch). This module must never import
+with exit code 2; a mistyped choice (a subcommand) gets the closest valid one
+suggested. Both command lines use it: `legato` (legato.orchestrator) and
+`python -m legato` (legato.runtime.launch). This module must never import
 anything of legato's: the core and the CLI both stand on it.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import re
 from collections.abc import Sequence
 from typing import NoReturn
@@ -25,6 +27,7 @@ _VALUE_ECHOES = (
     (re.compile(r"ignored explicit argument .*", re.S), "takes no value"),
     (re.compile(r"(ambiguous option: [^=\s]+)=\S*"), r"\1"),
 )
+_CHOICE = re.compile(r"invalid choice: '?(.*?)'? \(choose from (.*)\)$", re.S)
 _FLAG = re.compile(r"--[A-Za-z][\w-]*|-[A-Za-z]")
 
 
@@ -38,7 +41,7 @@ class Parser(argparse.ArgumentParser):
         return parsed
 
     def error(self, message: str) -> NoReturn:
-        super().error(without_values(message))
+        super().error(without_values(message) + suggestion(message))
 
 
 def without_values(message: str) -> str:
@@ -46,6 +49,17 @@ def without_values(message: str) -> str:
     for pattern, replacement in _VALUE_ECHOES:
         message = pattern.sub(replacement, message)
     return message
+
+
+def suggestion(message: str) -> str:
+    """For an invalid choice (a mistyped subcommand, say), the valid one closest to what was typed, as "; did you mean
+    'status'?": it names a choice, never the value typed; "" when none is close or the error is another."""
+    found = _CHOICE.search(message)
+    if found is None:
+        return ""
+    choices = [c.strip().strip("'") for c in found.group(2).split(",")]
+    close = difflib.get_close_matches(found.group(1), choices, n=1, cutoff=0.6)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def unrecognized(extras: list[str]) -> str:

@@ -134,6 +134,18 @@ def test_argument_errors_name_the_flag_but_never_the_value(capsys: pytest.Captur
 
 
 @pytest.mark.parametrize(
+    ("argv", "suggested"), [(["staus", "somewhere"], "status"), (["repro", "dif"], "diff"), (["verify", "--executor", "loacl"], "local")]
+)
+def test_a_mistyped_command_or_choice_gets_the_closest_one_suggested(
+    capsys: pytest.CaptureFixture[str], argv: list[str], suggested: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.strip().endswith(f"did you mean {suggested!r}?"), err
+
+
+@pytest.mark.parametrize(
     "item", [f"train..steps={SECRET}", f"nosuch.key={SECRET}", f"train.steps.deeper={SECRET}", f"train.options=[{SECRET}"]
 )
 def test_set_errors_name_the_key_but_never_the_value(capsys: pytest.CaptureFixture[str], tmp_path: Path, item: str) -> None:
