@@ -136,4 +136,6 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc", type=int, default=None, help="ranks (default: local.tasks)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     train.add_argument("--fresh", action="store_true", help="refuse to start if the run directory already has checkpoints")
+
+    sub.add_parser("schema", help="print the JSON Schema of a config file, for editors that complete and check its keys")
     return parser

@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 from legato.config import Config, load_config
+from legato.config_schema import json_schema
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from legato.events import JOB_SUBMISSIONS, Kind
 from legato.orchestrator.arguments import MULTINODE_ANY, build_parser
@@ -221,6 +222,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         print(f"legato: {run_dir} is not running; nothing to cancel.")
         return EXIT_OK
     print(f"legato: cancelled job {job_id}; checkpoints in {run_dir} are kept, and `legato run` with the same config continues from them.")
+    return EXIT_OK
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    """`legato schema`: the config's JSON Schema on stdout (legato.config_schema)."""
+    print(json.dumps(json_schema(), indent=2))
     return EXIT_OK
 
 
@@ -458,6 +465,7 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "logs": cmd_logs,
     "train": cmd_train,
+    "schema": cmd_schema,
 }
 
 
