@@ -95,3 +95,18 @@ def test_a_background_checkpoint_whose_manifest_finds_the_disk_full_is_abandoned
     (reference,) = drive(tmp_path / "reference", 65536, "0:0", background=True)
     assert reference["codes"] == [0, 0]
     assert manifest(tmp_path / "run" / "run", 20)["global_hash"] == manifest(tmp_path / "reference" / "run", 20)["global_hash"]
+
+
+@MOUNTS
+def test_a_checkpoints_filesystem_turned_read_only_is_named_as_such_not_as_full(tmp_path: Path) -> None:
+    """After step 7 the checkpoints' filesystem is remounted read-only: the periodic checkpoint at 10 and the final one
+    fail, and the run says the filesystem is read-only and how to fix that (it said "free space" before); the
+    checkpoint at step 5 stands."""
+    (ended,) = drive(tmp_path / "run", 65536, "0:0", env={"FULL_DISK_READ_ONLY_AFTER": "7"})
+    said = ended["stderr"][0]
+    assert ended["codes"] == [1, 1], said[-3000:]
+    assert "periodic checkpoint step 10 could not be written (rank 0: [Errno 30] Read-only file system" in said, said[-3000:]
+    assert "the checkpoints' filesystem is read-only; the checkpoint at step 5 stands" in said, said[-3000:]
+    assert "remount it writable (or move the run directory to one that is) before the run stops" in said
+    assert "free space" not in said.lower() and "Traceback" not in said
+    assert ended["checkpoints"] == ["step_5"]

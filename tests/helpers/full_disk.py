@@ -7,9 +7,10 @@ of its own (run this under `unshare -m --propagation private`, as root).
 Each LAUNCH is `SIZE_KB` (remount the filesystem to that size first, 0: leave it) and `STOP` (the step after which
 rank 1 is signalled, 0: none), joined by a colon. FULL_DISK_ASYNC=1 writes the periodic checkpoints in the background
 (checkpoint.async). FULL_DISK_FILL_AFTER=N mounts the filesystem on the run's checkpoints directory alone and fills it
-while background checkpoint N waits to be published (`fill_after`). After each launch the driver writes
-OUT/launch<i>.json: both ranks' exit codes and stderr, the checkpoint directory's entries. The tmpfs vanishes with the
-namespace, so at the end the run directory is copied to OUT/run (for its ledger, trajectories and manifests).
+while background checkpoint N waits to be published (`fill_after`); FULL_DISK_READ_ONLY_AFTER=N mounts it there too and
+remounts it read-only after step N, as an administrator or a failing disk (ext4's errors=remount-ro) would. After each
+launch the driver writes OUT/launch<i>.json: both ranks' exit codes and stderr, the checkpoint directory's entries.
+The tmpfs vanishes with the namespace, so at the end the run directory is copied to OUT/run (for its ledger, trajectories and manifests).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from pathlib import Path
 
 STEPS = 20
 FILL_AFTER = "FULL_DISK_FILL_AFTER"
+READ_ONLY_AFTER = "FULL_DISK_READ_ONLY_AFTER"
 
 
 def rank(run_dir: Path) -> int:
@@ -58,6 +60,8 @@ def rank(run_dir: Path) -> int:
         session.report(loss)
         if FILL_AFTER in os.environ and dist.get_rank() == 0:
             fill_after(run_dir, step, int(os.environ[FILL_AFTER]))
+        if os.environ.get(READ_ONLY_AFTER) == str(step) and dist.get_rank() == 0:
+            subprocess.run(["mount", "-o", "remount,ro", str(run_dir / "checkpoints")], check=True)
     dist.destroy_process_group()
     return session.exit_code
 
@@ -100,7 +104,7 @@ def drive(out: Path, size_kb: int, launches: list[str]) -> int:
 
     fs = out / "fs"
     run_dir = fs / "run"
-    if FILL_AFTER in os.environ:  # the run on the test's own disk, its checkpoints alone on the small filesystem
+    if FILL_AFTER in os.environ or READ_ONLY_AFTER in os.environ:  # the run on the test's disk, its checkpoints alone on the tmpfs
         run_dir = out / "live"
         fs = run_dir / "checkpoints"
     fs.mkdir(parents=True, exist_ok=True)

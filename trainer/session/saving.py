@@ -210,12 +210,12 @@ class Saver:
         standing = self.newest_published()
         since = "the start" if standing is None else f"step {standing}"
         then = {
-            "periodic": "Training goes on, and the next checkpoint tries again: free space (or raise the quota) before the run "
-            f"stops, or the steps since {since} are trained again after it",
-            "signal": f"The ranks stop without it: the next attempt resumes from {since} and trains the steps since again. Free "
-            "space (or raise the quota) before it starts",
-            "final": "Training reached its last step, but the run is not done without this checkpoint: free space (or raise the "
-            f"quota) and run the same command again; it resumes from {since} and trains the rest again",
+            "periodic": f"Training goes on, and the next checkpoint tries again: {exc.fix} before the run stops, or the steps "
+            f"since {since} are trained again after it",
+            "signal": f"The ranks stop without it: the next attempt resumes from {since} and trains the steps since again. "
+            f"{exc.fix.capitalize()} before it starts",
+            "final": f"Training reached its last step, but the run is not done without this checkpoint: {exc.fix} and run the "
+            f"same command again; it resumes from {since} and trains the rest again",
         }[reason]
         stands = "no checkpoint stands yet" if standing is None else f"the checkpoint at step {standing} stands"
         message = f"{reason} {exc}; {stands}. {then}."

@@ -28,9 +28,11 @@ draw from an RNG, or decide when a checkpoint is due.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import time
@@ -92,10 +94,9 @@ class NotWritten(Exception):
         self.step, self.errors = step, errors
         # An asynchronous checkpoint's ranks agree only that one failed: each knows its own error alone.
         detail = "; ".join(f"rank {rank}: {error}" for rank, error in sorted(errors.items())) or "another rank's files failed"
-        super().__init__(
-            f"checkpoint step {step} could not be written ({detail}); its partial files are removed, and "
-            f"{_free(root)} on the checkpoints' filesystem"
-        )
+        codes = {int(code) for error in errors.values() for code in _ERRNO.findall(error)}
+        state, self.fix = _cause(codes, root)
+        super().__init__(f"checkpoint step {step} could not be written ({detail}); its partial files are removed, and {state}")
 
 
 @dataclass(frozen=True)
@@ -345,6 +346,19 @@ def leader_outcome(root: Path, step: int, error: str | None, group: dist.Process
         error = box[0]
     if error is not None:
         raise NotWritten(step, {LEADER: error}, root)
+
+
+_ERRNO = re.compile(r"\[Errno (\d+)\]")  # how an OSError's text starts, whichever rank it came from
+
+
+def _cause(codes: set[int], root: Path) -> tuple[str, str]:
+    """What the failed writes' error codes say of the checkpoints' filesystem, and the fix, in words. A filesystem that
+    is read-only or that this user may not write to is named as such: "free space" would send a user the wrong way."""
+    if errno.EROFS in codes:
+        return "the checkpoints' filesystem is read-only", "remount it writable (or move the run directory to one that is)"
+    if codes & {errno.EACCES, errno.EPERM}:
+        return "this user may not write in the checkpoints' directory", "make the run directory writable by this user"
+    return f"{_free(root)} on the checkpoints' filesystem", "free space (or raise the quota)"
 
 
 def _free(root: Path) -> str:
