@@ -260,8 +260,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
         for path in (reference, run):
             if not RunPaths(path).trajectories.is_dir():
                 raise UsageError(f"{path} has no trajectory/: pass the run directories of two finished runs.")
-        verdict = compare_runs(reference, run)
-        return _report_verdict(verdict, args.json, plot_verdict(run / "loss.png", {"reference": reference, "run": run}, verdict))
+        compared = compare_runs(reference, run)
+        return _report_verdict(compared, args.json, plot_verdict(run / "loss.png", {"reference": reference, "run": run}, compared))
     if args.run_command is not None:
         return _verify_command(args)
     if args.config is None:

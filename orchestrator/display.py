@@ -46,7 +46,7 @@ class LiveView:
         self.stream = stream
         self.events = events
         self.tty = stream.isatty()
-        self.attempts: dict[tuple[str, int], int] = {}
+        self.attempts: dict[tuple[str, int | None], int] = {}  # keyed by a record's job tag, which may be absent
         self._progress_shown = False
         self._last_plain = 0.0
         self._step_seen = 0
@@ -269,10 +269,10 @@ def status_table(summary: RunSummary) -> str:
         )
     tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
     if summary.unregistered:
-        resumed = any(a.resumed_from_step is not None for a in summary.attempts)
+        any_resumed = any(a.resumed_from_step is not None for a in summary.attempts)
         tail.append(
             f"resumes verified{except_label(summary.unregistered)} (legato does not save them: register or ignore each)"
-            if resumed
+            if any_resumed
             else f"the census found state legato does not save: {', '.join(summary.unregistered)} (register each "
             "one training changes, or ignore it)"
         )

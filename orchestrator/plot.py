@@ -7,7 +7,9 @@ trajectories (`float.fromhex` of the exact bits); this module only draws.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from legato.paths import RunPaths
 from legato.store.trajectory import read_trajectory
@@ -25,7 +27,7 @@ def replay_spans(resumes: list[dict]) -> list[tuple[int, int]]:
 
 
 def plot_losses(
-    out: Path, runs: dict[str, Path], resumes: list[int], divergence: int | None = None, replays: list[tuple[int, int]] = ()
+    out: Path, runs: dict[str, Path], resumes: list[int], divergence: int | None = None, replays: Sequence[tuple[int, int]] = ()
 ) -> Path | None:
     """Draw the runs' losses; `replays` are the (base step, resumed step) spans each resume replayed."""
     try:
@@ -36,7 +38,7 @@ def plot_losses(
     except ImportError:
         return None
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
-    styles = iter([{"lw": 2.5, "alpha": 0.45}, {"lw": 1.0, "ls": "--"}, {"lw": 1.0, "ls": ":"}])
+    styles: Iterator[dict[str, Any]] = iter([{"lw": 2.5, "alpha": 0.45}, {"lw": 1.0, "ls": "--"}, {"lw": 1.0, "ls": ":"}])
     for label, run_dir in runs.items():
         steps, values = losses(run_dir)
         ax.plot(steps, values, label=label, **next(styles))

@@ -466,7 +466,9 @@ def _assignments(text: str) -> str:
     for m in ASSIGNMENT_KEYWORD.finditer(text):
         if m.start() < skip:
             continue
-        skip = NAME_REST.match(text, m.end()).end()  # one scan per name, however many keywords it holds
+        rest = NAME_REST.match(text, m.end())
+        assert rest is not None  # NAME_REST matches the empty string too
+        skip = rest.end()  # one scan per name, however many keywords it holds
         assigned = ASSIGNED_VALUE.match(text, skip)
         if assigned:
             out += [text[pos : assigned.start("value")], marker("the name looks secret")]

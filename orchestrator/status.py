@@ -26,7 +26,7 @@ class Attempt:
 
     number: int
     job_id: str
-    restart: int
+    restart: int | None  # None only where a ledger's record carries no job tag
     hosts: list[str]
     world_size: int
     started_at: float
@@ -47,7 +47,7 @@ class Attempt:
     environment_changed: list[str] | None = None
 
     @property
-    def key(self) -> tuple[str, int]:
+    def key(self) -> tuple[str, int | None]:
         return (self.job_id, self.restart)
 
     @property
@@ -123,7 +123,7 @@ def read_progress(run_dir: Path) -> dict | None:
 
 def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -> RunSummary:
     """Fold a run's ledger events (and its live progress) into a RunSummary."""
-    attempts: dict[tuple[str, int], Attempt] = {}
+    attempts: dict[tuple[str, int | None], Attempt] = {}
     state, failure, final_hash, total = SUBMITTED, None, None, None
     requeues = resubmissions = 0
     captures: list[dict] = []
@@ -273,7 +273,7 @@ def _mark_environment_changes(attempts: list[Attempt]) -> None:
             after.environment_changed = [n for n in names if before.environment.get(n) != after.environment.get(n)]
 
 
-def _end_open(attempts: dict[tuple[str, int], Attempt], job_id: str | None, how: str) -> None:
+def _end_open(attempts: dict[tuple[str, int | None], Attempt], job_id: str | None, how: str) -> None:
     for attempt in attempts.values():
         if attempt.job_id == str(job_id) and attempt.ended == "running":
             attempt.ended = how

@@ -20,6 +20,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -241,7 +242,7 @@ def stop_daemons(daemons: list[Daemon], say) -> None:
         say(f"stopped {daemon.name} (pid {daemon.pid})")
 
 
-def _wait(ready, what: str, daemons: list[Daemon] = ()) -> None:
+def _wait(ready, what: str, daemons: Sequence[Daemon] = ()) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if ready():

@@ -41,7 +41,7 @@ def ip(*args: str, check: bool = True) -> bool:
     return result.ok
 
 
-def subnet_taken(network: ipaddress.IPv4Network, bridge: str) -> str | None:
+def subnet_taken(network: ipaddress.IPv4Network | ipaddress.IPv6Network, bridge: str) -> str | None:
     """A route on another interface that overlaps `network` (then the cluster must not use it), else None."""
     out = processes.output(["ip", "-4", "route", "show"]) or ""
     for line in out.splitlines():

@@ -95,8 +95,10 @@ def _node_limit(job: dict[str, str], partition: str, unknown_blocks: bool) -> st
     part = _fields(["scontrol", "show", "partition", partition, "-o"])
     wanted, total, most = _count(job.get("NumNodes")), _count(part.get("TotalNodes")), _count(part.get("MaxNodes"))
     limit = min(n for n in (total, most) if n is not None) if total is not None or most is not None else None
-    known = wanted is not None and limit is not None
-    if (known and wanted <= limit) or (not known and not unknown_blocks):
+    if wanted is not None and limit is not None:
+        if wanted <= limit:
+            return None
+    elif not unknown_blocks:
         return None
     have = f"partition {partition} has {part.get('TotalNodes', '?')} node(s) (MaxNodes {part.get('MaxNodes', '?')})"
     fix = f"Lower slurm.nodes to {limit} or less" if limit else "Lower slurm.nodes"

@@ -109,7 +109,7 @@ def build(cls: type, raw: Any, prefix: str, source: str) -> Any:
         if name not in raw:
             continue
         hint = hints[f.name]
-        if dataclasses.is_dataclass(hint):
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):  # a hint is a class, never an instance
             values[f.name] = build(hint, raw[name], f"{prefix}{name}.", source)
         else:
             values[f.name] = _check_value(f"{prefix}{name}", raw[name], hint, f.metadata, source)

@@ -72,6 +72,7 @@ def check_cross_fields(cfg: Config, source: str) -> None:
 def _check_task_options(cfg: Config, source: str) -> None:
     from legato.tasks.options import check_options
 
+    assert cfg.train.task is not None  # checked first: a config without an entrypoint names its task
     try:
         check_options(cfg.train.task, cfg.train.options, cfg.world_size, cfg.train.batch_size)
     except UsageError as exc:

@@ -44,7 +44,8 @@ def _section(cls: type) -> dict[str, Any]:
     properties = {}
     for f in dataclasses.fields(cls):
         hint = hints[f.name]
-        properties[yaml_key(f)] = _section(hint) if dataclasses.is_dataclass(hint) else _key(f, hint)
+        # A hint is a class, never an instance.
+        properties[yaml_key(f)] = _section(hint) if isinstance(hint, type) and dataclasses.is_dataclass(hint) else _key(f, hint)
     return {"type": "object", "description": (cls.__doc__ or "").strip(), "properties": properties, "additionalProperties": False}
 
 
@@ -62,7 +63,11 @@ def _key(f: dataclasses.Field, hint: Any) -> dict[str, Any]:
         out["maximum"] = meta["maximum"]
     if meta.get("choices"):
         out["enum"] = list(meta["choices"])
-    default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+    if f.default is not dataclasses.MISSING:
+        default = f.default
+    else:
+        assert f.default_factory is not dataclasses.MISSING  # every key of the schema has a default
+        default = f.default_factory()
     return {**out, "default": default, "description": meta.get("doc", "")}
 
 

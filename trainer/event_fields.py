@@ -334,7 +334,7 @@ class Error(TypedDict, total=False):
     peer_lost: bool
 
 
-FIELDS: dict[Kind, type] = {
+FIELDS: dict[Kind, type[Any]] = {
     Kind.RUN_STARTED: RunStarted,
     Kind.SUBMITTED: Submitted,
     Kind.RESUBMITTED: Resubmitted,

@@ -90,7 +90,9 @@ class Kind(str, enum.Enum):
 
     # As the plain string in text, like `enum.StrEnum` (Python >= 3.11): f"{kind}" is "resumed".
     __str__ = str.__str__
-    __format__ = str.__format__
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
 
 
 SCRIPT_EXECUTOR = "script"

@@ -44,13 +44,15 @@ def micro_step(net: torch.nn.Module, last: bool) -> contextlib.AbstractContextMa
     if isinstance(net, DDP):
         return contextlib.nullcontext() if last else net.no_sync()
     if hasattr(net, "set_requires_gradient_sync"):
-        net.set_requires_gradient_sync(last)
+        # FSDP2's method (fully_shard swaps the module's class); Module.__getattr__ is typed as a tensor or module.
+        net.set_requires_gradient_sync(last)  # type: ignore[operator]
     return contextlib.nullcontext()
 
 
 def train(ctx: RunContext) -> int:
     """The built-in training loop for the config's task, under a Session; the Session's exit code."""
     cfg = ctx.cfg.train
+    assert cfg.task is not None  # the bundled loop runs a config without an entrypoint, which names its task
     task = build_task(cfg.task, ctx.options, ctx.cfg.determinism.seed)
     model = task.model.to(ctx.device)
     net = wrap(model, ctx)

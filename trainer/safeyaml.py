@@ -15,7 +15,7 @@ Python object. This module must never read files: callers hand it text.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -27,6 +27,10 @@ MAX_NODES = 100_000
 MAX_INT_DIGITS = 100
 
 _Base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _Line(Protocol):
+    line: int  # 0-based, in PyYAML's Python and C marks alike
 
 
 class _Refused(Exception):
@@ -127,7 +131,7 @@ def _check_shape(text: str, where: str) -> None:
     depth = 0
     sizes: list[int] = [0]  # node count of each open collection, innermost last
     anchors: list[str | None] = [None]
-    anchored: dict[str, int] = {}
+    anchored: dict[str | None, int] = {}  # (an alias's anchor is typed optional)
     try:
         for event in yaml.parse(text, Loader=_Base):
             if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
@@ -163,7 +167,7 @@ def _check_shape(text: str, where: str) -> None:
         return
 
 
-def _too_deep(where: str, mark: yaml.Mark | None) -> UsageError:
+def _too_deep(where: str, mark: _Line | None) -> UsageError:
     line = mark.line + 1 if mark else "?"
     return UsageError(f"{where} nests deeper than {MAX_DEPTH} levels (at line {line}). A config needs a few levels; flatten it.")
 

@@ -61,7 +61,7 @@ def resolve_entrypoint(cfg: Config) -> Callable[[Any], int | None]:
     return func
 
 
-def _check_signature(spec: str, func: Callable) -> None:
+def _check_signature(spec: str | None, func: Callable) -> None:
     """The entrypoint is called as fn(ctx): it must accept exactly one positional argument."""
     try:
         inspect.signature(func).bind(object())

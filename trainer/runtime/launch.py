@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from legato.config import load_config
@@ -111,12 +112,10 @@ def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signa
     # the signal while ranks are still being started, so one that came then is sent again to every rank after.
     signal.pthread_sigmask(signal.SIG_BLOCK, {stop_signal})
     previous = signal.signal(stop_signal, forward)
-    arm = armed_child()
+    prepare = _group_leader(armed_child())
     try:
         for rank in range(nproc):
-            procs.append(
-                subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port), preexec_fn=arm, process_group=0)
-            )
+            procs.append(subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port), preexec_fn=prepare))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
         if received:
             forward(received[0], None)
@@ -126,6 +125,19 @@ def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signa
         _kill_groups(procs)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
         signal.signal(stop_signal, previous)
+
+
+def _group_leader(arm: Callable[[], None] | None) -> Callable[[], None]:
+    """What a rank runs between fork and exec: it leads a process group of its own (which its DataLoader workers join,
+    and which the launcher's exit path kills whole), then arms its parent-death signal. Popen's process_group= does
+    the first only from Python 3.11; legato supports 3.10."""
+
+    def prepare() -> None:
+        os.setpgid(0, 0)
+        if arm is not None:
+            arm()
+
+    return prepare
 
 
 def _rank_command(config: Path, overrides: list[str]) -> list[str]:
@@ -158,8 +170,9 @@ def _wait(procs: list[subprocess.Popen]) -> int:
         if failed:
             _kill_all(procs)
             return _job_code(failed)
-        if all(c is not None for c in codes):
-            return _job_code(codes)
+        done = [c for c in codes if c is not None]
+        if len(done) == len(codes):
+            return _job_code(done)
         time.sleep(POLL_S)
 
 

@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 from legato.errors import UsageError
 from legato.state.components import Component
@@ -23,6 +24,11 @@ log = logging.getLogger(__name__)
 CHAOS_AT_ENV = "LEGATO_CHAOS_SIGNAL_AT"
 CHAOS_RANK_ENV = "LEGATO_CHAOS_SIGNAL_RANK"
 CHAOS_SLEEP_ENV = "LEGATO_CHAOS_STEP_SLEEP_S"
+
+
+@runtime_checkable
+class _Drawing(Protocol):
+    def draw(self) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -74,6 +80,7 @@ class Chaos:
         """The classic bug of drawing random numbers between the restore and the first step."""
         for c in components:
             if self.consumes(c.name):
+                assert isinstance(c.obj, _Drawing)  # the "rng." rows are legato.state.rng's generators, which all draw
                 c.obj.draw()
 
     def slow_step(self) -> None:

@@ -19,6 +19,7 @@ read back one loss at a time while others wait.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
 
@@ -29,7 +30,8 @@ class HeldLoss:
     __slots__ = ("_book", "_tensor", "_value", "_waiting")
 
     def __init__(self, book: LossBook, tensor: torch.Tensor) -> None:
-        self._book, self._tensor = book, tensor
+        self._book = book
+        self._tensor: torch.Tensor | None = tensor  # None once read back
         self._value: float | None = None
         self._waiting: list[Callable[[float], None]] = []
 
@@ -85,7 +87,8 @@ class LossBook:
     def settle(self) -> None:
         """Read back every held loss and hand each value to what waits for it, in the order reported."""
         held, self._held = self._held, []
-        for loss, value in zip(held, read_back([h._tensor for h in held])):
+        # A loss is held until it is read back, so each held one still has its tensor.
+        for loss, value in zip(held, read_back([cast(torch.Tensor, h._tensor) for h in held])):
             loss._read(value)
 
 

@@ -60,7 +60,8 @@ def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
         if not whole and flat.numel() > limit:
             flat = flat[:: -(-flat.numel() // limit)]
         if flat.numel():
-            h.update(flat.cpu().contiguous().view(torch.uint8).numpy())
+            # An ndarray is a buffer; numpy's stubs say so only for Python >= 3.12 (`__buffer__`).
+            h.update(flat.cpu().contiguous().view(torch.uint8).numpy())  # type: ignore[arg-type]
     return h.hexdigest()
 
 

@@ -277,9 +277,9 @@ class Resumer:
             return
         changes = trajectory_changes(manifest, path, torch.get_num_threads(), self._capabilities, self.compiled, self.gpus, self._by_config)
         message = _problems(step, path, manifest, mismatches, verdict, changes)
-        how = self.going_on(manifest)
-        if how is not None:
-            self._continue_unverified(step, mismatches, verdict, message, how)
+        going = self.going_on(manifest)
+        if going is not None:
+            self._continue_unverified(step, mismatches, verdict, message, going)
             return
         if bases.held_by_replay(manifest):
             message += (

@@ -108,9 +108,10 @@ class Saver:
         the caller's work that goes with a checkpoint (the census), entered around its write whenever one is due."""
         step, epoch = self.position.step, self.position.epoch
         hash_due = bool(self.policy.hash_every_steps) and step % self.policy.hash_every_steps == 0
-        background = reason == "periodic" and self.background is not None
-        if background and self.background.busy:
-            self._committed(self.background.wait_for_previous(step), "periodic")
+        writer = self.background if reason == "periodic" else None
+        background = writer is not None
+        if writer is not None and writer.busy:
+            self._committed(writer.wait_for_previous(step), "periodic")
         # One pass over the state serves both the trajectory hash and the checkpoint.
         parts = table.capture(self.components) if reason or hash_due else {}
         seen = Digests()

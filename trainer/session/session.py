@@ -55,7 +55,7 @@ from legato.session.attempt_lock import AttemptLock
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
-from legato.session.losses import LossBook
+from legato.session.losses import Loss, LossBook
 from legato.session.opening import open_attempt
 from legato.session.policy import CheckpointPolicy, StopPolicy
 from legato.session.position import Metrics, Position
@@ -190,7 +190,8 @@ class Session:
             self.chaos.kill,
             background,
         )
-        self._losses, self._loss = LossBook(), None
+        self._losses = LossBook()
+        self._loss: Loss | None = None  # this step's, once reported
         self._lr: float | None = None
         self._begun = False
         self._resumed_step = 0

@@ -81,7 +81,7 @@ class Census:
         body runs. `frame`: the caller's, live until the body has run (the scan walks up from it)."""
         due = reason is not None and (self._first_pending or reason in ("signal", "final"))
         self._first_pending = self._first_pending and not due
-        if not due or self.mode == "off":
+        if reason is None or not due or self.mode == "off":  # (no reason is never due)
             yield
             return
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="legato-census") as pool:

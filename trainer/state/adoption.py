@@ -65,7 +65,8 @@ def adopt(loader: Any, worker_rng: bool = True) -> Source | None:
     if isinstance(loader.dataset, IterableDataset):
         _refuse_persistent(loader, f"reads an IterableDataset ({type(loader.dataset).__name__})")
         return _iterable(loader, worker_rng)
-    if _stateful(loader) and not isinstance(loader.batch_sampler, BatchSampler):
+    # A loader given batch_sampler= (torch's BatchSampler too) has no batch_size.
+    if _stateful(loader) and (not isinstance(loader.batch_sampler, BatchSampler) or loader.batch_size is None):
         _refuse_persistent(loader, "has its own batch sampler")
         return StatefulSource(loader, loader, worker_rng)
     return _map_style(loader, worker_rng)
@@ -110,7 +111,7 @@ def _rng_ordered(sampler: Any) -> bool:
 
 def _map_style(loader: DataLoader, worker_rng: bool) -> Source:
     batches = loader.batch_sampler
-    if not isinstance(batches, BatchSampler):
+    if not isinstance(batches, BatchSampler) or loader.batch_size is None:
         what = "batch_size=None (no batching)" if batches is None else f"its own batch_sampler ({type(batches).__name__})"
         raise UsageError(
             f"The DataLoader uses {what}, which legato cannot position in the middle of an epoch. Pass sampler= and "

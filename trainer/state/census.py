@@ -301,7 +301,9 @@ def _sweep(covered: Covered, named: set[int]) -> list[tuple[weakref.ref, str]]:
     """
     out: list[tuple[weakref.ref, str]] = []
     for obj in _swept_objects():
-        kind = _kind_of_type(type(obj))
+        cls: type = type(obj)  # declared: mypy matches a bare class object against Hashable as if its __hash__ were unbound
+        kind = _kind_of_type(cls)
+        assert kind is not None  # _swept_objects selects objects of a SWEPT kind only
         if id(obj) in named or obj in covered or _type_module(obj).startswith("legato"):
             continue
         if kind_of(obj) is not None and (kind != MODULE or covered.uncovered_tensors(obj)):

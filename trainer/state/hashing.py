@@ -99,6 +99,7 @@ def _cuda_digest(t: torch.Tensor) -> bytes:
             if landing is not None:
                 _hash_when_copied(h, *landing)
             landing = buffer, copied
+        assert landing is not None  # `t` is not empty: Digests.tensor digests an empty tensor itself
         _hash_when_copied(h, *landing)
     return h.digest()
 

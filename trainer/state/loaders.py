@@ -128,37 +128,38 @@ class LegatoSource(Source):
                 "The loader has legato's ResumableDistributedSampler but no generator= or drop_last=False. "
                 "Build it with legato.resumable_loader(), or pass your own DataLoader with torch's DistributedSampler."
             )
-        self.loader, self.sampler = loader, sampler
+        assert loader.batch_size is not None  # torch refuses drop_last=True without batch_size=
+        self.loader, self.sampler, self.batch_size = loader, sampler, loader.batch_size
         self.generators = {LOADER_GENERATOR: loader.generator}
-        self.steps_per_epoch = sampler.per_rank // loader.batch_size
+        self.steps_per_epoch = sampler.per_rank // self.batch_size
         if self.steps_per_epoch == 0:
-            raise ValueError(f"batch size {loader.batch_size} is larger than a rank's share of the data ({sampler.per_rank})")
+            raise ValueError(f"batch size {self.batch_size} is larger than a rank's share of the data ({sampler.per_rank})")
 
     def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
         # Reseeding per epoch makes the workers' base seed a function of (seed, rank, epoch),
         # not of how many iterators this process happened to create before.
         self.loader.generator.manual_seed(derive_seed("loader", self.sampler.seed, self.sampler.rank, epoch))
         _set_epoch(self.loader.dataset, epoch)
-        self.sampler.set_position(epoch, step_in_epoch * self.loader.batch_size)
+        self.sampler.set_position(epoch, step_in_epoch * self.batch_size)
         return iter(self.loader)
 
     def state_dict(self, epoch: int, step_in_epoch: int) -> dict:
         return {
             "seed": self.sampler.seed,
             "epoch": epoch,
-            "position": step_in_epoch * self.loader.batch_size,
+            "position": step_in_epoch * self.batch_size,
             SAMPLES_KEY: self.sampler.length,
         }
 
     def load_state_dict(self, state: dict) -> tuple[int, int]:
         same_samples(state, self.sampler.length)
-        if state["position"] % self.loader.batch_size:
+        if state["position"] % self.batch_size:
             raise UsageError(
                 f"The checkpoint's data position is sample {state['position']} of this rank's share, not a whole number of batches "
-                f"of {self.loader.batch_size}: the global batch (per-rank batch x ranks) differs from the run that wrote it. Keep it."
+                f"of {self.batch_size}: the global batch (per-rank batch x ranks) differs from the run that wrote it. Keep it."
             )
         self.sampler.load_state_dict(state)
-        return state["epoch"], state["position"] // self.loader.batch_size
+        return state["epoch"], state["position"] // self.batch_size
 
 
 class _Skipping:
@@ -182,6 +183,7 @@ class _Skipping:
 
     def __next__(self) -> int:
         self.start()
+        assert self.indices is not None  # start() made it
         return next(self.indices)
 
 
@@ -242,8 +244,8 @@ class TorchSource(Source):
 
     def __init__(self, loader: DataLoader, worker_rng: bool) -> None:
         batches = loader.batch_sampler
-        assert isinstance(batches, BatchSampler)
-        self.loader = loader
+        assert isinstance(batches, BatchSampler) and loader.batch_size is not None  # adopt refuses any other batching
+        self.loader, self.batch_size = loader, loader.batch_size
         # A loader adopted before (a second Session over it) already holds the stand-in.
         self.user_sampler = user_sampler(batches)
         self.positioned = _Positioned(self.user_sampler)
@@ -277,7 +279,7 @@ class TorchSource(Source):
             g.set_state(states[name])
 
     def open(self, epoch: int, step_in_epoch: int, resuming: bool) -> Iterator[Any]:
-        self.positioned.at(step_in_epoch * self.loader.batch_size)
+        self.positioned.at(step_in_epoch * self.batch_size)
         if self.seeding is not None:
             self.seeding.epoch = epoch
         if not resuming:
@@ -352,7 +354,7 @@ class TorchSource(Source):
             return
         iterator, self.loader._iterator = self.loader._iterator, None
         if iterator is not None:
-            iterator._shutdown_workers()
+            iterator._shutdown_workers()  # type: ignore[attr-defined]  # torch's private method of a multi-process iterator
 
 
 class StatefulSource(Source):

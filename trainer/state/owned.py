@@ -62,9 +62,9 @@ class NumpyGenerator:
         self.generator.bit_generator.state = _unwords(current, state["words"])
 
 
-def _words(state: dict) -> list:
+def _words(state: Mapping[str, Any]) -> list:
     """numpy's bit-generator state as plain ints and int tensors (weights_only-safe)."""
-    out = []
+    out: list[list[Any]] = []  # [key, nested words, tensor or int string]
     for key in sorted(state):
         value = state[key]
         if isinstance(value, dict):
@@ -78,7 +78,7 @@ def _words(state: dict) -> list:
     return out
 
 
-def _unwords(template: dict, words: list) -> dict:
+def _unwords(template: Mapping[str, Any], words: list) -> dict:
     state = dict(template)
     for key, value in words:
         old = template[key]

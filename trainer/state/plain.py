@@ -68,11 +68,12 @@ def fingerprints(registered: Iterable[Any], frame: types.FrameType | None) -> di
             continue
         visited.add(id(obj))
         if isinstance(obj, (dict, list, tuple, set, frozenset, deque)):
-            children: Iterable[tuple[str, Any]] = (dict(obj) if isinstance(obj, dict) else dict(enumerate(obj))).items()
+            children: Iterable[tuple[Any, Any]] = (dict(obj) if isinstance(obj, dict) else dict(enumerate(obj))).items()
             queue.extend((f"{path}[{k!r}]", context, v, depth + 1) for k, v in list(children)[:MAX_ITEMS] if depth < MAX_DEPTH)
             continue
         attrs = getattr(obj, "__dict__", None)
-        if not isinstance(attrs, dict) or not _may_hold_training_state(type(obj)):
+        cls: type = type(obj)  # declared: mypy matches a bare class object against Hashable as if its __hash__ were unbound
+        if not isinstance(attrs, dict) or not _may_hold_training_state(cls):
             continue
         plain = {k: v for k, v in list(attrs.items())[:MAX_ITEMS] if isinstance(k, str) and _is_plain(v, 0)}
         if plain:

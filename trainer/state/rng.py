@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping
+from typing import cast
 
 import numpy as np
 import torch
@@ -105,7 +106,8 @@ def _restore_python(state: dict) -> None:
 
 
 def _capture_numpy() -> dict:
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    # The global generator is an MT19937, whose legacy state is this tuple (numpy's stubs type the call as a dict).
+    kind, keys, pos, has_gauss, cached = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state())
     return {
         "kind": kind,
         "keys": torch.from_numpy(keys.astype(np.int64)),

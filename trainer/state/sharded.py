@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 
 from legato.errors import UsageError
 from legato.state.trees import DESCEND, rebuilt
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 MARK = "dtensor"  # the key of a DTensor's record: {"dtensor": {"local": ..., "shape": ..., ...}}
 
@@ -34,7 +37,7 @@ def _dtensor_class() -> type | None:
     return None if module is None else module.DTensor
 
 
-def is_dtensor(value: Any) -> bool:
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
     """Whether `value` is a DTensor (without importing torch.distributed.tensor for every Session)."""
     cls = _dtensor_class()
     return cls is not None and isinstance(value, cls)
@@ -122,7 +125,7 @@ def is_record(node: Any) -> bool:
     return isinstance(node, Mapping) and set(node) == {MARK} and isinstance(node[MARK], Mapping)
 
 
-def _rebuild(record: dict, meshes: list[Any], where: str) -> Any:
+def _rebuild(record: dict, meshes: list[Any], where: str | None) -> Any:
     from torch.distributed.tensor import DTensor
 
     mesh = next((m for m in meshes if m.mesh.tolist() == record["mesh"]), None)
@@ -171,7 +174,8 @@ def unreduced_gradients(module: torch.nn.Module) -> list[str]:
     # FSDP2 has no public accessor for these; its FSDPParam attributes are read as torch 2.13 names them.
     names = []
     for sub in module.modules():
-        state = sub._get_fsdp_state() if callable(getattr(sub, "_get_fsdp_state", None)) else None
+        # Module.__getattr__ is typed as returning a tensor or a module, not FSDP2's private method.
+        state = sub._get_fsdp_state() if callable(getattr(sub, "_get_fsdp_state", None)) else None  # type: ignore[operator]
         group = None if state is None else state._fsdp_param_group
         for param in [] if group is None else group.fsdp_params:
             unsharded = getattr(param, "_unsharded_param", None)

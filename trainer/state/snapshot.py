@@ -91,8 +91,8 @@ def _copy_into(dst: Any, src: Any) -> Any:
         old = dst if isinstance(dst, Mapping) else {}
         return {k: _copy_into(old.get(k), v) for k, v in src.items()}
     if isinstance(src, (list, tuple)):
-        old = dst if isinstance(dst, (list, tuple)) and len(dst) == len(src) else [None] * len(src)
-        items = [_copy_into(o, v) for o, v in zip(old, src)]
+        olds = dst if isinstance(dst, (list, tuple)) and len(dst) == len(src) else [None] * len(src)
+        items = [_copy_into(o, v) for o, v in zip(olds, src)]
         return items if isinstance(src, list) else tuple(items)
     return src  # numbers, strings, None: immutable
 

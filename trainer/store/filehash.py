@@ -93,9 +93,11 @@ def _save_hashed(state: Any, path: Path, known: dict[tuple[int, int], bytes]) ->
     # A file of the same name in the temporary directory is what a killed earlier attempt left: replaced by a new file,
     # never written through (it could be a link).
     path.unlink(missing_ok=True)
-    with serialization_config.patch({"save.compute_crc32": False}), open(path, "xb") as f:
+    # patch() is added to torch's config modules at import (install_config_module); torch.save writes to any object
+    # with write() and flush(), though its annotation names only IO[bytes].
+    with serialization_config.patch({"save.compute_crc32": False}), open(path, "xb") as f:  # type: ignore[attr-defined]
         writer = _HashingWriter(f, known)
-        torch.save(state, writer)
+        torch.save(state, writer)  # type: ignore[arg-type]
         f.flush()
         os.fsync(f.fileno())
     return {HASH_KEY: writer.hexdigest(), "bytes": writer.bytes, "segments": writer.segments}

@@ -131,7 +131,7 @@ def _spread(contents: dict[str, Any], world_size: int, preload: int) -> tuple[di
         owner[id(big[index])] = (rank, index)
     shares: list[dict[int, torch.Tensor]] = [{} for _ in range(world_size)]
 
-    def mark(node: Any, _: str) -> Any:
+    def mark(node: Any, _: str | None) -> Any:
         if not (isinstance(node, torch.Tensor) and id(node) in owner):
             return DESCEND
         rank, index = owner[id(node)]
@@ -148,7 +148,7 @@ def _is_mark(value: Any) -> bool:
 def _fill(tree: Any, shares: Mapping[int, Mapping[int, torch.Tensor]], where: Path) -> Any:
     """`tree` with every marker replaced by its tensor from the shares read back."""
 
-    def tensor(node: Any, _: str) -> Any:
+    def tensor(node: Any, _: str | None) -> Any:
         if not _is_mark(node):
             return DESCEND
         _, rank, index = node
@@ -166,11 +166,13 @@ def load(table: Iterable[Component], path: Path, rank: int, prefix: str = "") ->
     """Every component's saved state from checkpoint directory `path`, as this rank must restore it."""
     table = list(table)
     names = [rank_file(rank, prefix), *sorted({prefix + c.file for c in table if c.replicated})]
-    share_names = sorted(p.name for p in path.glob(f"{prefix}{SHARE_PREFIX}*.pt") if _share_index(p.name[len(prefix) :]) is not None)
+    globbed = sorted(p.name for p in path.glob(f"{prefix}{SHARE_PREFIX}*.pt"))
+    share_of = {name: share for name in globbed if (share := _share_index(name[len(prefix) :])) is not None}
+    share_names = list(share_of)
     # The files are read in parallel: torch.load spends most of its time in reads and copies that release the GIL.
     with ThreadPoolExecutor(max_workers=max(1, len(names) + len(share_names)), thread_name_prefix="legato-restore") as pool:
         loaded = dict(zip([*names, *share_names], pool.map(lambda name: _load(path, name, prefix), [*names, *share_names])))
-    shares = {_share_index(name[len(prefix) :]): loaded.pop(name) for name in share_names}
+    shares = {share_of[name]: loaded.pop(name) for name in share_names}
     contents = {name: _fill(loaded[name], shares, path) if shares else loaded[name] for name in names}
     states: dict[str, Any] = {}
     missing = []

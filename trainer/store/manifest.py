@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeGuard
 
 import xxhash
 
@@ -196,12 +196,16 @@ def _mapped(f: BinaryIO, size: int) -> Iterator[memoryview]:
             view.release()
 
 
+def _int_pair(item: object) -> TypeGuard[list[int]]:
+    """Whether `item` is a list of two ints (a bool is no int)."""
+    return isinstance(item, list) and len(item) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in item)
+
+
 def _segments(name: str, segments: object, size: int) -> list[tuple[int, int]]:
     """The manifest's segments of a file, checked to be ordered, disjoint and inside it."""
     checked, pos = [], 0
     for item in segments if isinstance(segments, list) else [None]:
-        ok = isinstance(item, list) and len(item) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in item)
-        if not ok or item[0] < pos or item[1] < 0 or item[0] + item[1] > size:
+        if not _int_pair(item) or item[0] < pos or item[1] < 0 or item[0] + item[1] > size:
             raise ValueError(f"{CHECKPOINT_MANIFEST} lists malformed segments for {name} (not written by legato)")
         checked.append((item[0], item[1]))
         pos = item[0] + item[1]

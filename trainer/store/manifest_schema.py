@@ -115,7 +115,7 @@ def _diverged(where: str, value: Any) -> None:
             raise ValueError(f"{CHECKPOINT_MANIFEST}: {where}.{key} holds something other than {kind.__name__}s (not written by legato)")
 
 
-def _expect(holder: dict, key: str, kind: type, *, minimum: int | None = None, where: str = "") -> Any:
+def _expect(holder: dict, key: str, kind: type[Any], *, minimum: int | None = None, where: str = "") -> Any:
     """`holder[key]`, which must be a `kind` (a bool is no int) and at least `minimum`."""
     name = f"{where}.{key}" if where and key != where else key
     if key not in holder:

@@ -40,9 +40,10 @@ def fully_shard_model(model: nn.Module, device: torch.device, settings: Any) -> 
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     policy = MixedPrecisionPolicy(param_dtype=DTYPES[settings.param_dtype], reduce_dtype=DTYPES[settings.reduce_dtype])
     blocks = getattr(model, "blocks", None)
-    for i, block in enumerate(blocks if isinstance(blocks, nn.ModuleList) else []):
-        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=settings.reshard_after_forward)
-        if settings.activation_checkpointing:
-            blocks[i] = Checkpointed(block)
+    if isinstance(blocks, nn.ModuleList):
+        for i, block in enumerate(blocks):
+            fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=settings.reshard_after_forward)
+            if settings.activation_checkpointing:
+                blocks[i] = Checkpointed(block)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model

@@ -62,6 +62,8 @@ class Block(nn.Module):
 class TinyGPT(nn.Module):
     """A small causal character-level transformer: token and position embeddings, `layers` blocks, a vocabulary head."""
 
+    mask: torch.Tensor  # a buffer, registered in __init__
+
     def __init__(self, vocab: int, block: int, dim: int, layers: int, heads: int, dropout: float) -> None:
         super().__init__()
         self.tok = nn.Embedding(vocab, dim)
