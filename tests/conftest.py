@@ -271,22 +271,25 @@ def _run_pids(run_dir: Path) -> set[int]:
     return pids - {os.getpid()}
 
 
-def _is_ours(pid: int) -> bool:
+def _started_by(pid: int, test: str) -> bool:
+    """Whether process `pid` is one that test `test` (a node id) started: every process a test starts inherits pytest's
+    PYTEST_CURRENT_TEST, which names it. A pid in a ledger may since have been reused by another test's process (pids
+    wrap at 32768 on this machine, and the suite starts thousands); that one names its own test, and is left alone."""
     try:
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
         return False
-    return b"python" in cmdline and (b"legato" in cmdline or b"submitit" in cmdline)
+    return f"PYTEST_CURRENT_TEST={test} (".encode() in environ
 
 
 @pytest.fixture(autouse=True)
-def no_process_left_behind(tmp_path: Path):
+def no_process_left_behind(tmp_path: Path, request: pytest.FixtureRequest):
     """Whatever a test started under its tmp_path (a detached supervisor, a local job, ranks) is killed when
     it ends, passed or failed, so one failure cannot leave a run competing with the rest of the suite."""
     yield
     for ledger in tmp_path.rglob("ledger.jsonl"):
         for pid in _run_pids(ledger.parent):
-            if _is_ours(pid):
+            if _started_by(pid, request.node.nodeid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
 

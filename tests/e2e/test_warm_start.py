@@ -5,6 +5,7 @@ RNG, no extra thread; and it starts cold whenever the interpreter's or torch's s
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import codes, run_ranks
+from conftest import _started_by, codes, run_ranks
 from helpers import warm
 
 # A 2-rank DDP regression with a DataLoader worker: what it prints is how it started and how it ended, bit for bit.
@@ -103,3 +104,19 @@ def test_exit_codes_tracebacks_and_signals_from_outside_reach_the_warm_rank_alon
         assert waiting[1].poll() is None  # its sibling, forked from the same server, runs on
         waiting[1].kill()
         assert waiting[1].wait(120) == -signal.SIGKILL
+
+
+def test_the_cleanup_after_a_test_kills_only_what_that_test_started(request: pytest.FixtureRequest) -> None:
+    """Ledger pids are reused (they wrap at 32768 here): a process another test started under a pid this test's ledger
+    names must survive this test's cleanup, as must the warm server; this test's own processes must not."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    mine = subprocess.Popen(sleeper)
+    theirs = subprocess.Popen(sleeper, env={**os.environ, "PYTEST_CURRENT_TEST": "tests/e2e/test_other.py::test_it (call)"})
+    try:
+        assert _started_by(mine.pid, request.node.nodeid)
+        assert not _started_by(theirs.pid, request.node.nodeid)
+        assert "PYTEST_CURRENT_TEST" not in warm.server_env()
+    finally:
+        for p in (mine, theirs):
+            p.kill()
+            p.wait()

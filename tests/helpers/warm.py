@@ -78,9 +78,9 @@ class _Server:
     """The per-process warm server: started on first use, killed when this process exits."""
 
     def __init__(self) -> None:
-        self.dir = tempfile.mkdtemp(prefix="legato-warm-")
+        self.dir = tempfile.mkdtemp(prefix="warm-ranks-")
         self.path = os.path.join(self.dir, "socket")
-        self.env = {**os.environ, **SERVER_ENV}
+        self.env = _fresh_env()
         self.proc = subprocess.Popen([sys.executable, __file__, self.path], env=self.env, start_new_session=True, stdin=subprocess.DEVNULL)
         atexit.register(self.close)
 
@@ -114,8 +114,14 @@ def _now() -> float:
 
 
 def server_env() -> dict[str, str]:
-    """The environment the warm server started with (or will start with)."""
-    return _server.env if _server is not None else {**os.environ, **SERVER_ENV}
+    """The environment the warm server started with (or will start with). Not the test's name that pytest sets: the
+    server outlives the test that started it, and each rank gets its own test's environment, name included
+    (tests/conftest.py kills what a test left behind by that name)."""
+    return _server.env if _server is not None else _fresh_env()
+
+
+def _fresh_env() -> dict[str, str]:
+    return {k: v for k, v in {**os.environ, **SERVER_ENV}.items() if k != "PYTEST_CURRENT_TEST"}
 
 
 def warm_enough(cmd: list[str], env: dict[str, str]) -> bool:
