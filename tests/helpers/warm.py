@@ -12,7 +12,8 @@ a fresh interpreter, so a command is started cold (a real Popen) whenever that c
   start cold, as their tests are about how they start processes;
 - an environment that differs from the server's in a variable read when Python or torch starts (PYTHON*, OMP_*,
   MKL_*, KMP_*, TORCH*, CUDA*, CUBLAS*, LD_*; PYTHONPATH is applied as the interpreter would);
-- LEGATO_TEST_WARM=0 in the suite's environment, which starts every rank cold.
+- LEGATO_TEST_WARM=0 in the suite's environment, which starts every rank cold, or in a command's own (a test whose
+  ranks must start cold).
 
 tests/e2e/test_warm_start.py shows a warm and a cold start of one DDP script end bitwise equal, and each rule above.
 This module must never be used to start a process whose start is what a test checks.
@@ -126,7 +127,7 @@ def _fresh_env() -> dict[str, str]:
 
 def warm_enough(cmd: list[str], env: dict[str, str]) -> bool:
     """Whether `cmd` under `env` may start warm (see the module's rules)."""
-    if os.environ.get("LEGATO_TEST_WARM", "1") == "0":
+    if "0" in (os.environ.get("LEGATO_TEST_WARM"), env.get("LEGATO_TEST_WARM")):
         return False
     if len(cmd) < 2 or cmd[0] != sys.executable or not cmd[1].endswith(".py") or not Path(cmd[1]).is_file():
         return False
