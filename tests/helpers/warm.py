@@ -70,8 +70,11 @@ class WarmRank:
     def _status(self, timeout: float | None) -> int | None:
         """The exit code once the server reported it (waiting up to `timeout` seconds, None for ever)."""
         if self.returncode is None and select.select([self._conn], [], [], timeout)[0]:
-            self.returncode = int(self._conn.recv(64).decode())
+            reply = self._conn.recv(64)
             self._conn.close()
+            if not reply:  # the server died (killed from outside) before its child ended: its exit code is lost
+                raise RuntimeError(f"the warm server of rank pid {self.pid} ended before the rank did; its exit code is unknown")
+            self.returncode = int(reply.decode())
         return self.returncode
 
 
