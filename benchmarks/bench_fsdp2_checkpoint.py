@@ -34,7 +34,8 @@ from torch.distributed.fsdp import fully_shard
 
 from legato.runtime.launch import free_port
 from legato.state import components as table
-from legato.state.components import SHARD_FILE, Component
+from legato.state.components import Component
+from legato.state.file_names import SHARD_FILE
 from legato.state.hashing import Digests, rank_hash
 from legato.state.sharded import Shards, meshes_of
 from legato.store import checkpoint as ckpt

@@ -16,6 +16,7 @@ import torch
 
 from legato.files import WRITE_PIECE_BYTES
 from legato.state import components as table
+from legato.state import file_names
 from legato.state.hashing import Digests, digest
 from legato.store import commit, filehash, layout
 from legato.store import manifest as manifests
@@ -151,8 +152,8 @@ def test_a_restored_model_is_copied_from_the_mapping_and_the_optimizer_keeps_mem
 
     def rows(module: torch.nn.Module, opt: torch.optim.Optimizer) -> list[table.Component]:
         return [
-            table.Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {n for n, _ in module.named_buffers()}),
-            table.Component("optimizer", opt, table.TRAIN_STATE_FILE),
+            table.Component("model", module, file_names.MODEL_FILE, per_rank_keys=lambda: {n for n, _ in module.named_buffers()}),
+            table.Component("optimizer", opt, file_names.TRAIN_STATE_FILE),
         ]
 
     saved = table.capture(rows(model, optimizer))
@@ -160,7 +161,7 @@ def test_a_restored_model_is_copied_from_the_mapping_and_the_optimizer_keeps_mem
     fresh = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64))
     fresh_optimizer = torch.optim.AdamW(fresh.parameters())
     states = layout.load(rows(fresh, fresh_optimizer), tmp_path, rank=0)
-    assert mapped_files(tmp_path) == {table.MODEL_FILE}, "only the module's state may stay on the mapping until restored"
+    assert mapped_files(tmp_path) == {file_names.MODEL_FILE}, "only the module's state may stay on the mapping until restored"
     table.restore(rows(fresh, fresh_optimizer), states, skips=lambda name: False, last=False, source=tmp_path)
     del states
     assert mapped_files(tmp_path) == set(), "a restored tensor still refers to a checkpoint file's mapping"
@@ -225,7 +226,8 @@ class _Held:
 
 def test_a_sharded_component_goes_to_a_file_its_own_rank_writes(tmp_path: Path) -> None:
     from legato.errors import UsageError
-    from legato.state.components import RANK_FILE, SHARD_FILE, TRAIN_STATE_FILE, Component
+    from legato.state.components import Component
+    from legato.state.file_names import RANK_FILE, SHARD_FILE, TRAIN_STATE_FILE
     from legato.store import layout
 
     table = [Component("model", _Held({}), SHARD_FILE), Component("counters", _Held({}), TRAIN_STATE_FILE), Component("rng", _Held({}))]

@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from legato.state import recipes
-from legato.state.components import MODEL_FILE, RANK_FILE, TRAIN_STATE_FILE, Component
+from legato.state.components import Component
+from legato.state.file_names import MODEL_FILE, RANK_FILE, TRAIN_STATE_FILE
 from legato.state.hashing import digest
 from legato.state.snapshot import Snapshot
 from legato.store import commit, layout

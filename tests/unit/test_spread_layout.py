@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from legato.errors import UsageError
-from legato.state.components import MODEL_FILE, TRAIN_STATE_FILE, Component
+from legato.state.components import Component
+from legato.state.file_names import MODEL_FILE, TRAIN_STATE_FILE
 from legato.state.hashing import digest
 from legato.store import commit, layout
 

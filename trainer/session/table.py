@@ -19,8 +19,7 @@ from legato.dist.forward_sync import ForwardSync
 from legato.dist.reduction import BucketLayout
 from legato.session.position import Counters, DataPosition, Metrics, Position
 from legato.session.wrappers import ddp_of, unwrap
-from legato.state import components as table
-from legato.state import rng
+from legato.state import file_names, rng
 from legato.state.components import Component
 from legato.state.optimizer import OptimizerState
 from legato.state.owned import Gradients, ShardedOptimizer, is_rng, is_sharded
@@ -48,11 +47,11 @@ def session_table(
         else [
             # Buffers (batch-norm statistics) are updated by each rank's own forward after DDP's
             # broadcast, so they are per-rank state; parameters are replicated by the all-reduce.
-            Component("model", module, table.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
+            Component("model", module, file_names.MODEL_FILE, per_rank_keys=lambda: {name for name, _ in module.named_buffers()}),
             # A ZeroRedundancyOptimizer's state is sharded: each rank saves the shard it owns.
             Component("optimizer", ShardedOptimizer(optimizer))
             if is_sharded(optimizer)
-            else Component("optimizer", OptimizerState(optimizer), table.TRAIN_STATE_FILE),
+            else Component("optimizer", OptimizerState(optimizer), file_names.TRAIN_STATE_FILE),
         ]
     )
     # Each rank's own, though usually alike: a scheduler may keep a per-rank metric (timm's step_update(n, metric=this
@@ -63,11 +62,11 @@ def session_table(
         rows.append(Component("scaler", scaler))
     own = (lambda obj: Shards(obj, meshes_of(module))) if sharded else (lambda obj: obj)
     rows += [
-        Component("counters", Counters(position), table.TRAIN_STATE_FILE),
+        Component("counters", Counters(position), file_names.TRAIN_STATE_FILE),
         Component("metrics", metrics),
         Component("grads", ShardedGradients(Gradients(module), module) if sharded else Gradients(module)),
         # After the gradients: a restored reducer takes them into its buckets as they are.
-        Component("buckets", BucketLayout(ddp_of(model)), table.TRAIN_STATE_FILE),
+        Component("buckets", BucketLayout(ddp_of(model)), file_names.TRAIN_STATE_FILE),
         # Each rank's own: whether DDP's next forward broadcasts rank 0's buffers, as the step before left it.
         Component("forward_sync", ForwardSync(ddp_of(model))),
         *(Component(f"extra.{name}", own(obj), restore_last=is_rng(obj)) for name, obj in extras.items()),
@@ -81,6 +80,6 @@ def _sharded_rows(module: torch.nn.Module, optimizer: torch.optim.Optimizer) -> 
     """An FSDP2 (fully_shard) model and its optimizer hold DTensors: each rank saves its own shards of both."""
     meshes = meshes_of(module)
     return [
-        Component("model", Shards(module, meshes), table.SHARD_FILE),
-        Component("optimizer", Shards(OptimizerState(optimizer), meshes), table.SHARD_FILE),
+        Component("model", Shards(module, meshes), file_names.SHARD_FILE),
+        Component("optimizer", Shards(OptimizerState(optimizer), meshes), file_names.SHARD_FILE),
     ]

@@ -21,16 +21,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from legato.errors import UsageError
+from legato.state.file_names import RANK_FILE, SHARD_FILE
 from legato.state.hashing import Digests, digest, rank_hash
 
 if TYPE_CHECKING:
     # Only for the type: importing torch.distributed.checkpoint costs 2 s per rank on a busy CPU.
     from torch.distributed.checkpoint.stateful import Stateful
-
-MODEL_FILE = "model.pt"
-TRAIN_STATE_FILE = "train_state.pt"
-RANK_FILE = "rank"  # stands for rank<R>.pt
-SHARD_FILE = "shard"  # stands for <name>.shard<R>.pt: this rank's shards of a sharded (FSDP2) component
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from legato.errors import UsageError
-from legato.state.components import MODEL_FILE, RANK_FILE, SHARD_FILE, TRAIN_STATE_FILE, Component
+from legato.state.components import Component
+from legato.state.file_names import MODEL_FILE, RANK_FILE, SHARD_FILE, TRAIN_STATE_FILE
 from legato.state.trees import DESCEND, leaves, rebuilt
 from legato.store.filehash import load_file
 

@@ -28,30 +28,14 @@ from typing import Any
 import torch
 
 from legato.errors import UsageError
-from legato.state.components import MODEL_FILE, Component
+from legato.state.components import Component
 from legato.state.loaders import SAMPLES_KEY
 from legato.state.sharded import MARK, is_record
 from legato.store import layout
-from legato.store.manifest_schema import BY_REPLAY
 
 DATA = "data"
 SAMPLER_KEYS = {"seed", "epoch", "position"}  # legato.state.loaders.LegatoSource's state
 SAMPLER_OPTIONAL_KEYS = {SAMPLES_KEY}  # the dataset's length, which a checkpoint of an older legato does not hold
-
-
-def refusal(manifest: dict) -> str | None:
-    """Why checkpoint `manifest` cannot be resharded (it holds no FSDP2 shards, or DDP's replicated model), or None."""
-    files = manifest.get("files", {})
-    names = list(files) if isinstance(files, dict) else [str(f) for f in files]
-    base = manifest.get("replay", {}).get("base") if manifest.get(BY_REPLAY) is True else None
-    if isinstance(base, dict) and isinstance(base.get("files"), dict):
-        names += list(base["files"])  # held by its replay: the state is its base's, in another checkpoint's directory
-    if not any(".shard" in name for name in names) or any(name.endswith(MODEL_FILE) for name in names):
-        return (
-            "checkpoint.reshard applies to FSDP2 (fully_shard) checkpoints only; this one holds a replicated (DDP) model, "
-            "whose buckets and ZeroRedundancyOptimizer shards are laid out for its world size"
-        )
-    return None
 
 
 def load(table: Iterable[Component], path: Path, rank: int, old: int, new: int, prefix: str = "") -> dict[str, Any]:

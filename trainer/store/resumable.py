@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 from legato.errors import UsageError
+from legato.state.file_names import MODEL_FILE
 from legato.store import bases
 from legato.store.manifest import Verifier, list_checkpoints, read_manifest
-from legato.store.reshard import refusal
+from legato.store.manifest_schema import BY_REPLAY
 from legato.store.trajectory_changes import trajectory_changes
 from legato.treediff import changed_leaves
 
@@ -167,7 +168,7 @@ def _check_reshard(manifest: dict, path: Path, world_size: int, reshard: bool) -
             "opt into continuing resharded (data position exact, not bitwise): checkpoint.reshard: true in the config, or "
             "CheckpointPolicy(reshard=True) in a Session."
         )
-    problem = refusal(manifest)
+    problem = reshard_refusal(manifest)
     if problem is not None:
         raise UsageError(
             f"Checkpoint {path} was written by {written} ranks and this run has {world_size}: {problem}. Run with "
@@ -196,3 +197,18 @@ def _refuse_or_warn(message: str, strict: bool, by_config: bool) -> None:
         fix = "set determinism.mode: fast" if by_config else 'call seed_everything(seed, rank, mode="fast")'
         raise UsageError(f"{message}, or {fix} to continue with a warning.")
     log.warning("%s. Continuing because %s is fast: the resumed run is not bitwise the uninterrupted one.", message, mode)
+
+
+def reshard_refusal(manifest: dict) -> str | None:
+    """Why checkpoint `manifest` cannot be resharded (it holds no FSDP2 shards, or DDP's replicated model), or None."""
+    files = manifest.get("files", {})
+    names = list(files) if isinstance(files, dict) else [str(f) for f in files]
+    base = manifest.get("replay", {}).get("base") if manifest.get(BY_REPLAY) is True else None
+    if isinstance(base, dict) and isinstance(base.get("files"), dict):
+        names += list(base["files"])  # held by its replay: the state is its base's, in another checkpoint's directory
+    if not any(".shard" in name for name in names) or any(name.endswith(MODEL_FILE) for name in names):
+        return (
+            "checkpoint.reshard applies to FSDP2 (fully_shard) checkpoints only; this one holds a replicated (DDP) model, "
+            "whose buckets and ZeroRedundancyOptimizer shards are laid out for its world size"
+        )
+    return None
