@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -29,10 +30,19 @@ def gloo_threads() -> int:
     return sum((Path("/proc/self/task") / task / "comm").read_text().strip() == "pt_gloo_runloop" for task in os.listdir("/proc/self/task"))
 
 
+def named_gloo_threads(deadline_s: float = 60.0) -> int:
+    """The group's gloo threads once they have named themselves: each sets its own name after it starts, so a count
+    taken right after init_process_group on a busy machine can see none yet (bounded: 0 after the deadline)."""
+    end = time.monotonic() + deadline_s
+    while (count := gloo_threads()) == 0 and time.monotonic() < end:
+        time.sleep(0.01)
+    return count
+
+
 def main(out: Path) -> int:
     dist.init_process_group("gloo")
     legato.seed_everything(5, rank=dist.get_rank(), mode="fast")
-    counts = {"before": gloo_threads()}
+    counts = {"before": named_gloo_threads()}
     model = torch.nn.Linear(16, 16)
     net = DDP(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
