@@ -104,9 +104,7 @@ def digests(out: Path) -> dict[int, str]:
 
 
 def launch_loop(out: Path, world: int, *args: str, **env: str) -> list[int]:
-    # Cold: forked warm, a rank of these 3-8 rank runs was seen to hang at its exit under a loaded suite (twice in two
-    # runs, never alone), its main thread waiting with gloo's threads alive; cold, this test had not hung so.
-    procs = run_ranks([sys.executable, str(PLAIN_VS_LEGATO), str(out), *args], world_size=world, timeout=600, LEGATO_TEST_WARM="0", **env)
+    procs = run_ranks([sys.executable, str(PLAIN_VS_LEGATO), str(out), *args], world_size=world, timeout=600, **env)
     failed = [f"rank {rank} exited {p.returncode}:\n{p.stderr[-3000:]}" for rank, p in enumerate(procs) if p.returncode not in (0, 75)]
     assert not failed, "\n".join(failed)
     return [p.returncode for p in procs]

@@ -85,7 +85,10 @@ class _Server:
         self.dir = tempfile.mkdtemp(prefix="warm-ranks-")
         self.path = os.path.join(self.dir, "socket")
         self.env = _fresh_env()
-        self.proc = subprocess.Popen([sys.executable, __file__, self.path], env=self.env, start_new_session=True, stdin=subprocess.DEVNULL)
+        # Its own process group (a Ctrl-C to the suite's does not reach it), in the suite's session: a new session would
+        # put every warm rank in a scheduler autogroup of its own, sharing one CPU share among them where cold ranks
+        # compete as the suite's processes do, and a loaded machine would then deschedule their threads for longer.
+        self.proc = subprocess.Popen([sys.executable, __file__, self.path], env=self.env, preexec_fn=os.setpgrp, stdin=subprocess.DEVNULL)
         atexit.register(self.close)
 
     def connect(self, timeout: float = 120) -> socket.socket:
@@ -226,7 +229,31 @@ def _become(request: dict, fds: list[int]) -> None:
     import numpy
 
     numpy.random.seed()  # drawn from the OS, as a fresh interpreter's is (Python's `random` reseeds itself after a fork)
+    _settle_after_destroy()
     runpy.run_path(script, run_name="__main__")
+
+
+def _settle_after_destroy() -> None:
+    """Make `dist.destroy_process_group()` wait for gloo's workers to park (legato.dist.quiesce.settle: sleeps, the GIL
+    free), so a plain DDP script does not deadlock as its `main()` returns.
+
+    torch 2.13's race, not legato's: a bucket all-reduce started during backward holds a Python object (the context
+    `_engine_run_backward` stashes), and a gloo worker that lets go of it late needs the GIL; when `main()` returns and
+    frees the DDP model, the main thread joins that worker holding the GIL. A warm rank's epilogue is faster than a cold
+    one's (nothing left to import), which makes the late worker common on a loaded machine: 2 of 9 warm plain runs of
+    examples/port/ddp_tutorial_plain.py beside two busy loops hung, 0 of 40 cold. A Session does the same wait as its
+    loop ends (legato.dist.peers), which covers ported scripts in a cold start too."""
+    import torch.distributed as dist
+
+    from legato.dist.quiesce import settle
+
+    destroy = dist.destroy_process_group
+
+    def destroy_then_settle(*args: Any, **kwargs: Any) -> None:
+        destroy(*args, **kwargs)
+        settle()
+
+    dist.destroy_process_group = destroy_then_settle
 
 
 if __name__ == "__main__":

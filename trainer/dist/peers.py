@@ -6,7 +6,11 @@ interpreter is whole: a gloo group still alive when Python finalizes keeps
 threads that may touch Python objects then, and a rank that exits cleanly can
 abort ("terminate called without an active exception"); a group the script
 keeps (its world group, held by an FSDP2 model past `destroy_process_group()`)
-is waited for at exit instead (`quiesce`). This module must
+is waited for at exit instead (`quiesce`). The loop's end also waits for every gloo
+worker to let go of its last work: a work started during a backward (DDP's bucket
+all-reduces) holds a Python object, and a worker still holding one when the
+script's `main()` returns and frees its DDP model deadlocks the rank there (the
+freeing thread holds the GIL and joins the worker, which waits for the GIL). This module must
 never decide what is exchanged, only move it.
 """
 
@@ -17,7 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from legato.dist.quiesce import wait_at_exit
+from legato.dist.quiesce import settle, wait_at_exit
 
 
 class Peers:
@@ -52,6 +56,7 @@ class Peers:
         # Gone already when the script destroyed every process group before the Session ended.
         with contextlib.suppress(ValueError):
             dist.destroy_process_group(group)
+        settle()
 
     def gather(self, item: Any) -> list[Any]:
         """Collective: every rank's `item`, in rank order."""
