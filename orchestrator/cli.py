@@ -47,9 +47,7 @@ from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.local_train import train_locally, trainer_command
 from legato.orchestrator.plot import plot_losses, replay_spans
 from legato.orchestrator.preflight import checked_config
-from legato.orchestrator.redact import Redactor, run_key
 from legato.orchestrator.reports import capture_diff_lines, capture_lines, verdict_lines
-from legato.orchestrator.repro import CaptureRequest, capture, read_capture
 from legato.orchestrator.repro_diff import diff_captures, resolve_capture
 from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, has_started, is_script_run, newest_run
 from legato.orchestrator.runstate import final_manifest
@@ -60,6 +58,8 @@ from legato.orchestrator.verify_command import split_command, verify_command
 from legato.orchestrator.verify_config import verify_config
 from legato.orchestrator.waiting import waiting_job
 from legato.paths import RunPaths
+from legato.repro.capture import CaptureRequest, capture, read_capture
+from legato.repro.redact import Redactor, run_key
 from legato.session.attempt_lock import held_by, refusal
 from legato.slurm import devcluster, multinode
 from legato.slurm.devcluster import Settings

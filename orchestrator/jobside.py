@@ -37,11 +37,12 @@ from legato.errors import EXIT_OK, EXIT_STOPPED
 from legato.event_fields import JOB_TAG_FIELDS, field_names
 from legato.events import DECISIONS, Kind
 from legato.orchestrator.ledger import Ledger
-from legato.orchestrator.redact import Redactor, run_key
-from legato.orchestrator.repro import CaptureRequest, capture
 from legato.orchestrator.status import current_session
 from legato.paths import RunPaths
 from legato.recorder import ProgressFile
+from legato.repro.attempt import capture_and_record
+from legato.repro.capture import CaptureRequest
+from legato.repro.redact import Redactor, run_key
 from legato.runtime.rank_env import RankEnv
 from legato.slurm.backends import backend_for
 from legato.store.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
@@ -200,23 +201,7 @@ def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: 
         labels={"job_id": ident.job_id, "attempt": ident.restart, "node": node, "executor": ident.executor},
         threads=resolve_threads(cfg.determinism.threads, ident.local_world_size).describe(),
     )
-    try:
-        manifest = capture(request)
-    except Exception as exc:  # the capture must never stop training
-        log.warning("environment capture into %s failed: %s", dest, exc)
-        ledger.append(Kind.REPRO_FAILED, **ident.tag(), node=node, reason=f"{type(exc).__name__}: {exc}")
-        return
-    failures = {name: c["error"] for name, c in manifest["commands"].items() if not c["ok"]}
-    digests = {name: info["sha256"] for name, info in manifest["sections"].items()}
-    ledger.append(
-        Kind.REPRO_CAPTURED,
-        **ident.tag(),
-        node=node,
-        path=str(dest),
-        seconds=manifest["capture_seconds"],
-        failures=failures,
-        sections=digests,
-    )
+    capture_and_record(request, node, lambda kind, **fields: ledger.append(kind, **ident.tag(), **fields))
 
 
 def _code_paths(cfg: Config) -> tuple[Path, ...]:

@@ -15,8 +15,8 @@ from typing import Any
 
 from legato.events import Kind
 from legato.ledger_file import append_record, new_record, read_records
-from legato.orchestrator.redact import Redactor
 from legato.paths import RunPaths
+from legato.repro.redact import Redactor
 
 _REDACTOR = Redactor()
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from legato.errors import UsageError
-from legato.orchestrator.redact import is_fingerprint
-from legato.orchestrator.repro import MANIFEST, comparable_env, read_capture
 from legato.paths import RunPaths
+from legato.repro.capture import MANIFEST, comparable_env, read_capture
+from legato.repro.redact import is_fingerprint
 
 GPU_IDENTITY = ("Driver Version", "CUDA Version", "Product Name", "GPU UUID", "VBIOS Version", "Attached GPUs", "Serial Number")
 SECTIONS = ("env", "packages", "git", "stack", "gpu", "host", "modules", "os_packages", "config", "command")

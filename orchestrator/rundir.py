@@ -26,8 +26,8 @@ from legato.errors import UsageError
 from legato.events import Kind
 from legato.files import write_atomic
 from legato.orchestrator.ledger import Ledger
-from legato.orchestrator.redact import Redactor
 from legato.paths import RunPaths
+from legato.repro.redact import Redactor
 from legato.session.attempt_lock import held_by, refusal
 from legato.slurm.backends import backend_for
 from legato.store import manifest, resumable

@@ -87,7 +87,7 @@ def test_redaction_cannot_hang_on_hostile_text() -> None:
     """Git diffs and command output can be megabytes of anything; a pattern that backtracks over itself would
     hold a capture for hours (the first assignment rule took 24 s on 4 KB of `a.a.a...`). Bounded wait, no timing."""
     code = (
-        "from legato.orchestrator.redact import Redactor\n"
+        "from legato.repro.redact import Redactor\n"
         "r = Redactor()\n"
         "for t in ['a.' * 50000, 'a' * 100000, '://' + 'a' * 100000, '://a' * 25000, 'password.' * 10000, '?a.' * 30000, 'pass' * 25000]:\n"
         "    r.words(r.text(t))\n"

@@ -11,7 +11,7 @@ import json
 import random
 import string
 
-from legato.orchestrator.redact import looks_random
+from legato.repro.redact import looks_random
 
 _rnd = random.Random(15)
 

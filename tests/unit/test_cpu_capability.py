@@ -58,7 +58,7 @@ def test_a_script_without_a_config_is_told_the_api_fix() -> None:
 
 def test_the_pin_reaches_the_ranks_from_every_launcher_only_as_the_user_set_it(monkeypatch: pytest.MonkeyPatch) -> None:
     from legato.config import load_config
-    from legato.orchestrator.redact import Redactor
+    from legato.repro.redact import Redactor
     from legato.slurm.submission import slurm_parameters
     from legato.system.launch_env import determinism_environ
 

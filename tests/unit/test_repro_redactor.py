@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from helpers.planted_secrets import REPRO_SECRETS as SECRETS
 
-from legato.orchestrator.redact import Redactor
+from legato.repro.redact import Redactor
 
 
 def test_redactor_catches_each_format_and_keeps_names() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers.planted_secrets import ALLOWLISTED_PLANTS, FORMATS, SECRETS
 
-from legato.orchestrator.redact import ENV_ALLOWLIST, Redactor, fingerprint_line, is_fingerprint, run_key
+from legato.repro.redact import ENV_ALLOWLIST, Redactor, fingerprint_line, is_fingerprint, run_key
 
 
 def test_at_least_thirty_formats_are_planted() -> None:

@@ -50,6 +50,7 @@ from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, ResumeMismatchErro
 from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
+from legato.repro.attempt import start_for_script
 from legato.session.arguments import check_arguments, check_batches, checked_loss, refuse_late_carry, refuse_second_loop, total_steps_of
 from legato.session.attempt_lock import AttemptLock
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
@@ -142,8 +143,10 @@ class Session:
         # Before anything is recorded: a second launch into this run directory is refused here, having written nothing.
         self._attempt_lock = AttemptLock.claim(self.run_dir, self._peers)
         self.identity = Identity.establish(self.run_dir, self._peers, scripted=on_event is None)
-        # A script's own Session writes its run into the run directory; under `legato run` the job side does.
+        # A script's own Session writes its run into the run directory, and captures each attempt's environment per
+        # node in a process of its own; under `legato run` the job side does both.
         self.on_event = on_event or LedgerRecorder(self.run_dir, self.identity.tag)
+        self._capture = None if on_event else start_for_script(self.run_dir, self.identity.job_id, self.identity.attempt - 1, os.environ)
         self.generators = {} if self.source is None else dict(self.source.generators)
         self._position = Position(self.steps_per_epoch)
         self._metrics = Metrics()
@@ -424,6 +427,8 @@ class Session:
             self._close(orderly)
 
     def _close(self, orderly: bool) -> None:
+        if self._capture is not None:
+            self._capture.poll()  # reaped if it ended; one still running is left to finish on its own
         self._saving.close()
         self._agreement.close()
         self._flag.uninstall()

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from legato.orchestrator.redact import Redactor, is_fingerprint, key_id
+from legato.repro.redact import Redactor, is_fingerprint, key_id
 from legato.system.processes import run_command
 
 log = logging.getLogger(__name__)
