@@ -1,18 +1,22 @@
 """One attempt's environment capture on one node, recorded in the run's ledger: `legato run`'s job side calls
 `capture_and_record` in its own process; a script's own Session starts `start_for_script`, a short process of its own.
 
-A Session never waits for its capture: the capture runs `git`, `nvidia-smi` and `module` with timeouts and reads
-every installed distribution, work a rank must not do between its start and its first step, and a thread for it
-would be one more thread that starts and ends while the script's DataLoader may fork its workers. The process it
-starts writes only under the run directory (`RUN/repro/JOB/ATTEMPT[/nodeN]` and the ledger) and never reads a
-checkpoint. A failed capture is recorded (`repro_failed`), never raised: it must never stop training.
+A Session does not wait for its capture to start training: the capture runs `git`, `nvidia-smi` and `module` with
+timeouts and reads every installed distribution, work a rank must not do between its start and its first step, and a
+thread for it would be one more thread that starts and ends while the script's DataLoader may fork its workers. The
+process dies with its rank (a parent-death signal) and is ended with the loop (`end_for_script`: a short wait, then
+killed), so no launch leaves it behind. It writes only under the run directory (`RUN/repro/JOB/ATTEMPT[/nodeN]` and
+the ledger) and never reads a checkpoint. A failed capture is recorded (`repro_failed`), never raised: it must never
+stop training.
 
-    python -m legato.repro.attempt RUN_DIR JOB_ID RESTART NODE [ARGV...]   (what `start_for_script` runs)
+    python -m legato.repro.attempt RANK_PID RUN_DIR JOB_ID RESTART NODE [ARGV...] < STACK   (what `start_for_script` runs)
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -23,10 +27,15 @@ from legato.config import ReproSection
 from legato.events import SCRIPT_EXECUTOR, Kind
 from legato.ledger_file import append_record, new_record
 from legato.paths import RunPaths
-from legato.repro.capture import CaptureRequest, capture
+from legato.repro.capture import CaptureRequest, capture, stack_text
 from legato.repro.redact import Redactor, run_key
+from legato.system.lifeline import die_with_parent
 
 log = logging.getLogger(__name__)
+
+# How long the loop's end waits for a capture still running (one takes 0.3 s of CPU, so only an attempt that ends
+# within seconds of its start meets one) before it kills it: a stop at the time limit must not wait longer.
+END_WAIT_S = 5.0
 
 # Records one ledger event of the given kind with these fields (the caller adds its job tag and redaction).
 Append = Callable[..., Any]
@@ -69,15 +78,34 @@ def start_for_script(run_dir: Path, job_id: str, restart: int, environ: Mapping[
     node = node_of(environ)
     if node is None:
         return None
-    command = [sys.executable, "-m", __name__, str(run_dir), job_id, str(restart), str(node), *sys.argv]
+    command = [sys.executable, "-m", __name__, str(os.getpid()), str(run_dir), job_id, str(restart), str(node), *sys.argv]
     try:
-        return subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
     except OSError as exc:
         log.warning("could not start the environment capture: %s", exc)
         return None
+    # The stack section from here, where torch is imported already: the capture's process then never imports it (2 s
+    # of CPU). A few KiB, within a pipe's buffer, so the write does not wait for the process to read.
+    assert process.stdin is not None  # stdin=PIPE
+    with contextlib.suppress(OSError):
+        process.stdin.write(stack_text())
+        process.stdin.close()
+    return process
 
 
-def _capture_script_attempt(run_dir: Path, job_id: str, restart: int, node: int, argv: list[str]) -> None:
+def end_for_script(process: subprocess.Popen | None) -> None:
+    """At the loop's end: let a capture still running finish for up to END_WAIT_S, then kill it."""
+    if process is None:
+        return
+    try:
+        process.wait(timeout=END_WAIT_S)
+    except subprocess.TimeoutExpired:
+        log.warning("the environment capture still ran when the loop ended; it was stopped and this attempt has none")
+        process.kill()
+        process.wait()
+
+
+def _capture_script_attempt(run_dir: Path, job_id: str, restart: int, node: int, argv: list[str], stack: str) -> None:
     """The started process's work: the capture a script's attempt gets, with the default allowlist and redaction."""
     paths = RunPaths(run_dir)
     defaults = ReproSection()
@@ -89,6 +117,7 @@ def _capture_script_attempt(run_dir: Path, job_id: str, restart: int, node: int,
         argv=("script:", *argv),
         code_paths=(Path(argv[0]).resolve().parent,) if argv and argv[0].endswith(".py") else (),
         labels={"job_id": job_id, "attempt": restart, "node": node, "executor": SCRIPT_EXECUTOR},
+        stack=stack or None,
     )
 
     def append(kind: Kind, **fields: Any) -> None:
@@ -98,4 +127,5 @@ def _capture_script_attempt(run_dir: Path, job_id: str, restart: int, node: int,
 
 
 if __name__ == "__main__":
-    _capture_script_attempt(Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5:])
+    die_with_parent(int(sys.argv[1]))
+    _capture_script_attempt(Path(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6:], sys.stdin.read())

@@ -91,6 +91,7 @@ class CaptureRequest:
     code_paths: tuple[Path, ...] = ()
     labels: dict | None = None
     threads: str | None = None  # the torch thread count per rank and where it came from (legato.system.threads)
+    stack: str | None = None  # the stack section, read by a process that has torch imported already (`stack_text`)
 
 
 def capture(req: CaptureRequest) -> dict:
@@ -105,7 +106,7 @@ def capture(req: CaptureRequest) -> dict:
             "env": _env_text(r),
             "packages": _packages(r, req.command_timeout_s),
             "git": _git_sections(r, req.code_paths, req.command_timeout_s),
-            "stack": _stack(),
+            "stack": req.stack or stack_text(),
             "host": _host(r, req.threads),
             "config": json.dumps(r.tree(req.config), indent=2, sort_keys=True) + "\n" if req.config is not None else None,
             "command": "\n".join(r.argv(list(req.argv))) + "\n" if req.argv else None,
@@ -225,7 +226,8 @@ def _git_state(label: str, path: Path, r: Redactor, timeout: float) -> str:
     return "\n".join(parts) + "\n\n"
 
 
-def _stack() -> str:
+def stack_text() -> str:
+    """The Python/torch/CUDA/cuDNN/NCCL stack section (imports torch when this process has not)."""
     info: dict[str, Any] = {
         "python": sys.version.split()[0],
         "implementation": platform.python_implementation(),

@@ -50,7 +50,7 @@ from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, ResumeMismatchErro
 from legato.events import Kind
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
-from legato.repro.attempt import start_for_script
+from legato.repro.attempt import end_for_script, start_for_script
 from legato.session.arguments import check_arguments, check_batches, checked_loss, refuse_late_carry, refuse_second_loop, total_steps_of
 from legato.session.attempt_lock import AttemptLock
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
@@ -427,8 +427,7 @@ class Session:
             self._close(orderly)
 
     def _close(self, orderly: bool) -> None:
-        if self._capture is not None:
-            self._capture.poll()  # reaped if it ended; one still running is left to finish on its own
+        end_for_script(self._capture)
         self._saving.close()
         self._agreement.close()
         self._flag.uninstall()
