@@ -14,6 +14,7 @@ import importlib.metadata
 import re
 from pathlib import Path
 
+from legato.orchestrator.completion import SHELLS
 from legato.quiet_args import Parser
 from legato.slurm.devcluster import Settings
 
@@ -138,4 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--fresh", action="store_true", help="refuse to start if the run directory already has checkpoints")
 
     sub.add_parser("schema", help="print the JSON Schema of a config file, for editors that complete and check its keys")
+    completion = sub.add_parser("completion", help='print a shell completion script: eval "$(legato completion bash)"')
+    completion.add_argument("shell", choices=SHELLS)
     return parser

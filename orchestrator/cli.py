@@ -39,6 +39,7 @@ from legato.config import Config, load_config
 from legato.config_schema import json_schema
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from legato.events import JOB_SUBMISSIONS, Kind
+from legato.orchestrator import completion
 from legato.orchestrator.arguments import MULTINODE_ANY, build_parser
 from legato.orchestrator.control import DETACH_WAIT_S, cancel_run, hand_off
 from legato.orchestrator.display import LiveView, status_table, waiting_line
@@ -228,6 +229,12 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 def cmd_schema(args: argparse.Namespace) -> int:
     """`legato schema`: the config's JSON Schema on stdout (legato.config_schema)."""
     print(json.dumps(json_schema(), indent=2))
+    return EXIT_OK
+
+
+def cmd_completion(args: argparse.Namespace) -> int:
+    """`legato completion SHELL`: the completion script for bash or zsh (legato.orchestrator.completion)."""
+    print(completion.script(build_parser(), args.shell), end="")
     return EXIT_OK
 
 
@@ -466,6 +473,7 @@ COMMANDS = {
     "logs": cmd_logs,
     "train": cmd_train,
     "schema": cmd_schema,
+    "completion": cmd_completion,
 }
 
 
