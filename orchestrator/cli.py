@@ -43,6 +43,7 @@ from legato.orchestrator import completion
 from legato.orchestrator.arguments import MULTINODE_ANY, build_parser
 from legato.orchestrator.control import DETACH_WAIT_S, cancel_run, hand_off
 from legato.orchestrator.display import LiveView, status_table, waiting_line
+from legato.orchestrator.end_hook import NOTIFY_ENV, run_end_hook
 from legato.orchestrator.follow import show_events, wait_for_start, watch_script
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.local_train import train_locally, trainer_command
@@ -171,7 +172,22 @@ def _supervise(supervisor: Supervisor) -> int:
                 file=sys.stderr,
             )
         return EXIT_INTERRUPTED
-    return _report_end(cfg, code)
+    code = _report_end(cfg, code)
+    _notify_end(cfg.run_dir)
+    return code
+
+
+def _notify_end(run_dir: Path) -> None:
+    """Run the user's end command (LEGATO_NOTIFY_COMMAND), once per run's end: only the supervisor that saw it does."""
+    summary = summarize(run_dir, Ledger(run_dir).read())
+    outcome = run_end_hook(run_dir, summary.state, summary.failure)
+    if outcome is None:
+        return
+    if outcome.code == EXIT_OK:
+        print(f"legato: {NOTIFY_ENV} ran (exit 0).")
+    else:
+        why = outcome.error or f"exited {outcome.code}"
+        print(f"legato: warning: {NOTIFY_ENV} {why}; the run's result is unchanged.", file=sys.stderr)
 
 
 def _report_end(cfg: Config, code: int) -> int:

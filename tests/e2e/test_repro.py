@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from conftest import FAST_GPT, ROOT, TINY_GPT
 from helpers.cli import ledger, legato, status, wait_for
 from helpers.planted_secrets import REPRO_SECRET_VALUES as SECRET_VALUES
 from helpers.planted_secrets import REPRO_SECRETS as SECRETS
+
+HOOK_TOKEN = "T0K3Nnotify7hook9secret"
 
 
 def _run_dir_files(run_dir: Path) -> list[Path]:
@@ -34,17 +37,26 @@ def test_no_secret_reaches_any_file_of_a_real_run(tmp_path: Path) -> None:
     args = ["run", str(config), "--set", f"run.dir={run_dir}", "--set", "train.options.hf_token=cmdline-secret-value-0042"]
     for item in (*FAST_GPT, "chaos.signal_at_steps=[5]"):
         args += ["--set", item]
-    env = dict(os.environ, PYTHONWARNINGS="ignore", **SECRETS)
+    # The end hook: it reports through its environment, its webhook's token reaches no file, and its failure (exit 3)
+    # leaves the run's exit code alone.
+    notified = tmp_path / "notified"
+    hook = (
+        f'printf "%s|%s|%s" "$LEGATO_RUN_STATE" "$LEGATO_RUN_DIR" "$LEGATO_RUN_REASON" > {shlex.quote(str(notified))}; '
+        f"exit 3  # https://hooks.example/services/{HOOK_TOKEN}"
+    )
+    env = dict(os.environ, PYTHONWARNINGS="ignore", LEGATO_NOTIFY_COMMAND=hook, **SECRETS)
     proc = subprocess.run(
         [sys.executable, "-m", "legato.orchestrator.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "train.options.hf_token looks secret" in proc.stderr
+    assert notified.read_text() == f"finished|{run_dir.resolve()}|"
+    assert "LEGATO_NOTIFY_COMMAND exited 3; the run's result is unchanged" in proc.stderr, proc.stderr[-2000:]
     files = _run_dir_files(run_dir)
     assert any(p.parent.name == "0" and p.name == "env.txt" for p in files) and any("_log.err" in p.name for p in files)
     for path in files:
         data = path.read_bytes()
-        for secret in SECRET_VALUES:
+        for secret in (*SECRET_VALUES, HOOK_TOKEN):
             assert secret.encode() not in data, f"{secret!r} found in {path}"
     env_text = next(p for p in files if p.name == "env.txt").read_text()
     assert "GITHUB_TOKEN=<not recorded: fingerprint " in env_text

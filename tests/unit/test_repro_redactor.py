@@ -33,3 +33,11 @@ def test_redactor_catches_each_format_and_keeps_names() -> None:
     adjusted = Redactor(allow=frozenset({"MY_PASSWORD"}), deny=("*_SETTING_X", "CORP_*"))
     assert adjusted.value("MY_PASSWORD", "visible") == "visible"
     assert adjusted.value("CORP_THING", "hidden").startswith("<redacted")
+
+
+def test_the_end_hooks_command_is_never_recorded_even_when_allowed() -> None:
+    """LEGATO_* is allowlisted, and a user may allow a name; the end hook's command (a webhook's token) stays out."""
+    command = "curl -d done https://hooks.example/services/T0K3N"
+    for redactor in (Redactor(), Redactor(allow=frozenset({"LEGATO_NOTIFY_COMMAND"}))):
+        assert "T0K3N" not in redactor.env_value("LEGATO_NOTIFY_COMMAND", command)
+    assert Redactor().env_value("LEGATO_RESUME", "required") == "required"  # the contrast: other LEGATO_* values are kept

@@ -152,6 +152,11 @@ ENV_ALLOWLIST = (
     "SUBMITIT_*",
 )
 
+# Never recorded, not even by `repro.allow`: the end hook's command (legato.orchestrator.end_hook) carries a webhook's
+# token, and LEGATO_* is allowlisted above.
+NOTIFY_ENV = "LEGATO_NOTIFY_COMMAND"
+NEVER_RECORDED = (NOTIFY_ENV,)
+
 # -- second line: names and formats -----------------------------------------------------
 
 SECRET_WORDS = {
@@ -366,6 +371,8 @@ class Redactor:
         return {name: self.env_value(name, value) for name, value in sorted(env.items())}
 
     def env_value(self, name: str, value: str) -> str:
+        if name in NEVER_RECORDED:
+            return fingerprint_line(self.key, value)
         listed = self._allowed(name) or (_matches(name, ENV_ALLOWLIST) and not _matches(name, self.deny))
         if listed and not self.name_is_secret(name) and self.words(value) == value:
             return value
