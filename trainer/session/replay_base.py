@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from legato.config import CheckpointSection
 from legato.dist.stop import Decision
 from legato.paths import STEP_PREFIX
 from legato.session import replay
@@ -33,7 +34,7 @@ Place = list[str]
 class ReplayBase:
     """The base snapshot, the records of the steps since it, and the bases on disk, for one rank."""
 
-    def __init__(self, policy: Any, rank: int) -> None:
+    def __init__(self, policy: CheckpointSection, rank: int) -> None:
         self.rank = rank
         self.snapshot = Snapshot() if policy.replay_steps else None
         self.every = policy.replay_steps

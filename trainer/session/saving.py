@@ -20,6 +20,7 @@ from typing import Any
 
 import torch
 
+from legato.config import CheckpointSection
 from legato.dist.peers import Peers
 from legato.dist.stop import StopAgreement
 from legato.events import Kind
@@ -49,7 +50,7 @@ class Saver:
         peers: Peers,
         components: list[Component],
         position: Position,
-        policy: Any,
+        policy: CheckpointSection,
         telemetry: Telemetry,
         meta: dict[str, Any],
         kill: KillPoint | None,
