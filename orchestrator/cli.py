@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -161,6 +162,8 @@ def _supervise(supervisor: Supervisor) -> int:
     try:
         code = supervisor.run()
     except KeyboardInterrupt:
+        # A second Ctrl-C must not cut the cleanup short (a traceback, and a local job left running): it waits for it.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         if supervisor.backend.shares_terminal:
             # The local job shares this terminal, so Ctrl-C reached its tasks too: end the run cleanly.
             supervisor.cancel()
@@ -506,6 +509,9 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_CLOSED_PIPE
+    except KeyboardInterrupt:  # any other command: nothing to clean up, no traceback
+        print("\nlegato: interrupted.", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _silence_stdout() -> None:

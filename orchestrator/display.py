@@ -97,17 +97,20 @@ class LiveView:
                 f"({_committed_size(e)}), global hash {short(e['global_hash'])}" + _diverged_words(e.get("diverged"))
             ),
             Kind.RESUMED: lambda: (
-                (f"{tag}resumed at step {e['step']}: {resharded_label(e['resharded'])}" + _resume_time(e))
-                if e.get("resharded")
-                else (
-                    f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
-                    + (
-                        f"verified ✓{except_label(e.get('unregistered'))}"
-                        if e["match"]
-                        else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})"
+                (
+                    (f"{tag}resumed at step {e['step']}: {resharded_label(e['resharded'])}" + _resume_time(e))
+                    if e.get("resharded")
+                    else (
+                        f"{tag}resumed at step {e['step']}: {_replay_words(e.get('replay'))}state hash {short(e['recomputed_hash'])} "
+                        + (
+                            f"verified ✓{except_label(e.get('unregistered'))}"
+                            if e["match"]
+                            else f"does NOT match ✗ (checkpoint {short(e['expected_hash'])}; {_resume_problem(e)})"
+                        )
+                        + _resume_time(e)
                     )
-                    + _resume_time(e)
                 )
+                + _fell_back(e.get("skipped"))
             ),
             Kind.CONTINUED_UNVERIFIED: lambda: f"{tag}{unverified_label(e)}: from here on not proven bitwise with the run's start",
             Kind.CHECKPOINT_FAILED: lambda: f"{tag}{e['message']}",
@@ -179,6 +182,11 @@ def _replay_words(replay: dict | None) -> str:
     return f"replay ✗ diverged at step {replay['first_divergence']['step']}, "
 
 
+def _fell_back(skipped: list[str] | None) -> str:
+    """The newer checkpoints a resume passed over because they did not verify (older ledgers do not say)."""
+    return "" if not skipped else f"; FELL BACK past {len(skipped)} checkpoint(s) that did not verify: {'; '.join(skipped)}"
+
+
 def _resume_time(e: dict) -> str:
     """The resume's total time (choosing, verifying and loading the checkpoint, and the replay); older ledgers lack it."""
     seconds = e.get("seconds")
@@ -230,7 +238,7 @@ def status_table(summary: RunSummary) -> str:
         if a.resharded:
             verified = f"resharded {a.resharded['from']}->{a.resharded['to']}"
         ckpt = f"{max(a.checkpoint_seconds):.2f}" if a.checkpoint_seconds else "-"
-        resumed = "-" if a.resumed_from_step is None else str(a.resumed_from_step)
+        resumed = "-" if a.resumed_from_step is None else str(a.resumed_from_step) + (" (fell back)" if a.skipped else "")
         env = "-" if a.environment_changed is None else ("CHANGED: " + ",".join(a.environment_changed) if a.environment_changed else "same")
         resume = "-" if a.resume_seconds is None else f"{a.resume_seconds:.2f}"
         rows.append(
@@ -268,6 +276,7 @@ def status_table(summary: RunSummary) -> str:
             + (f" ({resharded} resharded: chunks checked, not bitwise)" if resharded else "")
         )
     tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
+    tail += [f"attempt {a.number} fell back past {'; '.join(a.skipped)}" for a in summary.attempts if a.skipped]
     if summary.unregistered:
         any_resumed = any(a.resumed_from_step is not None for a in summary.attempts)
         tail.append(

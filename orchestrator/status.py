@@ -43,6 +43,7 @@ class Attempt:
     resume_seconds: float | None = None  # the resume's total time, its replay included
     continued_unverified: bool = False  # its resume did not verify, and the run went on by the user's choice
     unregistered: list[str] = field(default_factory=list)  # what its resume verified without: objects the census found unsaved
+    skipped: list[str] = field(default_factory=list)  # newer checkpoints its resume passed over, "step_N: why" (did not verify)
     environment: dict[str, str] = field(default_factory=dict, repr=False)
     environment_changed: list[str] | None = None
 
@@ -232,6 +233,7 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.expected_hash, attempt.recomputed_hash = e["expected_hash"], e["recomputed_hash"]
         attempt.replay = e.get("replay")
         attempt.unregistered = list(e.get("unregistered") or [])
+        attempt.skipped = list(e.get("skipped") or [])
         _apply_resume_time(attempt, e)
     elif kind == Kind.REPLAY_STOPPED:
         attempt.replay = {"stopped_at": e["step"], "checkpoint_step": e["checkpoint_step"]}

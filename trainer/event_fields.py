@@ -205,6 +205,9 @@ class Resumed(_Attempt):
     # the names of the objects the census found unsaved in this run so far (this attempt's start included): the resume is
     # verified without them; None when there are none
     unregistered: list[str] | None
+    # the newer checkpoints passed over because they did not verify (a corrupt or missing file), each as "step_N: why";
+    # None when the newest was resumed; absent from records written before it was recorded
+    skipped: list[str] | None
 
 
 class ContinuedUnverified(_Attempt):

@@ -19,6 +19,7 @@ from legato.repro.attempt import node_of
         ({"SLURM_PROCID": "8", "SLURM_LOCALID": "0", "SLURM_NODEID": "3"}, 3),  # srun
         ({"SLURM_PROCID": "9", "SLURM_LOCALID": "1", "SLURM_NODEID": "3"}, None),
         ({"RANK": "4", "LOCAL_RANK": "0", "GROUP_RANK": "2", "SLURM_NODEID": "1"}, 1),  # torchrun under srun: SLURM's node
+        ({"LOCAL_RANK": "0", "GROUP_RANK": "node-a"}, None),  # no number: no capture, and no crash
     ],
 )
 def test_each_nodes_first_rank_captures(environ: dict[str, str], node: int | None) -> None:

@@ -259,3 +259,26 @@ def test_status_names_what_the_census_found_with_or_without_a_resume(tmp_path: P
     table = status_table(summary)
     assert summary.unregistered == ["losses_m", "saver"] and "✓ except 2" in table
     assert "resumes verified, except 2 unregistered objects: losses_m, saver" in table
+
+
+def test_a_resume_that_fell_back_past_a_corrupt_checkpoint_says_so_everywhere(tmp_path: Path) -> None:
+    """The `resumed` record's `skipped` (legato.session.resume): the supervisor's line, the table and --json."""
+    why = "step_13: replay_rank1.pt does not match its digest"
+    tag = {"job_id": "5", "time": 2, "hosts": ["a"], "world_size": 2}
+    resumed = {"event": "resumed", "time": 3, "job_id": "5", "restart": 1, "step": 10, "match": True, "replay": None}
+    events = [
+        {"event": "run_started", "time": 1, "total_steps": 30, "executor": "local", "world_size": 2},
+        {"event": "attempt_started", "restart": 0, **tag},
+        {"event": "attempt_started", "restart": 1, **tag},
+        {**resumed, "expected_hash": "h", "recomputed_hash": "h", "mismatches": {}, "skipped": [why]},
+    ]
+    view = LiveView()
+    lines = [view.event_line(e) for e in events]
+    assert lines[-1] is not None and lines[-1].endswith(f"FELL BACK past 1 checkpoint(s) that did not verify: {why}"), lines
+    summary = summarize(tmp_path, events)
+    assert [a["skipped"] for a in summary.to_json()["attempts"]] == [[], [why]]
+    table = status_table(summary)
+    assert "10 (fell back)" in table and f"attempt 2 fell back past {why}" in table, table
+    # Without `skipped` (the newest verified, or a ledger older than the field) nothing is said.
+    del events[-1]["skipped"]
+    assert "FELL BACK" not in (LiveView().event_line(events[-1]) or "") and "fell back" not in status_table(summarize(tmp_path, events))

@@ -71,6 +71,8 @@ def test_a_manifest_whose_hashes_disagree_is_skipped_with_a_message(tmp_path: Pa
     rewrite(newest, plant)
     step, warnings = newest_with_warnings(root, caplog)
     assert step == 2, "the older consistent checkpoint is the one resumed"
+    found = newest_usable(root)
+    assert found is not None and len(found.skipped) == 1 and found.skipped[0].startswith("step_4: ") and needle in found.skipped[0]
     assert f"skipping checkpoint {newest}" in warnings and needle in warnings and "disagrees with itself" in warnings
     with pytest.raises(ValueError, match="disagrees with itself"):
         manifests.read_manifest(newest)

@@ -82,7 +82,7 @@ def test_selecting_a_stop_checkpoint_verifies_its_referred_base_once(tmp_path: P
         real(path, info)
 
     monkeypatch.setattr(manifests, "_verify_file", counting)
-    path, picked = pick(tmp_path / "checkpoints", 1, None)
+    path, picked, _ = pick(tmp_path / "checkpoints", 1, None)
     assert Path(path).name == "step_10" and picked["replay"]["base"]["dir"] == "step_8"
     assert sorted(verified) == ["step_8/model.pt", "step_8/rank0.pt", "step_8/train_state.pt"]
 

@@ -65,9 +65,10 @@ def node_of(environ: Mapping[str, str]) -> int | None:
     The local rank comes from the launcher (torchrun's LOCAL_RANK, srun's SLURM_LOCALID), else the global RANK (a
     launch that names no local rank is taken as one node); the node from SLURM_NODEID, else torchrun's GROUP_RANK."""
     local = environ.get("LOCAL_RANK") or environ.get("SLURM_LOCALID") or environ.get("RANK") or "0"
-    if int(local) != 0:
+    node = environ.get("SLURM_NODEID") or environ.get("GROUP_RANK") or "0"
+    if local != "0" or not node.isdigit():  # not the first rank, or a launcher's value that is no number: no capture
         return None
-    return int(environ.get("SLURM_NODEID") or environ.get("GROUP_RANK") or 0)
+    return int(node)
 
 
 def start_for_script(run_dir: Path, job_id: str, restart: int, environ: Mapping[str, str]) -> subprocess.Popen | None:

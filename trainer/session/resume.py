@@ -108,6 +108,7 @@ class Resumer:
         self.resumed: Resumed | None = None
         self._started = time.perf_counter()
         self._preloaded: tuple[tuple[Path, str], dict] | None = None  # (where, states) loaded by `select`, verified since
+        self.skipped: list[str] = []  # the newer checkpoints the pick passed over, as "step_N: why" (a corrupt file)
 
     def select(self, training: dict | None, loads: Target) -> tuple[Path, dict] | None:
         """Collective: the checkpoint to resume (path and manifest, the same on every rank), its files verified; None to start fresh.
@@ -137,7 +138,10 @@ class Resumer:
         picked = self.peers.from_leader(led)
         if isinstance(picked, str):
             raise UsageError(picked)
-        return None if picked is None else (Path(picked[0]), picked[1])
+        if picked is None:
+            return None
+        path, manifest, self.skipped = picked
+        return Path(path), manifest
 
     def _preload(self, path: Path, manifest: dict, where: tuple[Path, str]) -> bool:
         """Collective: load `where` (directory, prefix) of checkpoint `path`, then verify every file the checkpoint rests on;
@@ -221,6 +225,7 @@ class Resumer:
             resharded=resharded,
             unverified=self.carried.get(UNVERIFIED_KEY),
             unregistered=self.carried.get(UNREGISTERED_KEY),
+            skipped=self.skipped or None,
         )
         self.telemetry.say("rank %d: resumed at step %d from %s, %s", self.peers.rank, self.resumed.step, path, resharded_label(resharded))
         self.chaos.consume_rng(self.components)
@@ -255,6 +260,7 @@ class Resumer:
             resharded=None,
             unverified=mark,
             unregistered=self.carried.get(UNREGISTERED_KEY),
+            skipped=self.skipped or None,
         )
         if self.resumed.match:
             how = (
@@ -425,8 +431,9 @@ def pick(
     cpu_capabilities: tuple[str, ...] | None = None,
     compiled: bool | None = None,
     gpus: tuple[str | None, ...] | None = None,
-) -> tuple[str, dict] | str | None:
-    """(path, manifest) of the checkpoint to resume, None to start fresh, or the error message to raise on every rank.
+) -> tuple[str, dict, list[str]] | str | None:
+    """(path, manifest, the newer checkpoints skipped as "step_N: why") of the checkpoint to resume, None to start
+    fresh, or the error message to raise on every rank.
 
     `verify` verifies the files of each candidate (`verify_listed` by default); `cpu_capabilities`: every rank's torch
     CPU capability, in rank order (this process's alone by default); `compiled`: whether this attempt's model runs under
@@ -452,16 +459,16 @@ def pick(
     if found.manifest["world_size"] != world_size:
         # Resharded: nothing to replay bitwise (a checkpoint held by its replay keeps the section naming its base's files).
         if bases.held_by_replay(found.manifest):
-            return str(found.path), found.manifest
-        return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
+            return str(found.path), found.manifest, list(found.skipped)
+        return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}, list(found.skipped)
     # newest_usable verified the base of a checkpoint held by its replay already (it skips one whose base fails): not twice.
     unusable = None if bases.held_by_replay(found.manifest) else bases.problem(found.path, found.manifest, verify)
     if unusable is None:
-        return str(found.path), found.manifest
+        return str(found.path), found.manifest, list(found.skipped)
     log.warning(
         "checkpoint %s: %s; resuming from the checkpoint itself, verified by its digests but without a replay", found.path, unusable
     )
-    return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}
+    return str(found.path), {k: v for k, v in found.manifest.items() if k != "replay"}, list(found.skipped)
 
 
 def resting_on(path: Path, manifest: dict) -> list[tuple[Path, dict]]:

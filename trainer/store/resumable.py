@@ -27,10 +27,12 @@ log = logging.getLogger(__name__)
 
 
 class Found(NamedTuple):
-    """A published checkpoint whose manifest and files verify: its directory and manifest."""
+    """A published checkpoint whose manifest and files verify: its directory and manifest, and the newer checkpoints
+    passed over to reach it, each as "step_N: why"."""
 
     path: Path
     manifest: dict
+    skipped: tuple[str, ...] = ()
 
     @property
     def step(self) -> int:
@@ -61,15 +63,18 @@ def newest_usable(root: Path, run: RunShape | None = None, *, strict: bool = Fal
     that started over would replace them. None: nothing to resume.
     """
     candidates = list_checkpoints(root)
+    skipped: list[str] = []
     for path in candidates:
         try:
-            found = Found(path, read_manifest(path, verify))
+            found = Found(path, read_manifest(path, verify), tuple(skipped))
         except (ValueError, KeyError, TypeError) as exc:
             log.warning("skipping checkpoint %s: %s", path, exc)
+            skipped.append(f"{path.name}: {exc}")
             continue
         unusable = _base_problem(found, verify)
         if unusable is not None:
             log.warning("skipping checkpoint %s: its state is held by its replay, and %s", path, unusable)
+            skipped.append(f"{path.name}: its state is held by its replay, and {unusable}")
             continue
         if run is not None:
             check_compatible(
