@@ -260,11 +260,17 @@ def user_variables(frame: types.FrameType | None) -> Iterator[tuple[str, str, An
             yield from ((var, context, value) for var, value in list(frame.f_locals.items()))
             if id(frame.f_globals) not in seen_globals:
                 seen_globals.add(id(frame.f_globals))
-                yield from ((var, f"global of module {name}", value) for var, value in list(frame.f_globals.items()))
+                yield from ((var, f"global of module {name}", value) for var, value in _module_variables(frame.f_globals))
         frame = frame.f_back
     main = sys.modules.get("__main__")
     if main is not None and id(vars(main)) not in seen_globals:
-        yield from ((var, "global of module __main__", value) for var, value in list(vars(main).items()))
+        yield from ((var, "global of module __main__", value) for var, value in _module_variables(vars(main)))
+
+
+def _module_variables(namespace: dict[str, Any]) -> list[tuple[str, Any]]:
+    """A module's own variables: not the interpreter's `__dunder__` entries (`__loader__` is the import system's, and
+    a test runner's import hook changes with every import a loop makes; none of them is training state)."""
+    return [(var, value) for var, value in list(namespace.items()) if not (var.startswith("__") and var.endswith("__"))]
 
 
 def _walk(roots: Iterator[tuple[str, str, Any]], covered: Covered) -> Iterator[tuple[str, Any, str]]:
