@@ -3,8 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# Three workers on two cores, measured from fresh clones: 40.4 min of tests with two workers (the cores 62% busy),
-# 39.4 min with three; with four (2026-11-28) the cores stayed 99% busy through the first 40 minutes, so the suite is
+# Three workers on two cores. A fresh clone's whole suite took 57.3 min of tests on 2026-11-28 (idle machine; the
+# slowest: SLURM devcluster runs, the orphan campaign, 4- and 8-rank DDP runs). Earlier: 40.4 min with two workers (the
+# cores 62% busy), 39.4 min with three; with four (2026-11-28) the cores stayed 99% busy through the first 40 minutes, so the suite is
 # CPU-bound there and more workers buy nothing. Most of a rank's start is torch's import (1.4 s of CPU) and Dynamo's,
 # which DDP and fully_shard import as they wrap a model (1.3 s): 2.6 of a median rank's 3.6 s of CPU. Ranks a test
 # starts by script path fork warm from a server that paid it once (tests/helpers/warm.py). tests/conftest.py keeps the SLURM tests, and each
