@@ -1,9 +1,9 @@
 """Shell completion for `legato`, generated from its own parser, so it never lags the grammar.
 
 `legato completion bash` prints a bash function that completes subcommands (nested ones too: `repro diff`), each
-command's flags after a `-`, and the values a flag or positional argument is limited to (`devcluster
-up|down|status`); anything else completes as a file name. zsh loads the same function through its bash compatibility layer. The script holds
-only words from the parser, each quoted for the shell. This module must never import torch, nor run anything.
+command's flags after a `-`, and the values a flag or positional argument is limited to (`devcluster up|down|status`);
+anything else completes as a file name. zsh loads the same function through its bash compatibility layer. The script
+holds only words from the parser, each quoted for the shell. This module must never import torch, nor run anything.
 """
 
 from __future__ import annotations
