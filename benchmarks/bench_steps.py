@@ -40,9 +40,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from legato.runtime.launch import free_port
+from legato.session.policy import HangPolicy
 from legato.session.session import CheckpointPolicy, Session
 
-VARIANTS = ("defaults", "no-worker-rng", "no-hash", "no-replay")
+VARIANTS = ("defaults", "no-worker-rng", "no-hash", "no-replay", "no-watchdog")
 
 
 class Augmented(Dataset):
@@ -142,7 +143,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict)
         dist.barrier()
         return _timed_epoch(loader(r), step, None, args.steps, sync)
 
-    def session(label: str, policy: CheckpointPolicy, worker_rng: bool = True) -> Callable[[int], float]:
+    def session(label: str, policy: CheckpointPolicy, worker_rng: bool = True, hang: HangPolicy = HangPolicy()) -> Callable[[int], float]:
         def run(r: int) -> float:
             dist.barrier()
             s = Session(
@@ -153,6 +154,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict)
                 total_steps=args.steps,
                 checkpoint=policy,
                 worker_rng=worker_rng,
+                hang=hang,
             )
             return _timed_epoch(s, step, s.report, args.steps, sync)
 
@@ -164,6 +166,7 @@ def _worker(rank: int, port: int, args: argparse.Namespace, tmp: str, out: dict)
         "no-worker-rng": ("  worker_rng=False", session("no-worker-rng", CheckpointPolicy(), worker_rng=False)),
         "no-hash": ("  hash_every_steps=0", session("no-hash", CheckpointPolicy(hash_every_steps=0))),
         "no-replay": ("  replay_steps=0", session("no-replay", CheckpointPolicy(replay_steps=0))),
+        "no-watchdog": ("  hang watchdog off", session("no-watchdog", CheckpointPolicy(), hang=HangPolicy(watchdog=False))),
     }
     variants = dict(every[key] for key in ("control", *args.variants))
     ratios: dict[str, list[float]] = {name: [] for name in variants}

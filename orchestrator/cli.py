@@ -456,7 +456,8 @@ def _multinode(args: argparse.Namespace, say) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    """`legato train`: train the config on this machine without SLURM, relaunching it after each stop (exit 75) as a requeue would."""
+    """`legato train`: train the config on this machine without SLURM, relaunching it after each stop (exit 75) or hang
+    (exit 124) as a requeue would."""
     run_dir = load_config(args.config, args.overrides).run_dir
     if args.fresh and final_manifest(run_dir) is not None:
         raise UsageError(f"--fresh: {run_dir} already holds checkpoints. Remove it, or drop --fresh to resume it.")
@@ -474,6 +475,8 @@ def _say_attempt(kind: str, d: dict) -> None:
     where = f"step {m['step']} (global hash {m['global_hash']})" if m else "no checkpoint"
     if kind == "stopped":
         print(f"legato: attempt {d['attempt']} stopped at a committed checkpoint, {where}; resuming", flush=True)
+    elif kind == "hung":
+        print(f"legato: attempt {d['attempt']} hung and was ended (stacks in the run's hangs/); resuming from {where}", flush=True)
     elif d["code"] == EXIT_OK:
         print(f"legato: training complete after {d['attempt']} attempt(s): {where}", flush=True)
     else:

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from legato.events import Kind, except_label, loop_left_label, resharded_label, unverified_label
+from legato.events import Kind, except_label, hang_label, loop_left_label, resharded_label, unverified_label
 from legato.orchestrator.status import RunSummary
 from legato.slurm.pending import describe
 from legato.voice import counted
@@ -121,6 +121,7 @@ class LiveView:
             Kind.ATTEMPT_STOPPED: lambda: f"{tag}stopped at the committed checkpoint of step {e['step']}; the next launch resumes it",
             Kind.LOOP_LEFT: lambda: f"{tag}{loop_left_label(e)}",
             Kind.REQUEUE_FAILED: lambda: f"{tag}could not requeue: {e['reason']}",
+            Kind.HANG: lambda: f"{tag}{hang_label(e)}" + ("; the same hang as an earlier attempt's: not retried" if e["repeated"] else ""),
             Kind.RANK_LOST: lambda: (
                 f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}"
             ),

@@ -155,6 +155,9 @@ class JobEvents:
                 received_at=event["signal_received_at"],
                 at_start=at_start,
             )
+        if kind == Kind.HANG:  # from whichever rank found it, which then exits; the supervisor resubmits or ends the run
+            fields = {k: event.get(k) for k in sorted(field_names(Kind.HANG) - JOB_TAG_FIELDS)}
+            self.ledger.append(Kind.HANG, **self.ident.tag(), **fields)
         if self.ident.rank != 0:
             return
         if kind == Kind.PROGRESS:

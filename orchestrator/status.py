@@ -250,6 +250,8 @@ def _apply(attempt: Attempt, e: dict) -> None:
         attempt.ended = f"raised {exception.split(':')[0]}" if exception else "left the loop"
     elif kind == Kind.REQUEUE_FAILED:
         attempt.ended = f"not requeued: {e.get('reason')}"
+    elif kind == Kind.HANG:
+        attempt.ended = f"hung at step {e['step']} (stacks in {e['stacks']}/)"
     elif kind == Kind.CONTINUED_UNVERIFIED:
         attempt.ended, attempt.continued_unverified = "running", True
     elif kind in (Kind.REQUEUED, Kind.FINISHED, Kind.FAILED):

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from legato.config import Config, training_identity
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE, UsageError
-from legato.events import ATTEMPT_ENDING, TERMINAL, Kind
+from legato.events import ATTEMPT_ENDING, TERMINAL, Kind, hang_label, repeated_hang_reason
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import current_job, current_session, read_progress
@@ -40,7 +40,7 @@ from legato.system.signals import parse_signal
 log = logging.getLogger(__name__)
 
 Notify = Callable[[str, dict], None]
-LOST_RANK_GRACE_S = 60.0  # after `rank_lost`, how long the job's other tasks get to exit by themselves
+LOST_RANK_GRACE_S = 60.0  # after `rank_lost` or a `hang`, how long the job's other tasks get to exit by themselves
 
 
 def config_digest(cfg: Config) -> str:
@@ -217,8 +217,13 @@ class Supervisor:
                 f"job {handle.job_id} ended ({state}) before any of its tasks started training; see `legato logs {self.cfg.run_dir}`",
             )
             return
+        hangs = [e for e in session if e["event"] == Kind.HANG and e.get("job_id") == handle.job_id]
+        if hangs and hangs[-1]["repeated"]:
+            self._fail(handle.job_id, repeated_hang_reason(hangs[-1]))
+            return
         lost = [e for e in session if e["event"] == Kind.RANK_LOST and e.get("job_id") == handle.job_id]
-        self._submit(session, previous=handle.job_id, reason=f"{state}: {lost[-1]['reason']}" if lost else state)
+        reason = f"{state}: {hang_label(hangs[-1])}" if hangs else f"{state}: {lost[-1]['reason']}" if lost else state
+        self._submit(session, previous=handle.job_id, reason=reason)
 
     def _submit(self, session: list[dict], previous: str | None, reason: str | None) -> None:
         attempts = sum(1 for e in session if e["event"] == Kind.ATTEMPT_STARTED)
@@ -299,14 +304,15 @@ class Supervisor:
         handle.cancel()
 
     def _end_after_lost_rank(self, session: list[dict], handle: JobHandle) -> None:
-        """A job attempt whose rank 0 recorded `rank_lost` has nothing left to do; one task hanging on its way out
-        (a half-dead collective, an exit handler) must not hold the run: cancel the job after a grace period.
-        An attempt SLURM itself requeued and restarted is live again: only the job's newest attempt counts."""
+        """A job attempt whose rank 0 recorded `rank_lost`, or whose watchdog recorded a `hang`, has nothing left to do;
+        one task hanging on its way out (a half-dead collective, an exit handler, a stopped rank on another node) must
+        not hold the run: cancel the job after a grace period. An attempt SLURM itself requeued and restarted is live
+        again: only the job's newest attempt counts."""
         live = _live_attempt(session)
         if live is None or str(live["job_id"]) != handle.job_id:
             return
         key = (handle.job_id, live["restart"])
-        lost = any(e["event"] == Kind.RANK_LOST and (str(e.get("job_id")), e.get("restart")) == key for e in session)
+        lost = any(e["event"] in (Kind.RANK_LOST, Kind.HANG) and (str(e.get("job_id")), e.get("restart")) == key for e in session)
         if not lost or key in self._lost_cancelled:
             return
         since = self._lost_since.setdefault(key, time.monotonic())

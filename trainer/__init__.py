@@ -20,7 +20,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from legato.errors import EXIT_OK, EXIT_STOPPED, EXIT_USAGE, ResumeMismatchError, UsageError
+from legato.errors import EXIT_HUNG, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, ResumeMismatchError, UsageError
 
 _LAZY = {
     "RunContext": "legato.runtime.context",
@@ -32,17 +32,20 @@ _LAZY = {
     "sample_generator": "legato.state.sampler",
     "Chaos": "legato.session.session",
     "CheckpointPolicy": "legato.session.policy",
+    "HangPolicy": "legato.session.policy",
     "Session": "legato.session.session",
     "StopPolicy": "legato.session.policy",
     "resumable_loader": "legato.state.sampler",
 }
 
 __all__ = [
+    "EXIT_HUNG",
     "EXIT_OK",
     "EXIT_STOPPED",
     "EXIT_USAGE",
     "Chaos",
     "CheckpointPolicy",
+    "HangPolicy",
     "ResumableDistributedSampler",
     "ResumeMismatchError",
     "RunContext",
@@ -59,7 +62,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from legato.runtime.context import RunContext
-    from legato.session.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
+    from legato.session.session import Chaos, CheckpointPolicy, HangPolicy, Session, StopPolicy, resumable_loader
     from legato.state.determinism import Seeds, derive_seed, seed_everything
     from legato.state.plain import attributes
     from legato.state.sampler import ResumableDistributedSampler, sample_generator

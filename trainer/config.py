@@ -35,6 +35,7 @@ __all__ = [
     "Config",
     "DeterminismSection",
     "Fsdp2Section",
+    "HangSection",
     "LocalSection",
     "ReproSection",
     "RunSection",
@@ -215,6 +216,28 @@ class CheckpointSection:
     )
 
 
+@dataclass(frozen=True)
+class HangSection:
+    """When ranks that make no progress count as hung: the config's `hang:` section, and a Session's `HangPolicy`
+    (legato.session.policy), held to these bounds as it is made. A hung attempt is ended with every rank's stacks in
+    `hangs/` and resumed from its newest checkpoint (docs/hangs.md). `LEGATO_HANG` in the environment overrides it at
+    launch: `off`, or `floor_s=60,phase_s=600`."""
+
+    watchdog: bool = option(True, doc="end an attempt whose ranks all stopped making progress, with their stacks, so that it resumes")
+    # No rank of the job stepped, changed its main thread's Python stack or kept a CPU busy for this long: a validation
+    # on rank 0 while the others wait, or a long torch.save, is activity; a wait in a collective or on a lock is not.
+    floor_s: float = option(180.0, minimum=1, maximum=SECONDS_MAX, doc="no step is judged hung sooner than this many quiet seconds")
+    step_factor: float = option(
+        20.0, minimum=1, maximum=10**6, doc="...nor sooner than this many times the slowest step this attempt has taken"
+    )
+    phase_s: float = option(
+        900.0,
+        minimum=1,
+        maximum=SECONDS_MAX,
+        doc="the quiet seconds allowed while an attempt starts, restores, replays, writes a checkpoint or ends an epoch",
+    )
+
+
 @dataclass
 class DeterminismSection:
     """The seed and how strictly the ranks are made deterministic."""
@@ -267,6 +290,7 @@ class Config:
     slurm: SlurmSection = field(default_factory=SlurmSection)
     train: TrainSection = field(default_factory=TrainSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    hang: HangSection = field(default_factory=HangSection)
     determinism: DeterminismSection = field(default_factory=DeterminismSection)
     chaos: ChaosSection = field(default_factory=ChaosSection)
     repro: ReproSection = field(default_factory=ReproSection)

@@ -16,6 +16,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_RESUME_MISMATCH = 3
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped at a committed checkpoint, run again to resume
+EXIT_HUNG = 124  # as timeout(1): the hang watchdog ended an attempt that made no progress; run again to resume
 
 
 class UsageError(Exception):

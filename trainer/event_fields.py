@@ -309,6 +309,25 @@ class LoopLeft(_Attempt):
     exception: str | None
 
 
+class Hang(_Attempt):
+    """The fields of a `HANG` record: the rank that found it and its host, the step and phase it stood at, how long no rank
+    had shown progress against the bound, its main thread's innermost frame and the script's own line, the processes of
+    its host found stopped, the folder of the stacks (relative to the run directory), and whether the same hang (step and
+    frame) ended an earlier attempt."""
+
+    rank: int
+    host: str
+    step: int
+    phase: str
+    quiet_s: float
+    bound_s: float
+    frame: str
+    user_frame: str | None
+    stopped: list[str]
+    stacks: str
+    repeated: bool
+
+
 class Progress(TypedDict):
     """The fields of a `PROGRESS` report: the live step, epoch and loss (to progress.json, never the ledger)."""
 
@@ -367,6 +386,7 @@ FIELDS: dict[Kind, type[Any]] = {
     Kind.REQUEUED: Requeued,
     Kind.ATTEMPT_STOPPED: AttemptStopped,
     Kind.LOOP_LEFT: LoopLeft,
+    Kind.HANG: Hang,
     Kind.PROGRESS: Progress,
     Kind.STOP_AGREED: StopAgreed,
     Kind.ERROR: Error,

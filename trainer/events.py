@@ -79,6 +79,10 @@ class Kind(str, enum.Enum):
     # A script's Session (rank 0), when the script left the loop before the run's end with no stop agreed: a `break`
     # (early stopping), or an exception. The steps after the newest checkpoint are not saved.
     LOOP_LEFT = "loop_left"
+    # The hang watchdog of the rank that first found its attempt hung (no rank stepped, moved or computed for longer than
+    # the bound): where it stood, which processes were stopped, and where their stacks are. The attempt ends (exit 124)
+    # and resumes from its newest checkpoint, unless the same hang repeated (`repeated`): then the run fails naming it.
+    HANG = "hang"
     # The Session (rank 0), every few seconds: the live step and loss. Goes to progress.json, never the ledger.
     PROGRESS = "progress"
     # The Session, on every rank, when the ranks agreed to stop. The job side records it as `STOP_SIGNAL`.
@@ -143,3 +147,24 @@ def loop_left_label(record: dict) -> str:
         return f"the script raised {record['exception']} after step {record['step']}; {unsaved}"
     how = "a break, or an exception in its body"
     return f"the script left the loop after step {record['step']} of {record['total_steps']} ({how}); {unsaved}"
+
+
+def hang_label(record: dict) -> str:
+    """How a `HANG` record is told everywhere (status, watch, the supervisor's reason): where the attempt stood, for how
+    long nothing moved, where the main thread waited, who was stopped, and where the stacks are."""
+    where = record.get("user_frame") or record.get("frame")
+    stopped = f"; stopped: {', '.join(record['stopped'])}" if record.get("stopped") else ""
+    return (
+        f"hung at step {record['step']} (phase: {record['phase']}): no rank made progress for {record['quiet_s']:.0f}s "
+        f"(bound {record['bound_s']:.0f}s); rank {record['rank']} on {record['host']} waited in {where}{stopped}; "
+        f"stacks in {record['stacks']}/"
+    )
+
+
+def repeated_hang_reason(record: dict) -> str:
+    """Why a run ends at a hang that an earlier attempt already hung at (same step, same frame): one paragraph."""
+    return (
+        f"the attempt {hang_label(record)}, exactly where an earlier attempt hung, so running it again would hang the "
+        "same way. Read the stacks, fix what they show (a deadlock, a peer that never joins a collective, a stuck data "
+        "source) or, if the step is only slow, raise hang.floor_s (LEGATO_HANG=floor_s=...), then run it again."
+    )

@@ -12,6 +12,8 @@
       trajectory/rank<R>.jsonl     per-rank trajectory
       repro/<job>/<attempt>[/node<N>]/   environment captures
       repro/fingerprint.key        the key of the captures' value fingerprints
+      hangs/<job>/<attempt>/       a hung attempt's stacks (one file per process), the ranks' summaries and its record
+      .activity/<job>.<attempt>    touched by a rank busy outside its steps (a validation): the hang watchdog's shared mark
       submitit/<job>/              the tasks' submitit folders and logs
 
 Readers and writers in every package take their paths from `RunPaths`; no
@@ -100,6 +102,16 @@ class RunPaths:
     def capture(self, job_id: str, attempt: int, node: int = 0) -> Path:
         dest = self.repro / job_id / str(attempt)
         return dest / f"node{node}" if node else dest
+
+    @property
+    def hang_root(self) -> Path:
+        return self.root / "hangs"
+
+    def hangs(self, job_id: str, attempt: int) -> Path:
+        return self.hang_root / job_id / str(attempt)
+
+    def activity(self, job_id: str, attempt: int) -> Path:
+        return self.root / ".activity" / f"{job_id}.{attempt}"
 
     @property
     def submitit(self) -> Path:

@@ -21,8 +21,9 @@ import logging
 import time
 from pathlib import Path
 
+from legato.errors import EXIT_FAILED
 from legato.event_fields import JOB_TAG_FIELDS, field_names
-from legato.events import Kind
+from legato.events import Kind, repeated_hang_reason
 from legato.files import write_atomic
 from legato.ledger_file import record
 from legato.paths import RunPaths
@@ -79,6 +80,8 @@ class LedgerRecorder:
         kind, rank = event.get("event"), event.get("rank", 0)
         if kind == Kind.STOP_AGREED:
             self._stop_agreed(event)
+        if kind == Kind.HANG:  # from whichever rank found it, which then exits
+            self._hang(event)
         if rank != 0:
             return
         if kind == Kind.PROGRESS:
@@ -108,6 +111,12 @@ class LedgerRecorder:
             )
         if event.get("at_start") and event.get("rank", 0) == 0:
             self._write(Kind.ATTEMPT_STOPPED, step=event["step"])
+
+    def _hang(self, event: dict) -> None:
+        """The hang, and, when it repeated an earlier attempt's, the run's end: its launcher must not run it again."""
+        self._record(Kind.HANG, event)
+        if event["repeated"]:
+            self._write(Kind.FAILED, exit_code=EXIT_FAILED, reason=repeated_hang_reason(event))
 
     def _record(self, kind: Kind, event: dict) -> None:
         self._write(kind, **{name: event.get(name) for name in sorted(field_names(kind) - JOB_TAG_FIELDS)})

@@ -47,7 +47,7 @@ import signal
 import sys
 import threading
 
-from legato.errors import EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_STOPPED, EXIT_USAGE, UsageError
+from legato.errors import EXIT_HUNG, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.system.launch_env import determinism_environ
 from legato.system.lifeline import LAUNCHER_PID
 from legato.system.processes import children
@@ -68,6 +68,12 @@ OUTCOMES = {
     EXIT_RESUME_MISMATCH: "the resume did not verify, see the paragraph above (exit %d); running again would fail the same way",
     EXIT_USAGE: "the script was refused what it was given, see the paragraph above (exit %d); fix that and run it again",
 }
+
+
+HUNG = (
+    "the ranks made no progress and legato's hang watchdog ended them, their stacks are in the run directory's hangs/ "
+    "(exit %d); run the same command again to resume from the newest checkpoint"
+)
 
 
 def stop_signals(environ: dict[str, str] | os._Environ) -> list[signal.Signals]:
@@ -170,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
         run(args)
     except ChildFailedError as exc:
         codes = {failure.exitcode for failure in exc.failures.values()}
+        if EXIT_HUNG in codes:  # the others then end as they may: lost peers, the agent's TERM, killed when stopped
+            say(log, 0, HUNG, EXIT_HUNG)
+            return EXIT_HUNG
         for code, news in OUTCOMES.items():
             if code in codes and codes <= {code, -signal.SIGTERM}:
                 say(log, 0, news, code)

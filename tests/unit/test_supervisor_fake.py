@@ -106,6 +106,42 @@ def test_a_job_whose_rank_lost_its_peers_is_cancelled_after_the_grace_and_resubm
     assert resubmitted["reason"] == "CANCELLED: a rank lost its peers (timeout)"
 
 
+HANG = {
+    "event": "hang",
+    "restart": 0,
+    "rank": 0,
+    "host": "n1",
+    "step": 12,
+    "phase": "step",
+    "quiet_s": 181.0,
+    "bound_s": 180.0,
+    "frame": "train.py:40 in load",
+    "user_frame": "train.py:40 in load",
+    "stopped": [],
+    "stacks": "hangs/101/1",
+    "repeated": False,
+}
+
+
+def test_a_hung_job_is_resubmitted_naming_the_hang_and_a_task_left_behind_is_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(supervisor_module, "LOST_RANK_GRACE_S", 0.0)
+    hung = [running(0, ("n1",), HANG), still()]  # a stopped rank on another node never ends by itself
+    code, fake, ledger = _supervise(_config(tmp_path), hung, [running(0), ended("COMPLETED", FINISHED)])
+    assert code == EXIT_OK and fake.cancelled == ["101"]
+    (resubmitted,) = _events(ledger, "resubmitted")
+    assert resubmitted["reason"].startswith("CANCELLED: hung at step 12") and "train.py:40 in load" in resubmitted["reason"]
+
+
+def test_the_same_hang_again_fails_the_run_instead_of_resubmitting_it(tmp_path: Path) -> None:
+    again = {**HANG, "repeated": True, "stacks": "hangs/101/2"}
+    code, fake, ledger = _supervise(_config(tmp_path), [running(0, ("n1",), again), ended("FAILED")])
+    assert code == EXIT_FAILED and len(fake.submitted) == 1
+    (failed,) = _events(ledger, "failed")
+    assert "exactly where an earlier attempt hung" in failed["reason"] and "hangs/101/2/" in failed["reason"]
+
+
 def test_a_run_that_failed_while_its_job_still_runs_cancels_the_leftover_job(tmp_path: Path) -> None:
     refused = {"event": "failed", "restart": 0, "exit_code": EXIT_USAGE, "reason": "rank 0 refused a setting"}
     code, fake, ledger = _supervise(_config(tmp_path), [running(0, ("n1",), refused), still()])

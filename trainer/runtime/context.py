@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from legato.config import Config, training_settings
 from legato.dist.stop import stop_signals
-from legato.session.session import Chaos, CheckpointPolicy, Session, StopPolicy, resumable_loader
+from legato.session.session import Chaos, CheckpointPolicy, HangPolicy, Session, StopPolicy, resumable_loader
 from legato.state.determinism import Seeds
 from legato.store import checkpoint as ckpt
 
@@ -57,8 +57,8 @@ class RunContext:
         )
 
     def session(self, **kwargs: Any) -> Session:
-        """A Session with checkpoint, stop and chaos policies from the config; kwargs as for Session."""
-        c, chaos = self.cfg.checkpoint, self.cfg.chaos
+        """A Session with checkpoint, stop, hang and chaos policies from the config; kwargs as for Session."""
+        c, hang, chaos = self.cfg.checkpoint, self.cfg.hang, self.cfg.chaos
         kwargs.setdefault("total_steps", self.cfg.train.steps)
         # Strict determinism also refuses state legato does not save (legato.state.census).
         kwargs.setdefault("census", "strict" if self.cfg.determinism.mode == "strict" else "warn")
@@ -66,6 +66,7 @@ class RunContext:
             self.run_dir,
             checkpoint=CheckpointPolicy(**{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}),
             stop=StopPolicy(stop_signals(self.cfg.slurm.signal, self.cfg.slurm.handle_sigterm)),
+            hang=HangPolicy(**{f.name: getattr(hang, f.name) for f in dataclasses.fields(hang)}),
             chaos=Chaos(
                 signal_rank=chaos.signal_rank,
                 signal_at_steps=tuple(chaos.signal_at_steps),

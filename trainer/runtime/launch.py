@@ -2,7 +2,8 @@
 
 Starts N real processes (gloo on CPU), forwards the stop signal to all of
 them, and exits with the job's code: 0 training complete, 75 stopped at a
-committed checkpoint (run the same command again to resume), 2 bad input.
+committed checkpoint (run the same command again to resume), 124 ended by the
+hang watchdog (run it again to resume), 2 bad input.
 When one rank fails, the others are killed rather than left in a collective;
 when the launcher dies (even by SIGKILL), its ranks die with it: each rank is
 armed to die with the launcher before it execs (legato.system.lifeline), and
@@ -25,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from legato.config import load_config
-from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
+from legato.errors import EXIT_FAILED, EXIT_HUNG, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.paths import RunPaths
 from legato.quiet_args import Parser
 from legato.runtime.entrypoint import check_entrypoint
@@ -183,6 +184,8 @@ def _job_code(codes: list[int]) -> int:
         return EXIT_STOPPED
     if EXIT_USAGE in codes:
         return EXIT_USAGE
+    if EXIT_HUNG in codes:  # the watchdog's answer; the other ranks then lose their peer or are killed
+        return EXIT_HUNG
     real = [c for c in codes if c not in (EXIT_OK, EXIT_STOPPED)]
     if real and real[0] > 0:
         return real[0]

@@ -10,15 +10,20 @@ Session and its delegates do.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from legato.config import CheckpointSection
+from legato import safeyaml
+from legato.config import CheckpointSection, HangSection
 from legato.config_build import check_values
 from legato.errors import UsageError
 from legato.system.signals import normalize_signal
 from legato.voice import refusing
 
-__all__ = ["CheckpointPolicy", "StopPolicy"]
+__all__ = ["HANG_ENV", "CheckpointPolicy", "HangPolicy", "StopPolicy"]
+
+HANG_ENV = "LEGATO_HANG"  # `off`, or the hang section's own keys: `floor_s=60,phase_s=600`
 
 
 @dataclass(frozen=True)  # fields and defaults inherited; made again so that its __init__ runs the check below
@@ -47,3 +52,34 @@ class StopPolicy:
             )
         for name in self.signals:
             normalize_signal(name, key="StopPolicy: a name in signals")
+
+
+@dataclass(frozen=True)  # fields and defaults inherited, as CheckpointPolicy's are
+class HangPolicy(HangSection):
+    """When a rank that makes no progress counts as hung: the config's `hang:` section (defined and documented there once),
+    refused in one paragraph as it is made when a value is out of bounds."""
+
+    @refusing
+    def __post_init__(self) -> None:
+        check_values(HangSection, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "HangPolicy")
+
+    def from_env(self, environ: Mapping[str, str]) -> HangPolicy:
+        """This policy with `LEGATO_HANG` applied: whoever launches the run has the last word over the script."""
+        text = environ.get(HANG_ENV, "").strip()
+        if not text:
+            return self
+        if text.lower() == "off":
+            return dataclasses.replace(self, watchdog=False)
+        names = {f.name for f in dataclasses.fields(HangSection)}
+        changes: dict[str, Any] = {}
+        for item in text.split(","):
+            key, sep, value = item.partition("=")
+            if not sep or key.strip() not in names:
+                raise UsageError(
+                    f"{HANG_ENV}={text!r}: {item.strip()!r} is not one of the hang settings ({', '.join(sorted(names))}) as key=value. "
+                    f"Write for example {HANG_ENV}=floor_s=60,phase_s=600, or {HANG_ENV}=off."
+                )
+            changes[key.strip()] = safeyaml.load(value.strip(), f"{HANG_ENV}: {key.strip()}")
+        check_values(HangSection, changes, HANG_ENV)
+        numbers = {k: float(v) for k, v in changes.items() if k != "watchdog"}
+        return dataclasses.replace(self, **{**changes, **numbers})

@@ -58,7 +58,7 @@ from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
 from legato.session.losses import Loss, LossBook
 from legato.session.opening import open_attempt
-from legato.session.policy import CheckpointPolicy, StopPolicy
+from legato.session.policy import CheckpointPolicy, HangPolicy, StopPolicy
 from legato.session.position import Metrics, Position
 from legato.session.replayer import Outcome, Replayer
 from legato.session.resume import GO_ON_UNVERIFIED, REQUIRED, Resumed, Resumer, nothing_to_resume, resume_choice
@@ -66,6 +66,7 @@ from legato.session.saving import Saver
 from legato.session.table import session_table
 from legato.session.telemetry import Telemetry
 from legato.session.unsaved import Census
+from legato.session.watchdog import CHECKPOINT, EPOCH_END, REPLAY, RESTORE, STEP, Watchdog
 from legato.session.wrappers import ddp_of, runs_compiled, unwrap
 from legato.state import adoption
 from legato.state import components as table
@@ -82,7 +83,17 @@ from legato.voice import refusing
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.stateful import Stateful
 
-__all__ = ["CHAOS_AT_ENV", "CHAOS_RANK_ENV", "Chaos", "CheckpointPolicy", "Resumed", "Session", "StopPolicy", "resumable_loader"]
+__all__ = [
+    "CHAOS_AT_ENV",
+    "CHAOS_RANK_ENV",
+    "Chaos",
+    "CheckpointPolicy",
+    "HangPolicy",
+    "Resumed",
+    "Session",
+    "StopPolicy",
+    "resumable_loader",
+]
 
 log = logging.getLogger(__name__)
 CARRIED = "carried"
@@ -112,6 +123,7 @@ class Session:
         extras: Mapping[str, Stateful] | None = None,
         checkpoint: CheckpointPolicy = CheckpointPolicy(),
         stop: StopPolicy = StopPolicy(),
+        hang: HangPolicy = HangPolicy(),
         chaos: Chaos | None = None,
         training: dict | None = None,
         on_event: Callable[[dict], None] | None = None,
@@ -122,6 +134,7 @@ class Session:
         check_arguments(run_dir, model, optimizer, scheduler, scaler)
         # Refused before anything is recorded, as a bad argument is: a bad LEGATO_RESUME, or nothing to resume where required.
         resume = resume_choice(os.environ)
+        hang = hang.from_env(os.environ)
         if resume == REQUIRED and not list_checkpoints(RunPaths(run_dir).checkpoints):
             raise UsageError(nothing_to_resume(RunPaths(run_dir).checkpoints))
         self.source = adoption.adopt(loader, worker_rng)
@@ -147,6 +160,10 @@ class Session:
         # node in a process of its own; under `legato run` the job side does both.
         self.on_event = on_event or LedgerRecorder(self.run_dir, self.identity.tag)
         self._capture = None if on_event else start_for_script(self.run_dir, self.identity.job_id, self.identity.attempt - 1, os.environ)
+        # Started now, before any loader forks its workers, and kept until the loop ends (never a thread per step).
+        self._watchdog = Watchdog.start(
+            hang, self._peers.gather, self.rank, self.run_dir, self.identity.job_id, self.identity.attempt, self.on_event
+        )
         self.generators = {} if self.source is None else dict(self.source.generators)
         self._position = Position(self.steps_per_epoch)
         self._metrics = Metrics()
@@ -357,9 +374,12 @@ class Session:
             self._saving.base.yielded(batch)
             yield batch
             self._end_step()
+        if self._feed.epoch_mode:
+            self._watchdog.beat(EPOCH_END)  # the body's own epoch end (a validation) runs now
 
     def _begin(self) -> None:
         self._begun = True
+        self._watchdog.beat(RESTORE)
         # Before the resume, so what legato does not save is named before a resume says it verified.
         self._census.check(self.step, "start")
         if self.carried.used:
@@ -374,6 +394,7 @@ class Session:
         self._telemetry.emit(Kind.BUCKET_LAYOUT, step=self.step, pinned=layout.restored, reason=layout.reason)
         self._telemetry.open_trajectory(RunPaths(self.run_dir).trajectory(self.rank), resume_step)
         self._saving.take_snapshot()
+        self._watchdog.beat(REPLAY if self._replayer.active else STEP)
         if agree_at_start(self._flag, self._peers.group):
             # A stop signal during start-up: stop before the first step; the newest checkpoint already holds this state.
             # Name the checkpoint's step, not a replay base's: it is where the next attempt starts.
@@ -401,12 +422,15 @@ class Session:
             self.chaos.after_step(self.rank, self.step, self._flag.signals[0])
             reason = self._saving.reason(self._agreement, self._flag.raised, self.total_steps)
             census = self._census.alongside(reason, self.step, sys._getframe())
+            if reason:
+                self._watchdog.beat(CHECKPOINT)
             self._saving.step_end(reason, self._loss, self._lr, self._flag.received_at, census)
             self.stopped = reason == "signal"
             if not self.stopped:
                 self._census.early_look(self.step, sys._getframe())
         if self._saving.base.due(self.step, self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
+        self._watchdog.stepped(self.step, REPLAY if self._replayer.active else STEP)
 
     @contextlib.contextmanager
     def _lifetime(self) -> Iterator[None]:
@@ -427,6 +451,7 @@ class Session:
             self._close(orderly)
 
     def _close(self, orderly: bool) -> None:
+        self._watchdog.stop()
         end_for_script(self._capture)
         self._saving.close()
         self._agreement.close()
