@@ -12,6 +12,7 @@ import os
 import random
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -185,6 +186,28 @@ def test_hard_kill_is_resubmitted_from_the_last_periodic_checkpoint(cluster, tmp
     first, second = data["attempts"]
     assert second["job_id"] != job_id and data["resubmissions"] == 1 and "CANCELLED" in first["ended"]
     assert second["resumed_from_step"] % 250 == 0 and second["resumed_from_step"] >= 250 and second["verified"] is True
+    assert data["final_global_hash"] == short_reference
+
+
+def test_a_rank_stopped_under_srun_is_found_hung_and_the_job_resubmitted(cluster, tmp_path: Path, short_reference: str) -> None:
+    """srun ends a step only when every task has ended: the watchdog of the waiting rank ends the stopped one too."""
+    run_dir = tmp_path / "run"
+    proc = start(run_dir, *SHORT, "hang.floor_s=5", "hang.phase_s=60")
+    wait_for(
+        lambda: (run_dir / "ledger.jsonl").exists() and any(e["event"] == "checkpoint_committed" for e in ledger(run_dir)),
+        timeout=180,
+        what="a periodic checkpoint",
+    )
+    rank1 = next(e["pid"] for e in ledger(run_dir) if e["event"] == "rank_started" and e["rank"] == 1)
+    os.kill(rank1, signal.SIGSTOP)
+    out = finish(proc)
+    assert proc.returncode == 0, out[-4000:]
+    assert "hung at step" in out and "resubmitted as job" in out, out[-4000:]
+    (hang,) = [e for e in ledger(run_dir) if e["event"] == "hang"]
+    assert "rank 1" in hang["stopped"] and (run_dir / hang["stacks"] / "rank1.txt").is_file(), hang
+    data = status(run_dir)
+    first, second = data["attempts"]
+    assert first["ended"].startswith("hung at step") and second["verified"] is True and data["resubmissions"] == 1
     assert data["final_global_hash"] == short_reference
 
 
