@@ -121,6 +121,10 @@ class LiveView:
             Kind.ATTEMPT_STOPPED: lambda: f"{tag}stopped at the committed checkpoint of step {e['step']}; the next launch resumes it",
             Kind.LOOP_LEFT: lambda: f"{tag}{loop_left_label(e)}",
             Kind.REQUEUE_FAILED: lambda: f"{tag}could not requeue: {e['reason']}",
+            Kind.WORK_LOST: lambda: (
+                f"{tag}the previous attempt trained to step {e['trained_to']}: the {e['lost_steps']} steps after the checkpoint "
+                f"at step {e['step']} were lost and are trained again"
+            ),
             Kind.HANG: lambda: f"{tag}{hang_label(e)}" + ("; the same hang as an earlier attempt's: not retried" if e["repeated"] else ""),
             Kind.RANK_LOST: lambda: (
                 f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}"
@@ -255,7 +259,7 @@ def status_table(summary: RunSummary) -> str:
                 resume,
                 ckpt,
                 env,
-                a.ended,
+                a.ended + (f"; {a.lost_steps} steps lost" if a.lost_steps else ""),
             )
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -278,6 +282,8 @@ def status_table(summary: RunSummary) -> str:
         )
     tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
     tail += [f"attempt {a.number} fell back past {'; '.join(a.skipped)}" for a in summary.attempts if a.skipped]
+    if summary.lost_steps:
+        tail.append(f"lost work: {summary.lost_steps} steps trained past a checkpoint by attempts that ended without one, trained again")
     if summary.unregistered:
         any_resumed = any(a.resumed_from_step is not None for a in summary.attempts)
         tail.append(

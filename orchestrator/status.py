@@ -44,6 +44,7 @@ class Attempt:
     continued_unverified: bool = False  # its resume did not verify, and the run went on by the user's choice
     unregistered: list[str] = field(default_factory=list)  # what its resume verified without: objects the census found unsaved
     skipped: list[str] = field(default_factory=list)  # newer checkpoints its resume passed over, "step_N: why" (did not verify)
+    lost_steps: int = 0  # steps it trained past the checkpoint the next attempt resumed: lost, and trained again
     environment: dict[str, str] = field(default_factory=dict, repr=False)
     environment_changed: list[str] | None = None
 
@@ -90,6 +91,11 @@ class RunSummary:
     unregistered: list[str] = field(default_factory=list)  # what the census found unsaved in the run, by variable path
 
     @property
+    def lost_steps(self) -> int:
+        """Steps trained and lost across the run (each trained again by a later attempt)."""
+        return sum(a.lost_steps for a in self.attempts)
+
+    @property
     def all_resumes_verified(self) -> bool:
         return all(a.verified for a in self.attempts if a.resumed_from_step is not None)
 
@@ -99,6 +105,7 @@ class RunSummary:
             raw["steps_run"] = attempt.steps_run
             del raw["environment"]
         data["all_resumes_verified"] = self.all_resumes_verified
+        data["lost_steps"] = self.lost_steps
         return data
 
 
@@ -156,6 +163,8 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
             state, failure = Kind.FAILED, not_verified(e)  # until a continuation says the run went on by choice
         elif kind == Kind.CONTINUED_UNVERIFIED:
             state, failure = "running", None
+        elif kind == Kind.WORK_LOST and attempt is not None:
+            _charge_lost_work(attempts, attempt, e["lost_steps"])
         if kind in (Kind.RESUMED, Kind.UNSAVED_STATE):
             unregistered.update(e.get("unregistered") or e.get("names") or [])
         if kind in (Kind.RESUMED, Kind.CONTINUED_UNVERIFIED):
@@ -275,6 +284,13 @@ def _mark_environment_changes(attempts: list[Attempt]) -> None:
         if before.environment and after.environment:
             names = sorted(set(before.environment) | set(after.environment))
             after.environment_changed = [n for n in names if before.environment.get(n) != after.environment.get(n)]
+
+
+def _charge_lost_work(attempts: dict[tuple[str, int | None], Attempt], resuming: Attempt, steps: int) -> None:
+    """The steps a resume found trained past its checkpoint were the previous attempt's."""
+    previous = next((a for a in attempts.values() if a.number == resuming.number - 1), None)
+    if previous is not None:
+        previous.lost_steps += steps
 
 
 def _end_open(attempts: dict[tuple[str, int | None], Attempt], job_id: str | None, how: str) -> None:

@@ -309,6 +309,15 @@ class LoopLeft(_Attempt):
     exception: str | None
 
 
+class WorkLost(_Attempt):
+    """The fields of a `WORK_LOST` record: the checkpoint's step this attempt resumed, the last step an earlier attempt
+    had logged past it, and the steps between them (trained, lost, and trained again)."""
+
+    step: int
+    trained_to: int
+    lost_steps: int
+
+
 class Hang(_Attempt):
     """The fields of a `HANG` record: the rank that found it and its host, the step and phase it stood at, how long no rank
     had shown progress against the bound, its main thread's innermost frame and the script's own line, the processes of
@@ -387,6 +396,7 @@ FIELDS: dict[Kind, type[Any]] = {
     Kind.ATTEMPT_STOPPED: AttemptStopped,
     Kind.LOOP_LEFT: LoopLeft,
     Kind.HANG: Hang,
+    Kind.WORK_LOST: WorkLost,
     Kind.PROGRESS: Progress,
     Kind.STOP_AGREED: StopAgreed,
     Kind.ERROR: Error,

@@ -79,6 +79,9 @@ class Kind(str, enum.Enum):
     # A script's Session (rank 0), when the script left the loop before the run's end with no stop agreed: a `break`
     # (early stopping), or an exception. The steps after the newest checkpoint are not saved.
     LOOP_LEFT = "loop_left"
+    # The Session (rank 0), when an attempt starts where an earlier one had trained past the checkpoint it resumes (a
+    # kill, a hang, a lost rank): the steps trained after that checkpoint, which were lost and are trained again.
+    WORK_LOST = "work_lost"
     # The hang watchdog of the rank that first found its attempt hung (no rank stepped, moved or computed for longer than
     # the bound): where it stood, which processes were stopped, and where their stacks are. The attempt ends (exit 124)
     # and resumes from its newest checkpoint, unless the same hang repeated (`repeated`): then the run fails naming it.

@@ -39,6 +39,7 @@ RECORDED = (
     Kind.BUCKET_LAYOUT,
     Kind.UNSAVED_STATE,
     Kind.LOOP_LEFT,
+    Kind.WORK_LOST,
 )
 
 

@@ -8,10 +8,13 @@ planted fault the watchdog must not take for one). Each hung attempt ends with e
 RUN/hangs/<job>/<attempt>/ naming the stuck frame, one `hang` record, and no process left; the next launch resumes it
 verified, and the run ends on the bits of the uninterrupted run. The same hang again in the next attempt ends the run
 (exit 1, FAILED naming it) instead of a loop for ever. Under `legato run` the supervisor resubmits the hung job.
+After a SIGKILL between checkpoints, the steps the killed attempt logged past its newest checkpoint are counted, for
+that attempt, in a `work_lost` record and in `legato status`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -173,3 +176,22 @@ def test_legato_run_resubmits_a_hung_job_and_the_run_ends_verified_on_the_uninte
     reference = run_trainer(TINY_GPT, tmp_path / "reference", *FAST_GPT, *sets)
     assert reference.returncode == 0, reference.stderr[-3000:]
     assert data["final_global_hash"] == manifest(tmp_path / "reference")["global_hash"]
+
+
+def test_the_steps_a_sigkill_lost_are_counted_for_the_attempt_that_trained_them(tmp_path: Path, reference: str) -> None:
+    run = tmp_path / "run"
+    with reaped(start_ranks(SCRIPT, run, 2, **HANG)) as procs:
+        wait_for(lambda: steps_done(run) >= 10, timeout=WAIT_S, what="rank 0's tenth step")
+        for p in procs:
+            os.kill(p.pid, signal.SIGKILL)
+        assert [p.wait(timeout=60) for p in procs] == [-signal.SIGKILL] * 2
+    logged = [json.loads(line)["step"] for line in (run / "trajectory" / "rank0.jsonl").read_text().splitlines()]
+    newest = max(int(p.name.removeprefix("step_")) for p in (run / "checkpoints").glob("step_*"))
+    assert logged[-1] > newest, (logged, newest)  # the kill came between checkpoints (every 4 steps, 0.1 s apart)
+
+    assert launch(run) == [0, 0], stderr_tails(run)
+    (lost,) = [e for e in ledger(run) if e["event"] == "work_lost"]
+    assert (lost["step"], lost["trained_to"], lost["lost_steps"]) == (newest, logged[-1], logged[-1] - newest), lost
+    summary = status(run)
+    assert [a["lost_steps"] for a in summary["attempts"]] == [logged[-1] - newest, 0] and summary["lost_steps"] == logged[-1] - newest
+    assert final_hash(run) == reference

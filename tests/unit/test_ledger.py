@@ -282,3 +282,17 @@ def test_a_resume_that_fell_back_past_a_corrupt_checkpoint_says_so_everywhere(tm
     # Without `skipped` (the newest verified, or a ledger older than the field) nothing is said.
     del events[-1]["skipped"]
     assert "FELL BACK" not in (LiveView().event_line(events[-1]) or "") and "fell back" not in status_table(summarize(tmp_path, events))
+
+
+def test_lost_work_is_charged_to_the_attempt_that_trained_it(tmp_path: Path) -> None:
+    tag = {"job_id": "script", "time": 2, "hosts": ["a"], "world_size": 2}
+    events = [
+        {"event": "attempt_started", "restart": 0, **tag},
+        {"event": "attempt_started", "restart": 1, **tag},
+        {"event": "work_lost", "time": 3, "job_id": "script", "restart": 1, "step": 4, "trained_to": 11, "lost_steps": 7},
+        {"event": "attempt_started", "restart": 2, **tag},
+    ]
+    summary = summarize(tmp_path, events)
+    assert [a.lost_steps for a in summary.attempts] == [7, 0, 0] and summary.to_json()["lost_steps"] == 7
+    table = status_table(summary)
+    assert "7 steps lost" in table and "lost work: 7 steps" in table

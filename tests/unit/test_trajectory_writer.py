@@ -49,3 +49,14 @@ def test_a_resume_cuts_the_lines_past_its_step(tmp_path: Path) -> None:
         (4, False),
         (5, True),
     ]
+
+
+def test_the_writer_says_how_far_an_earlier_attempt_logged_past_the_resumed_step(tmp_path: Path) -> None:
+    path = tmp_path / "rank0.jsonl"
+    writer = TrajectoryWriter(path, 0)
+    assert writer.dropped_to is None  # nothing before it
+    for step in range(1, 8):
+        writer.write({"step": step})
+    writer.close()
+    assert TrajectoryWriter(path, 7).dropped_to is None  # a stop at step 7, resumed there: nothing lost
+    assert TrajectoryWriter(path, 4).dropped_to == 7  # killed after step 7, resumed at 4: steps 5-7 lost

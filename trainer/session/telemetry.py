@@ -56,8 +56,12 @@ class Telemetry:
         say(log, self.rank, message, *args)
 
     def open_trajectory(self, path: Path, resume_step: int) -> None:
-        """Start the trajectory log, cut back to the step the run resumes from."""
+        """Start the trajectory log, cut back to the step the run resumes from; steps an earlier attempt trained past
+        it (and a kill lost) are reported as `WORK_LOST`."""
         self._trajectory = TrajectoryWriter(path, resume_step)
+        lost_to = self._trajectory.dropped_to
+        if lost_to is not None:
+            self.emit(Kind.WORK_LOST, step=resume_step, trained_to=lost_to, lost_steps=lost_to - resume_step)
 
     def record(self, step: int, epoch: int, loss: Loss | None, lr: float | None, components: dict[str, str] | None) -> None:
         """One step's trajectory line; with `components`, the rank's state hash and digests too."""

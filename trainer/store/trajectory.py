@@ -44,7 +44,10 @@ class TrajectoryWriter:
 
     def __init__(self, path: Path, resume_step: int) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        kept = [r for r in read_trajectory(path) if r["step"] <= resume_step]
+        found = read_trajectory(path)
+        kept = [r for r in found if r["step"] <= resume_step]
+        # How far an earlier attempt trained past the step resumed: the work it lost (None when it lost none).
+        self.dropped_to: int | None = max((r["step"] for r in found), default=resume_step) if len(kept) < len(found) else None
         write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
         self._file: IO[str] = path.open("a")
         self._unwritten: list[dict] = []
