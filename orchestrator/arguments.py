@@ -15,6 +15,7 @@ import re
 from pathlib import Path
 
 from legato.orchestrator.completion import SHELLS
+from legato.orchestrator.requeue import DEFAULT_BUDGET
 from legato.quiet_args import Parser
 from legato.slurm.devcluster import Settings
 
@@ -137,6 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc", type=int, default=None, help="ranks (default: local.tasks)")
     train.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     train.add_argument("--fresh", action="store_true", help="refuse to start if the run directory already has checkpoints")
+
+    requeue = sub.add_parser(
+        "requeue", help="in a job script after the launcher: requeue the job on exit 75 or 124, within a budget and only after progress"
+    )
+    requeue.add_argument("run_dir", help="the run directory the training script was given")
+    requeue.add_argument("--exit-code", type=int, required=True, metavar="N", help="the launcher's exit code: --exit-code $?")
+    requeue.add_argument(
+        "--max-requeues", type=int, default=DEFAULT_BUDGET, metavar="N", help="requeues allowed per job (default %(default)s)"
+    )
 
     sub.add_parser("schema", help="print the JSON Schema of a config file, for editors that complete and check its keys")
     completion = sub.add_parser("completion", help='print a shell completion script: eval "$(legato completion bash)"')

@@ -52,6 +52,7 @@ from legato.orchestrator.plot import plot_losses, replay_spans
 from legato.orchestrator.preflight import checked_config
 from legato.orchestrator.reports import capture_diff_lines, capture_lines, verdict_lines
 from legato.orchestrator.repro_diff import diff_captures, resolve_capture
+from legato.orchestrator.requeue import requeue as requeue_job
 from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, has_started, is_script_run, newest_run
 from legato.orchestrator.runstate import final_manifest
 from legato.orchestrator.status import current_job, current_session, read_progress, summarize
@@ -243,6 +244,13 @@ def cmd_cancel(args: argparse.Namespace) -> int:
         return EXIT_OK
     print(f"legato: cancelled job {job_id}; checkpoints in {run_dir} are kept, and `legato run` with the same config continues from them.")
     return EXIT_OK
+
+
+def cmd_requeue(args: argparse.Namespace) -> int:
+    """`legato requeue`: a job script's requeue after its launcher, with legato run's guards (legato.orchestrator.requeue)."""
+    verdict = requeue_job(Path(args.run_dir), args.exit_code, args.max_requeues)
+    print(f"legato requeue: {verdict.message}", file=sys.stderr, flush=True)
+    return verdict.exit_code
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -494,6 +502,7 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "logs": cmd_logs,
     "train": cmd_train,
+    "requeue": cmd_requeue,
     "schema": cmd_schema,
     "completion": cmd_completion,
 }

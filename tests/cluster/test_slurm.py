@@ -282,15 +282,15 @@ export MASTER_ADDR=127.0.0.1 MASTER_PORT={port} PYTHONWARNINGS=ignore LEGATO_CHA
 srun bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS LOCAL_RANK=$SLURM_LOCALID exec "$@"' rank {python} {script} {run_dir}
 rc=$?
 echo "attempt ${{SLURM_RESTART_COUNT:-0}} exited $rc"
-if [ $rc -eq 75 ]; then exec scontrol requeue "$SLURM_JOB_ID"; fi
-exit $rc
+exec {python} -m legato.orchestrator.cli requeue {run_dir} --exit-code $rc
 """
 
 
 def test_srun_runs_a_user_script_that_stops_requeues_and_resumes_exactly(cluster, tmp_path: Path) -> None:
     """The ported nanoGPT loop under `srun` (2 tasks, one node), its own sbatch script: a real SIGUSR2 after step 7
-    (planted, the rank sends it to itself), exit 75 from both ranks, `scontrol requeue`, the second run of the same
-    job resumes at step 8 and ends bit for bit where a run without a stop ends."""
+    (planted, the rank sends it to itself), exit 75 from both ranks, `legato requeue` (the attempt committed its stop
+    checkpoint: progress), the second run of the same job resumes at step 8 and ends bit for bit where a run without a
+    stop ends."""
     run_dir, out = tmp_path / "run", tmp_path / "slurm.out"
     run_dir.mkdir()
     values = {"out": out, "root": ROOT, "python": sys.executable, "script": PORT / "nanogpt_legato.py", "run_dir": run_dir}
@@ -306,9 +306,43 @@ def test_srun_runs_a_user_script_that_stops_requeues_and_resumes_exactly(cluster
     log = out.read_text()
     assert "JobState=COMPLETED" in show and "Restarts=1" in show, show + log[-3000:]
     assert "attempt 0 exited 75" in log and "attempt 1 exited 0" in log, log[-3000:]
+    assert "stopped at the checkpoint of step 8: requeued" in log and "the launch exited 0" in log, log[-3000:]
     resumed = [line for line in log.splitlines() if line.startswith("legato: rank 0: resumed at step")]
     assert len(resumed) == 1 and resumed[0].startswith("legato: rank 0: resumed at step 8 ") and "verified" in resumed[0], log[-3000:]
     assert_same_run(reference, run_dir, 25, UNSEEDED)
+
+
+# A start-up (75 s) longer than the signal's lead allows: SLURM's time-limit signal (checked every 30 s, sent 20 to 50 s
+# into the job) reaches the launcher, which holds it for the ranks; their Sessions stop before a first step, exit 75.
+SLOW_START_JOB = """#!/bin/bash
+#SBATCH --job-name=legato-slow-start --nodes=1 --ntasks=1 --cpus-per-task=2 --requeue --open-mode=append
+#SBATCH --time=2 --signal=USR2@100 --output={out} --chdir={root}
+export PYTHONWARNINGS=ignore START_DELAY_S=75
+srun {python} -m legato.torchrun --max-restarts 0 --nproc-per-node 2 --master-port {port} {script} {run_dir}
+rc=$?
+echo "attempt ${{SLURM_RESTART_COUNT:-0}} exited $rc"
+exec {python} -m legato.orchestrator.cli requeue {run_dir} --exit-code $rc
+"""
+
+
+def test_a_start_up_longer_than_the_signal_lead_ends_the_job_instead_of_requeuing_it_for_ever(cluster, tmp_path: Path) -> None:
+    """Exit 75 with no checkpoint committed: `legato requeue` ends the job naming why and the fix, where the plain
+    `scontrol requeue` pattern would requeue it for ever (every attempt stopping the same way)."""
+    run_dir, out = tmp_path / "run", tmp_path / "slurm.out"
+    run_dir.mkdir()
+    values = {"out": out, "root": ROOT, "python": sys.executable, "script": ROOT / "tests" / "helpers" / "hang_loop.py", "run_dir": run_dir}
+    script = tmp_path / "job.sh"
+    script.write_text(SLOW_START_JOB.format(port=free_port(), **{k: shlex.quote(str(v)) for k, v in values.items()}))
+    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    try:
+        show = _wait_finished(job_id, timeout=300)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    log = out.read_text()
+    assert "JobState=FAILED" in show and "Restarts=0" in show, show + log[-3000:]
+    assert "attempt 0 exited 75" in log and "would stop the same way, for ever" in log, log[-3000:]
+    summary = status(run_dir)
+    assert summary["state"] == "failed" and "--signal=USR2@" in summary["failure"], summary
 
 
 def _wait_finished(job_id: str, timeout: float) -> str:
@@ -333,6 +367,7 @@ export PYTHONWARNINGS=ignore
 attempt=${{SLURM_RESTART_COUNT:-0}}
 if [ "$attempt" = 0 ]; then export LEGATO_CHAOS_STEP_SLEEP_S=4; fi
 launch=({python} -m legato.torchrun --max-restarts 0 --nproc-per-node 2 --master-port {port} {script} {run_dir})
+requeue=({python} -m legato.orchestrator.cli requeue {run_dir})
 """
 # Without B: SLURM signals every process of each srun step (the launcher, the ranks, their workers), never the batch
 # shell: the launcher forwards the stop to the ranks once more, which changes nothing.
@@ -348,8 +383,7 @@ trap 'forwarded=1; echo "batch shell: USR2, forwarded to the launcher"; kill -US
 while :; do forwarded=0; wait $launcher; rc=$?; [ $forwarded = 1 ] || break; done
 """
 REQUEUE = """echo "attempt $attempt exited $rc"
-if [ $rc -eq 75 ]; then exec scontrol requeue "$SLURM_JOB_ID"; fi
-exit $rc
+exec "${requeue[@]}" --exit-code $rc
 """
 
 

@@ -6,7 +6,8 @@ STEPS (default 40) steps of a tiny DDP model, each sleeping STEP_SLEEP_S (defaul
 process mid-run, a checkpoint every 4 steps. DEADLOCK_AT=N plants a deadlock in the user's own code: the loop takes a
 lock it already holds at step N on rank DEADLOCK_RANK (default 0), in attempts up to DEADLOCK_ATTEMPTS (default 1).
 VALIDATE_AT=N has rank 0 compute alone for VALIDATE_S seconds at step N (a validation) while the others wait in a
-barrier: activity, not a hang. Exits with the Session's code (the watchdog's 124 ends a hung attempt itself).
+barrier: activity, not a hang. START_DELAY_S sleeps before anything else (a start-up that outlasts a stop signal's
+lead). Exits with the Session's code (the watchdog's 124 ends a hung attempt itself).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ DEADLOCK_RANK = int(os.environ.get("DEADLOCK_RANK", "0"))
 DEADLOCK_ATTEMPTS = int(os.environ.get("DEADLOCK_ATTEMPTS", "1"))
 VALIDATE_AT = int(os.environ.get("VALIDATE_AT", "-1"))
 VALIDATE_S = float(os.environ.get("VALIDATE_S", "0"))
+START_DELAY_S = float(os.environ.get("START_DELAY_S", "0"))
 
 
 def user_code_that_deadlocks(lock: threading.Lock) -> None:
@@ -47,6 +49,7 @@ def validate_on_rank0(rank: int) -> None:
 
 
 def main(out: Path) -> int:
+    time.sleep(START_DELAY_S)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     legato.seed_everything(11, rank=rank, mode="fast")
