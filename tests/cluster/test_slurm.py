@@ -286,17 +286,23 @@ exec {python} -m legato.orchestrator.cli requeue {run_dir} --exit-code $rc
 """
 
 
+def submit(template: str, tmp_path: Path, script: Path) -> str:
+    """sbatch a job script made from `template` for `script` (run directory tmp_path/run, output tmp_path/slurm.out,
+    every value shell-quoted); returns the job id."""
+    (tmp_path / "run").mkdir()
+    values = {"out": tmp_path / "slurm.out", "root": ROOT, "python": sys.executable, "script": script, "run_dir": tmp_path / "run"}
+    job = tmp_path / "job.sh"
+    job.write_text(template.format(port=free_port(), **{k: shlex.quote(str(v)) for k, v in values.items()}))
+    return subprocess.run(["sbatch", "--parsable", str(job)], capture_output=True, text=True, check=True).stdout.strip()
+
+
 def test_srun_runs_a_user_script_that_stops_requeues_and_resumes_exactly(cluster, tmp_path: Path) -> None:
     """The ported nanoGPT loop under `srun` (2 tasks, one node), its own sbatch script: a real SIGUSR2 after step 7
     (planted, the rank sends it to itself), exit 75 from both ranks, `legato requeue` (the attempt committed its stop
     checkpoint: progress), the second run of the same job resumes at step 8 and ends bit for bit where a run without a
     stop ends."""
     run_dir, out = tmp_path / "run", tmp_path / "slurm.out"
-    run_dir.mkdir()
-    values = {"out": out, "root": ROOT, "python": sys.executable, "script": PORT / "nanogpt_legato.py", "run_dir": run_dir}
-    script = tmp_path / "job.sh"
-    script.write_text(SRUN_JOB.format(port=free_port(), **{k: shlex.quote(str(v)) for k, v in values.items()}))
-    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    job_id = submit(SRUN_JOB, tmp_path, PORT / "nanogpt_legato.py")
     try:
         reference = tmp_path / "reference"
         assert [p.returncode for p in launch(PORT / "nanogpt_legato.py", reference)] == [0, 0]
@@ -329,11 +335,7 @@ def test_a_start_up_longer_than_the_signal_lead_ends_the_job_instead_of_requeuin
     """Exit 75 with no checkpoint committed: `legato requeue` ends the job naming why and the fix, where the plain
     `scontrol requeue` pattern would requeue it for ever (every attempt stopping the same way)."""
     run_dir, out = tmp_path / "run", tmp_path / "slurm.out"
-    run_dir.mkdir()
-    values = {"out": out, "root": ROOT, "python": sys.executable, "script": ROOT / "tests" / "helpers" / "hang_loop.py", "run_dir": run_dir}
-    script = tmp_path / "job.sh"
-    script.write_text(SLOW_START_JOB.format(port=free_port(), **{k: shlex.quote(str(v)) for k, v in values.items()}))
-    job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
+    job_id = submit(SLOW_START_JOB, tmp_path, ROOT / "tests" / "helpers" / "hang_loop.py")
     try:
         show = _wait_finished(job_id, timeout=300)
     finally:
