@@ -13,7 +13,7 @@ from helpers.cli import legato
 
 # (the words typed, the last one partial) -> what the TAB offers
 CASES = [
-    (["legato", "re"], ["repro"]),
+    (["legato", "re"], ["repro", "requeue"]),
     (["legato", "repro", "d"], ["diff"]),
     (["legato", "devcluster", ""], ["up", "down", "status"]),
     (["legato", "completion", ""], ["bash", "zsh"]),
