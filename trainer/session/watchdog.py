@@ -61,6 +61,7 @@ STEP_WINDOW = 64  # the step times the bound looks back over
 # on a lock uses none, and a computing thread gets far more even on a machine shared by a few busy processes.
 BUSY_SHARE = 0.1
 RECORD_FILE = "hang.json"  # created once per attempt, by the rank that records the hang
+ENDING_WAIT_S = 120.0  # how long the loop's end waits for a hang being recorded to end the process
 RECORD_GRACE_S = 1.0  # how long the recording rank waits for the others' summaries
 STACK_FRAMES = 12  # of the main thread's innermost frames, compared between looks
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
@@ -96,6 +97,7 @@ class Watchdog:
         # process's thread object may still carry its parent's native id, so it is read here, not from `threading`).
         self._ident, self._native_id = threading.get_ident(), threading.get_native_id()
         self._stopping = threading.Event()
+        self._ending = threading.Event()  # set once the thread decided the attempt is hung: it ends the process
         self._thread = threading.Thread(target=self._watch, name="legato-watchdog", daemon=True)
 
     @classmethod
@@ -135,8 +137,11 @@ class Watchdog:
         self._mark = (phase, now)
 
     def stop(self) -> None:
-        """The loop ended: nothing more to watch (the thread ends within one look)."""
+        """The loop ended: nothing more to watch (the thread ends within one look). A hang already found ends the
+        process first: the loop may have ended only because a peer was continued to answer for its stacks."""
         self._stopping.set()
+        if self._ending.is_set():
+            self._thread.join(ENDING_WAIT_S)
 
     # -- the thread -----------------------------------------------------
 
@@ -204,6 +209,7 @@ class Watchdog:
 
     def _end(self, phase: str, quiet: float, bound: float) -> None:
         """Write the stacks this rank can reach, record the hang (first rank only), and end this process."""
+        self._ending.set()
         self.folder.mkdir(parents=True, exist_ok=True)
         # Where the rank stands now: once a stopped peer is continued to answer, the training may move on for a moment.
         step, (frame, user_frame) = self._step, _frames(sys._current_frames().get(self._ident))

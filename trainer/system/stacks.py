@@ -6,8 +6,8 @@ write all threads' stacks into it on `DUMP_SIGNAL`. faulthandler writes from
 its C signal handler, so a process whose main thread waits in a collective,
 holds a lock for ever or spins in C still answers. `collect(pid)` then sends
 the signal and reads the process's answer through /proc (the same user's
-processes only), continuing a stopped process first: its stack is where it was
-stopped. Nothing is written to disk here; the caller decides where stacks go.
+processes only); a stopped process is continued to answer and stopped again:
+its stack is where it was stopped. Nothing is written to disk here; the caller decides where stacks go.
 
 This module must never import torch or run in a signal handler of its own: it
 is read by the hang watchdog while the rank it serves may be wedged.
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 DUMP_SIGNAL = signal.SIGRTMIN + 6
 MEMFD_NAME = "legato-stacks"
 ANSWER_WAIT_S = 3.0  # how long a process gets to write its stacks once signalled
-SETTLE_S = 0.2  # an answer counts as complete once it stopped growing this long
+SETTLE_S = 0.5  # an answer counts as complete once it stopped growing this long (a loaded machine pauses a writer)
 
 _armed_pid: int | None = None
 _answer_fd: int | None = None
@@ -91,20 +91,25 @@ def stopped(pid: int) -> bool:
 def collect(pid: int, wait_s: float = ANSWER_WAIT_S) -> str | None:
     """Every thread's stack of process `pid` (armed, same user), or None when it cannot answer within `wait_s`.
 
-    A stopped process is continued first (SIGCONT): a stopped process cannot answer, and the caller is ending it anyway.
+    A stopped process cannot answer: it is sent the request first, then continued (SIGCONT), so that it answers before
+    running anything else, and stopped again once it answered; the caller finds it as it was.
     """
     path = answer_file(pid)
     if path is None:
         return None
-    before = _size(path)
-    if stopped(pid):
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGCONT)
+    before, was_stopped = _size(path), stopped(pid)
     try:
         os.kill(pid, DUMP_SIGNAL)
+        if was_stopped:
+            os.kill(pid, signal.SIGCONT)
     except ProcessLookupError:
         return None
-    return _read_answer(path, before, wait_s)
+    try:
+        return _read_answer(path, before, wait_s)
+    finally:
+        if was_stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
 
 
 def _read_answer(path: Path, before: int, wait_s: float) -> str | None:
