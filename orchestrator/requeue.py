@@ -43,38 +43,6 @@ class Verdict:
     message: str
 
 
-def decide(run_dir: Path, code: int, environ: Mapping[str, str], budget: int) -> Verdict:
-    """The decision for a launch that exited `code`, from the run's ledger and SLURM's variables (see the module docstring)."""
-    if code not in (EXIT_STOPPED, EXIT_HUNG):
-        return Verdict(False, code, f"the launch exited {code}: the job ends here" + (" (training complete)" if code == EXIT_OK else ""))
-    job_id = environ.get("SLURM_JOB_ID", "")
-    if not job_id:
-        raise UsageError(
-            "legato requeue: SLURM_JOB_ID is not set, so this is not a SLURM job and there is nothing to requeue. Run it in the "
-            "job script, after the launcher (README, the job script)."
-        )
-    restarts = int(environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    if restarts >= budget:
-        return Verdict(
-            False,
-            EXIT_FAILED,
-            f"requeue budget exhausted: job {job_id} was requeued {restarts} times and the budget is {budget} "
-            "(--max-requeues). Raise it or the job's time limit, then submit the job script again: it resumes from the newest checkpoint.",
-        )
-    attempt = _newest_attempt(Ledger(run_dir).read(), job_id)
-    if code == EXIT_STOPPED and (attempt is None or attempt.checkpoint_step is None):
-        started = "never started training" if attempt is None else f"resumed at step {attempt.resumed_step} and committed no checkpoint"
-        return Verdict(
-            False,
-            EXIT_FAILED,
-            f"not requeued: job {job_id} stopped (exit 75) but its attempt {started} before the stop signal, so the next one "
-            "would stop the same way, for ever. Its start-up (and replay) outlasts the signal's lead: give the job an earlier "
-            "signal (--signal=USR2@SECONDS) or a longer --time, then submit it again; it resumes from the newest checkpoint.",
-        )
-    how = "hung (exit 124)" if code == EXIT_HUNG else f"stopped at the checkpoint of step {attempt.checkpoint_step if attempt else '?'}"
-    return Verdict(True, EXIT_OK, f"job {job_id} {how}: requeued ({budget - restarts - 1} requeues left)")
-
-
 @dataclass(frozen=True)
 class _Attempt:
     restart: int
@@ -94,21 +62,52 @@ def _newest_attempt(events: list[dict], job_id: str) -> _Attempt | None:
     return _Attempt(restart, resumed, max(commits, default=None))
 
 
+def decide(code: int, job_id: str, restarts: int, budget: int, attempt: _Attempt | None) -> Verdict:
+    """The decision for job `job_id`'s launch that exited `code`, requeued `restarts` times so far, whose newest attempt
+    in the ledger is `attempt` (see the module docstring)."""
+    if code not in (EXIT_STOPPED, EXIT_HUNG):
+        return Verdict(False, code, f"the launch exited {code}: the job ends here" + (" (training complete)" if code == EXIT_OK else ""))
+    if restarts >= budget:
+        return Verdict(
+            False,
+            EXIT_FAILED,
+            f"requeue budget exhausted: job {job_id} was requeued {restarts} times and the budget is {budget} "
+            "(--max-requeues). Raise it or the job's time limit, then submit the job script again: it resumes from the newest checkpoint.",
+        )
+    if code == EXIT_STOPPED and (attempt is None or attempt.checkpoint_step is None):
+        started = "never started training" if attempt is None else f"resumed at step {attempt.resumed_step} and committed no checkpoint"
+        return Verdict(
+            False,
+            EXIT_FAILED,
+            f"not requeued: job {job_id} stopped (exit 75) but its attempt {started} before the stop signal, so the next one "
+            "would stop the same way, for ever. Its start-up (and replay) outlasts the signal's lead: give the job an earlier "
+            "signal (--signal=USR2@SECONDS) or a longer --time, then submit it again; it resumes from the newest checkpoint.",
+        )
+    how = "hung (exit 124)" if code == EXIT_HUNG else f"stopped at the checkpoint of step {attempt.checkpoint_step if attempt else '?'}"
+    return Verdict(True, EXIT_OK, f"job {job_id} {how}: requeued ({budget - restarts - 1} requeues left)")
+
+
 def requeue(run_dir: Path, code: int, budget: int, environ: Mapping[str, str] | None = None) -> Verdict:
     """Decide, record the decision in the run's ledger, and requeue the job when it is to be requeued."""
     env = os.environ if environ is None else environ
     if not run_dir.is_dir():
         raise UsageError(f"legato requeue: {run_dir} is not a directory. Pass the run directory the training script was given.")
-    verdict = decide(run_dir, code, env, budget)
     if code not in (EXIT_STOPPED, EXIT_HUNG):
-        return verdict
-    ledger, job_id = Ledger(run_dir), env["SLURM_JOB_ID"]
+        return decide(code, "", 0, budget, None)
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id:
+        raise UsageError(
+            "legato requeue: SLURM_JOB_ID is not set, so this is not a SLURM job and there is nothing to requeue. Run it in the "
+            "job script, after the launcher (README, the job script)."
+        )
+    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    ledger = Ledger(run_dir)
     attempt = _newest_attempt(ledger.read(), job_id)
+    verdict = decide(code, job_id, restarts, budget, attempt)
     tag = {"job_id": job_id, "restart": attempt.restart if attempt else 0}
     if not verdict.requeue:
         ledger.append(Kind.FAILED, **tag, exit_code=verdict.exit_code, reason=verdict.message)
         return verdict
-    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
     # Recorded first: SLURM ends this shell with SIGTERM as soon as the requeue is accepted.
     ledger.append(Kind.REQUEUED, **tag, budget_left=budget - restarts - 1)
     problem = backend_for("slurm").requeue(job_id)

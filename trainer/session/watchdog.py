@@ -86,7 +86,6 @@ class Watchdog:
         self.run_dir = run_dir
         self.folder = RunPaths(run_dir).hangs(job_id, attempt)
         self.activity = RunPaths(run_dir).activity(job_id, attempt)
-        self.job_id, self.attempt = job_id, attempt
         self.emit = emit
         self.host = socket.gethostname()
         self._mark = (START_UP, time.monotonic())
@@ -194,8 +193,7 @@ class Watchdog:
         path = self.activity
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.touch()
-            os.utime(path)
+            path.touch()  # sets the mtime to now, the file existing or not
         except OSError as exc:  # a full disk: this rank's own activity still counts for itself
             log.debug("activity mark not written: %s", exc)
 
@@ -265,19 +263,18 @@ class Watchdog:
         """Every reachable process's stacks, one file each; returns the ones found stopped (by a signal) before asking."""
         stopped = []
         own = self.folder / f"rank{self.rank}.txt"
-        with contextlib.suppress(FileExistsError, OSError), open(own, "x") as f:
+        with contextlib.suppress(OSError), open(own, "x") as f:
             f.write(f"rank {self.rank} pid {os.getpid()} on {self.host}, step {step}\n")
             f.flush()
             faulthandler.dump_traceback(file=f, all_threads=True)
-        targets = [(f"rank{self.rank}-worker{pid}", pid) for pid in children(os.getpid())]
-        for peer in self.peers:
-            if peer.host == self.host and peer.rank != self.rank:
-                targets.append((f"rank{peer.rank}", peer.pid))
-                targets += [(f"rank{peer.rank}-worker{pid}", pid) for pid in children(peer.pid)]
-        for name, pid in targets:
-            if stacks.stopped(pid):
-                stopped.append(name.replace("rank", "rank ").replace("-worker", " worker "))
-            _write_other(self.folder / f"{name}.txt", name, pid)
+        targets = [(self.rank, None, os.getpid()), *((peer.rank, peer.pid, peer.pid) for peer in self.peers if self._neighbour(peer))]
+        for rank, rank_pid, parent in targets:
+            processes = [(f"rank{rank}", f"rank {rank}", rank_pid)] if rank_pid else []
+            processes += [(f"rank{rank}-worker{pid}", f"rank {rank} worker {pid}", pid) for pid in children(parent)]
+            for file_name, label, pid in processes:
+                if stacks.stopped(pid):
+                    stopped.append(label)
+                _write_other(self.folder / f"{file_name}.txt", file_name, pid)
         return stopped
 
     def _repeated(self, step: int, frame: str) -> bool:
@@ -298,10 +295,13 @@ class Watchdog:
         launcher's SIGTERM, and srun does not end the others when one task exits)."""
         for pid in children(os.getpid()):
             kill(pid, signal.SIGKILL)
-        names = set(stopped)
         for peer in self.peers:
-            if peer.host == self.host and peer.rank != self.rank and f"rank {peer.rank}" in names:
+            if self._neighbour(peer) and f"rank {peer.rank}" in stopped:
                 kill(peer.pid, signal.SIGKILL)
+
+    def _neighbour(self, peer: Peer) -> bool:
+        """Another rank of this host: one whose processes this rank can reach."""
+        return peer.host == self.host and peer.rank != self.rank
 
 
 def _culprit(mine: dict, summaries: list[dict]) -> dict:
@@ -323,17 +323,15 @@ def _write_other(path: Path, name: str, pid: int) -> None:
 
 def _frames(frame: FrameType | None) -> tuple[str, str | None]:
     """The innermost frame, and the innermost one of the user's own code (outside torch, legato and the standard library)."""
-    innermost, user = "unknown", None
-    first = True
+    innermost, user = None, None
     while frame is not None:
         code = frame.f_code
         where = f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
-        if first:
-            innermost, first = where, False
+        innermost = innermost or where
         if user is None and not _library(code.co_filename):
             user = where
         frame = frame.f_back
-    return innermost, user
+    return innermost or "unknown", user
 
 
 def _library(filename: str) -> bool:
