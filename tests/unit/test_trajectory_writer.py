@@ -7,10 +7,14 @@ faking it.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
-from legato.store.trajectory import FLUSH_INTERVAL_S, TrajectoryWriter, read_trajectory
+from hypothesis import given
+from hypothesis import strategies as st
+
+from legato.store.trajectory import FLUSH_INTERVAL_S, TrajectoryWriter, _line, read_trajectory
 
 
 def _steps(path: Path) -> list[int]:
@@ -60,3 +64,24 @@ def test_the_writer_says_how_far_an_earlier_attempt_logged_past_the_resumed_step
     writer.close()
     assert TrajectoryWriter(path, 7).dropped_to is None  # a stop at step 7, resumed there: nothing lost
     assert TrajectoryWriter(path, 4).dropped_to == 7  # killed after step 7, resumed at 4: steps 5-7 lost
+
+
+@given(
+    step=st.integers(min_value=0, max_value=10**9),
+    epoch=st.integers(min_value=0, max_value=10**6),
+    loss=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
+    lr=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
+    held=st.booleans(),
+)
+def test_a_steps_line_is_written_as_json_dumps_writes_it(step: int, epoch: int, loss: float | None, lr: float | None, held: bool) -> None:
+    """The per-step line skips json.dumps's walk: byte for byte its output, for every float (and a loss still held)."""
+    loss_hex = None if loss is None else loss.hex()
+    record = {"step": step, "epoch": epoch, "loss_hex": (lambda: loss_hex) if held and loss_hex else loss_hex, "lr": lr}
+    assert _line(record) == json.dumps({**record, "loss_hex": loss_hex})
+
+
+def test_any_other_line_goes_through_json_dumps() -> None:
+    record = {"step": 4, "epoch": 0, "loss_hex": '0x1p+0"', "lr": 1.0}
+    assert _line(record) == json.dumps(record)
+    hashed = {"step": 4, "epoch": 0, "loss_hex": "0x1p+0", "lr": 1.0, "state_hash": "ab", "components": {"model": "cd"}}
+    assert json.loads(_line(hashed)) == hashed

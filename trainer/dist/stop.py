@@ -41,6 +41,10 @@ class Decision:
     base_due: bool = False  # some rank's replay base is older than its time bound (legato.session.base_clock)
 
 
+# What a boundary without an agreement read hands back (most steps': one object, not one a step).
+NOTHING_AGREED = Decision(stop=False, checkpoint_due=False)
+
+
 class StopFlag:
     """Installs the stop-signal handler and remembers when the signal first came."""
 
@@ -111,7 +115,7 @@ class StopAgreement:
             self._next_check = step
             self._last_check = (step, time.monotonic())
         if step < self._next_check:
-            return Decision(stop=False, checkpoint_due=False)
+            return NOTHING_AGREED
         decision, agreed_interval = self._collect()
         flags = torch.tensor(
             [int(stop_local), int(checkpoint_due_local), -self._propose(step), int(writing_local), int(failed_local), int(base_due_local)],
@@ -149,7 +153,7 @@ class StopAgreement:
 
     def _collect(self) -> tuple[Decision, int]:
         if self._pending is None:
-            return Decision(stop=False, checkpoint_due=False), 0
+            return NOTHING_AGREED, 0
         work, flags, step = self._pending
         self._pending = None
         work.wait()

@@ -108,6 +108,10 @@ class Metrics:
 
     def add(self, loss: Loss) -> None:
         """Count one step's loss (summed now when it is a number and nothing before it waits, else later, in order)."""
+        if not self._unsummed and not isinstance(loss, HeldLoss):  # a number with nothing before it waiting: every step's case
+            self._values["loss_sum"] += number(loss)
+            self._values["loss_count"] += 1
+            return
         self._unsummed.append(loss)
         waiting = next((i for i, held in enumerate(self._unsummed) if isinstance(held, HeldLoss) and not held.read), None)
         self._sum(self._unsummed if waiting is None else self._unsummed[:waiting])

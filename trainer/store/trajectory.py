@@ -16,7 +16,9 @@ plain JSON.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -60,7 +62,7 @@ class TrajectoryWriter:
 
     def flush(self) -> None:
         """Write out every line held back, calling the functions that stand for values."""
-        lines = "".join(json.dumps(record, default=_called) + "\n" for record in self._unwritten)
+        lines = "".join(_line(record) + "\n" for record in self._unwritten)
         self._unwritten = []
         self._file.write(lines)
         self._file.flush()
@@ -73,6 +75,27 @@ class TrajectoryWriter:
     def close(self) -> None:
         self.sync()
         self._file.close()
+
+
+# The keys of every step's line without a state hash, in the order Telemetry.record writes them.
+STEP_KEYS = ("step", "epoch", "loss_hex", "lr")
+
+
+def _line(record: dict) -> str:
+    """One record as its JSON line. A step's plain line is written as json.dumps writes it, without its generic walk
+    (every step of every run writes one); anything else, and a value it would not write the same way, goes through it."""
+    if tuple(record) == STEP_KEYS:
+        step, epoch, loss_hex, lr = record.values()
+        if callable(loss_hex):
+            loss_hex = loss_hex()
+        plain_numbers = type(step) is int and type(epoch) is int and (lr is None or (type(lr) is float and math.isfinite(lr)))
+        if plain_numbers and (loss_hex is None or (type(loss_hex) is str and _HEX.fullmatch(loss_hex))):
+            text = "null" if loss_hex is None else f'"{loss_hex}"'
+            return f'{{"step": {step}, "epoch": {epoch}, "loss_hex": {text}, "lr": {"null" if lr is None else repr(lr)}}}'
+    return json.dumps(record, default=_called)
+
+
+_HEX = re.compile(r"-?(0x[0-9a-f.]+p[+-]\d+|nan|inf)")
 
 
 def _called(value: Any) -> Any:
