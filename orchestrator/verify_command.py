@@ -29,6 +29,7 @@ from pathlib import Path
 
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
 from legato.orchestrator.verify import Phase, Verdict, compare_runs, diagnose, final_step, nondeterminism, unseeded_rngs
+from legato.session.policy import HASH_ENV
 
 PLACEHOLDER = "{run_dir}"
 CHAOS_VARS = ("LEGATO_CHAOS_SIGNAL_AT", "LEGATO_CHAOS_SIGNAL_RANK")
@@ -53,6 +54,8 @@ def split_command(text: str) -> list[str]:
 def launch(argv: list[str], run_dir: Path, log: Path, env: dict[str, str], timeout_s: float) -> int:
     """Run `argv` once with the run directory in place of its placeholder, its output to `log`; the exit code."""
     run_dir.mkdir(parents=True, exist_ok=True)
+    # Every step's state hash in the trajectories, so that a divergence is named at its first step and component.
+    env = {**env, HASH_ENV: "1"}
     with log.open("w") as out:
         proc = subprocess.run(
             [a.replace(PLACEHOLDER, str(run_dir)) for a in argv], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s

@@ -187,7 +187,12 @@ class CheckpointSection:
     every_minutes: float = option(10.0, minimum=0, maximum=MINUTES_MAX, doc="periodic checkpoint every M minutes, 0 for off")
     keep_last: int = option(3, minimum=1, maximum=KEEP_LAST_MAX, doc="checkpoints kept; older ones are pruned")
     verify: str = option("error", choices=("error", "warn"), doc="warn turns a failed resume verification into a warning")
-    hash_every_steps: int = option(10, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps")
+    # A pass over the whole state on a step that saves nothing (about 7 ms a step per GiB of state, docs/benchmarks.md),
+    # and the proof does not need it: every checkpoint's manifest holds its digests. Off unless asked for; `legato verify`
+    # asks for every step. Only multiples of N, so that a resumed run's trajectory equals an uninterrupted run's.
+    hash_every_steps: int = option(
+        0, minimum=0, maximum=STEPS_MAX, doc="write the rank state hash to the trajectory every N steps (a pass over the state); 0 for off"
+    )
     agree_every_steps: int = option(
         0, minimum=0, maximum=STEPS_MAX, doc="ranks agree on stop every N steps; 0 spaces checks about a second apart"
     )
@@ -203,6 +208,15 @@ class CheckpointSection:
     )
     reshard: bool = option(
         False, doc="resume an FSDP2 checkpoint written by another world size, resharded: data position exact, not bitwise (docs/fsdp2.md)"
+    )
+    # Each base copies the rank's share of the state on a step that saves nothing: every 32 steps of 30 ms at 1 GiB that
+    # was +11% a step. Bounded by its cost instead, the copies stay near this share of the run at any state size, and the
+    # replay is longer only where the state is large (legato.session.base_clock; docs/exactness.md).
+    replay_cost: float = option(
+        0.02,
+        minimum=0,
+        maximum=1,
+        doc="...and no sooner than copying the base costs at most this share of the training time; 0 for the steps rule alone",
     )
     # So that a resume replays a bounded time whatever the step time: 32 steps of 5 s were 160 s of replay, a quarter of
     # the 10-minute interval. Each new base costs a memory copy of the state (docs/exactness.md); legato.session.base_clock

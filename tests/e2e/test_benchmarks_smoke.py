@@ -27,6 +27,8 @@ SMOKE = {
     "bench_replay.py": (["--steps", "12", "--rounds", "1", "--batch", "4", "--repeats", "1"], "resume to the first new step"),
     "bench_launch.py": (["--rounds", "1"], "python -m legato, MLP, defaults"),
     "bench_census.py": (["--rounds", "1", "--objects", "10"], "plain-object look (control)"),
+    "bench_state_size.py": (["--mb", "1", "--steps", "4", "--warm", "2", "--rounds", "1", "--hidden", "16"], "defaults before 2026-11-29"),
+    "bench_step_cpu.py": (["--steps", "20", "--warm", "2", "--rounds", "1"], "legato Session, defaults"),
 }
 
 # What torch itself leaves in TMPDIR: inductor's compile cache, and torchrun's log directories (plain torchrun

@@ -36,6 +36,7 @@ MLP_FAST = (
     "checkpoint.hash_every_steps=3",
     "checkpoint.agree_every_steps=1",
     "checkpoint.replay_steps=4",
+    "checkpoint.replay_cost=0",
     "chaos.signal_at_steps=[]",
 )
 

@@ -239,6 +239,7 @@ CAMPAIGN = (
     "checkpoint.hash_every_steps=5",
     "checkpoint.agree_every_steps=1",
     "checkpoint.replay_steps=4",
+    "checkpoint.replay_cost=0",
     "chaos.signal_at_steps=[]",
 )
 MOMENTS = ["start-up"] * 10 + ["training"] * 10 + ["checkpoint"] * 10

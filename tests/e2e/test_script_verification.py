@@ -150,7 +150,7 @@ def test_a_batch_not_carried_fails_the_resume_with_exit_3_on_every_rank_and_one_
     assert source.count(SESSION_END) == 1
     script.write_text(
         source.replace(CARRY, 'get_batch("train")').replace(
-            SESSION_END, "total_steps=max_iters + 1, checkpoint=legato.CheckpointPolicy(replay_steps=4))"
+            SESSION_END, "total_steps=max_iters + 1, checkpoint=legato.CheckpointPolicy(replay_steps=4, replay_cost=0))"
         )
     )
     run_dir = tmp_path / "run"

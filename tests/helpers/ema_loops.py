@@ -85,7 +85,7 @@ def main() -> int:
         optimizer=optimizer,
         total_steps=12,
         census=args.census,
-        checkpoint=legato.CheckpointPolicy(replay_steps=2),
+        checkpoint=legato.CheckpointPolicy(replay_steps=2, replay_cost=0),
         extras={"ema": ema} if args.ema == "registered" else None,
         ignore=[ema] if args.ema == "ignored" else (),
     )

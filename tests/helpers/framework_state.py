@@ -139,7 +139,7 @@ def main() -> int:
             optimizer=optimizer,
             total_steps=args.steps,
             extras={"ema": ema},
-            checkpoint=legato.CheckpointPolicy(replay_steps=3, hash_every_steps=1, agree_every_steps=1),
+            checkpoint=legato.CheckpointPolicy(replay_steps=3, replay_cost=0, hash_every_steps=1, agree_every_steps=1),
             chaos=dataclasses.replace(legato.Chaos.from_env(), skip_restore=frozenset({args.skip_restore})),
         )
         for step in session:

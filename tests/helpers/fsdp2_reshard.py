@@ -61,7 +61,10 @@ def main(out: Path) -> int:
     global_batch = int(os.environ.get("GLOBAL_BATCH", GLOBAL_BATCH))  # a test changes it to plant a fault
     loader = legato.resumable_loader(dataset, global_batch // world, seed=7, rank=rank, world_size=world)
     policy = legato.CheckpointPolicy(
-        every_minutes=0, reshard=os.environ.get("RESHARD") == "1", replay_steps=int(os.environ.get("REPLAY_STEPS", "32"))
+        every_minutes=0,
+        reshard=os.environ.get("RESHARD") == "1",
+        replay_steps=int(os.environ.get("REPLAY_STEPS", "32")),
+        replay_cost=0,
     )
     session = legato.Session(out, model=model, optimizer=optimizer, loader=loader, total_steps=STEPS, checkpoint=policy)
     first = True

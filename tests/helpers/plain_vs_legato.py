@@ -76,7 +76,7 @@ def main() -> int:
             total_steps=STEPS,
             census="strict",
             chaos=chaos,
-            checkpoint=legato.CheckpointPolicy(hash_every_steps=1, agree_every_steps=1, replay_steps=args.replay_steps),
+            checkpoint=legato.CheckpointPolicy(hash_every_steps=1, agree_every_steps=1, replay_steps=args.replay_steps, replay_cost=0),
         )
     for step in session if session is not None else range(STEPS):
         x = data[step]

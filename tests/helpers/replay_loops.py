@@ -18,7 +18,8 @@ from `legato.sample_generator`. `plain` keeps nothing outside.
 Launch one process per rank with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT:
 
     python tests/helpers/replay_loops.py RUN_DIR --loop prefetch [--register] [--signal-at S] [--steps N]
-        [--replay-steps K] [--replay-seconds T] [--every-steps E] [--keep-last L] [--step-sleep S]
+        [--replay-steps K] [--replay-seconds T] [--replay-cost C] [--ballast-mb M] [--every-steps E] [--keep-last L]
+        [--step-sleep S]
 
 or call `train()` in one process (world size 1, no process group).
 """
@@ -114,6 +115,8 @@ def train(
     steps: int = 12,
     replay_steps: int = 4,
     replay_seconds: float | None = None,
+    replay_cost: float = 0.0,
+    ballast_mb: int = 0,
     every_steps: int = 0,
     keep_last: int = 3,
     verify: str = "error",
@@ -124,6 +127,8 @@ def train(
     rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
     legato.seed_everything(SEED, rank=rank, mode="fast")
     model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(16, 1))
+    if ballast_mb:  # a large state whose compute stays small: a frozen parameter, as a frozen embedding in fine-tuning
+        model.register_parameter("ballast", torch.nn.Parameter(torch.randn(ballast_mb << 18), requires_grad=False))
     net = DDP(model) if distributed else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     dataset = Noisy(96, per_sample=register or loop != "worker_rng")
@@ -142,6 +147,7 @@ def train(
             hash_every_steps=1,
             agree_every_steps=1,
             replay_steps=replay_steps,
+            replay_cost=replay_cost,  # 0 by default: the steps rule alone, bases where the tests expect them
             verify=verify,
             every_steps=every_steps,
             keep_last=keep_last,
@@ -190,6 +196,8 @@ def main() -> int:
     parser.add_argument("--signal-in-replay", type=int, default=0, help="the last rank signals itself during this replayed step")
     parser.add_argument("--replay-steps", type=int, default=4)
     parser.add_argument("--replay-seconds", type=float, default=None)
+    parser.add_argument("--replay-cost", type=float, default=0.0)
+    parser.add_argument("--ballast-mb", type=int, default=0, help="a frozen parameter of this many MiB")
     parser.add_argument("--every-steps", type=int, default=0)
     parser.add_argument("--keep-last", type=int, default=3)
     parser.add_argument("--step-sleep", type=float, default=0.0, help="every rank sleeps this long after each step (chaos)")
@@ -205,6 +213,8 @@ def main() -> int:
             steps=args.steps,
             replay_steps=args.replay_steps,
             replay_seconds=args.replay_seconds,
+            replay_cost=args.replay_cost,
+            ballast_mb=args.ballast_mb,
             every_steps=args.every_steps,
             keep_last=args.keep_last,
             chaos=legato.Chaos(

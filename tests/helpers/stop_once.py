@@ -50,6 +50,7 @@ def main(out: Path) -> int:
         keep_last=int(env.get("KEEP_LAST", "3")),
         verify=env.get("VERIFY", "error"),
         replay_steps=int(env.get("REPLAY_STEPS", "4")),
+        replay_cost=0,
         hash_every_steps=1,
         agree_every_steps=1,
         async_=True if env.get("ASYNC") == "1" else None,

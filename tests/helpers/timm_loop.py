@@ -215,7 +215,7 @@ def main() -> int:
                 total_epochs=EPOCHS,
                 scheduler=scheduler,
                 extras=extras,
-                checkpoint=legato.CheckpointPolicy(replay_steps=args.replay_steps, agree_every_steps=1),
+                checkpoint=legato.CheckpointPolicy(replay_steps=args.replay_steps, replay_cost=0, agree_every_steps=1),
             )
             for epoch in session.epochs():
                 sampler.set_epoch(epoch)

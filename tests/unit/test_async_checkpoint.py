@@ -94,7 +94,9 @@ def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_ne
 def test_async_and_sync_checkpoints_hold_the_same_state_in_process(tmp_path: Path) -> None:
     runs = {}
     for mode in (False, True):
-        policy = legato.CheckpointPolicy(every_steps=3, keep_last=100, hash_every_steps=1, agree_every_steps=1, replay_steps=2, async_=mode)
+        policy = legato.CheckpointPolicy(
+            every_steps=3, keep_last=100, hash_every_steps=1, agree_every_steps=1, replay_steps=2, replay_cost=0, async_=mode
+        )
         run_dir = tmp_path / f"async_{mode}"
         assert small_run(run_dir, 9, policy).exit_code == 0
         runs[mode] = {p.name: read_manifest(p) for p in list_checkpoints(run_dir / "checkpoints")}

@@ -1,4 +1,4 @@
-"""The replay's time bound: when a new replay base is due by the clock, and that every rank takes it at the same step.
+"""The replay's time and cost bounds: when a new replay base is due, and that every rank takes it at the same step.
 
 Fast unit tests of the decision logic (legato.session.base_clock) with a FAKE clock (`FakeClock`: time advances only
 when a test says so) and, for two ranks, a FAKE agreement (`FakeAgreement`: the MAX over both ranks' flags, read one
@@ -16,6 +16,7 @@ import pytest
 from legato.dist.stop import Decision, StopAgreement
 from legato.session.base_clock import BaseClock, bound_seconds
 from legato.session.policy import CheckpointPolicy
+from legato.session.replay_base import ReplayBase
 from legato.store import bases
 
 REPLAY_STEPS = 32
@@ -146,3 +147,86 @@ def test_the_config_key_is_checked_and_unset_by_default() -> None:
     assert config_from_dict({"checkpoint": {"replay_seconds": 30}}).checkpoint.replay_seconds == 30.0
     with pytest.raises(UsageError, match="checkpoint.replay_seconds is -1.0, but it must be at least 0"):
         config_from_dict({"checkpoint": {"replay_seconds": -1}})
+
+
+# -- the cost bound: bases spaced so that their copies cost at most `replay_cost` of the time trained ----------------
+
+
+def spaced_bases(copy_s: list[float], step_s: float, steps: int, agreed: bool, cost: float = 0.02) -> list[list[int]]:
+    """The steps at which each rank takes a base, its copies taking `copy_s[rank]` seconds and its steps `step_s`; the
+    spacing each rank wants is agreed as legato.session.saving does (the largest, a FAKE of its all-reduce), or, the
+    planted fault, kept local."""
+    clocks = [FakeClock() for _ in copy_s]
+    base = [BaseClock(0.0, clock, cost=cost) for clock in clocks]
+    taken: list[list[int]] = [[] for _ in copy_s]
+
+    def take(step: int, ranks: list[int]) -> None:
+        wanted = {}
+        for rank in ranks:
+            base[rank].taken()
+            clocks[rank].advance(copy_s[rank])
+            wanted[rank] = base[rank].wanted(step, copy_s[rank])
+            taken[rank].append(step)
+        for rank in ranks:
+            base[rank].spacing = max(wanted.values()) if agreed else wanted[rank]
+
+    take(0, list(range(len(copy_s))))
+    for step in range(1, steps + 1):
+        for clock in clocks:
+            clock.advance(step_s)
+        due = [rank for rank, b in enumerate(base) if step % REPLAY_STEPS == 0 and step - taken[rank][-1] >= b.spacing]
+        assert not agreed or len(due) in (0, len(base)), (step, due)
+        take(step, due)
+    return taken
+
+
+def test_wanted_is_the_copy_over_the_cost_in_steps_of_the_span_trained() -> None:
+    clock = FakeClock()
+    base = BaseClock(0.0, clock, cost=0.02)
+    base.taken()
+    clock.advance(0.001)
+    assert base.wanted(0, 0.001) == 0  # the first base: no steps measured yet
+    clock.advance(1.0)  # 32 steps of 1/32 s
+    base.taken()
+    clock.advance(0.1)
+    assert base.wanted(32, 0.1) == 160  # 0.1 s is 2% of 5 s: 160 steps of 1/32 s
+    clock.advance(5.0)
+    base.taken()
+    clock.advance(0.001)
+    assert base.wanted(192, 0.001) == 2  # a small copy: 0.05 s of steps, two steps of 1/32 s
+    free = BaseClock(0.0, clock, cost=0.0)
+    free.taken()
+    free.wanted(0, 1.0)
+    clock.advance(1.0)
+    free.taken()
+    assert free.wanted(32, 1.0) == 0  # no cost bound: the steps rule alone
+
+
+def test_a_small_copy_keeps_every_replay_steps_and_a_large_one_is_spaced_to_its_cost() -> None:
+    small = spaced_bases([0.0001, 0.0001], 0.03, 400, agreed=True)
+    assert small[0] == small[1] == list(range(0, 401, REPLAY_STEPS))
+    large = spaced_bases([0.15, 0.15], 0.03, 2000, agreed=True)
+    gaps = [b - a for a, b in zip(large[0], large[0][1:])]
+    assert large[0] == large[1] and all(g % REPLAY_STEPS == 0 for g in gaps), large
+    # 0.15 s copies at 2%: 7.5 s of 30 ms steps, 250 steps, on the next multiple of 32 (256), after the first gap
+    assert gaps[0] == REPLAY_STEPS and set(gaps[1:]) == {256}, gaps
+
+
+def test_planted_fault_spacing_kept_on_each_rank_takes_bases_at_different_steps() -> None:
+    """Ranks whose copies took different times want different spacings: kept local they split (a checkpoint of theirs
+    would replay from two states); agreed, the largest holds on both."""
+    local = spaced_bases([0.1, 0.16], 0.03, 2000, agreed=False)
+    assert local[0] != local[1]
+    agreed = spaced_bases([0.1, 0.16], 0.03, 2000, agreed=True)
+    assert agreed[0] == agreed[1]
+
+
+def test_the_replay_base_skips_a_multiple_of_replay_steps_before_its_agreed_spacing() -> None:
+    base = ReplayBase(CheckpointPolicy(replay_steps=4), rank=0)
+    assert base.snapshot is not None
+    base.snapshot.step = 8
+    base.clock.spacing = 10
+    assert [s for s in range(9, 40) if base.due(s, total_steps=100)] == [20, 24, 28, 32, 36]
+    base.clock.spacing = 0
+    assert [s for s in range(9, 40) if base.due(s, total_steps=100)] == [12, 16, 20, 24, 28, 32, 36]
+    assert not base.due(100, total_steps=100)

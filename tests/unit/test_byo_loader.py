@@ -227,7 +227,7 @@ def _shuffled_run(run_dir: Path | None, stop_after: int | None = None, kind: str
         loader=loader,
         total_epochs=3,
         chaos=chaos,
-        checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps),
+        checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps, replay_cost=0),
     )
     for batch in session:
         session.report(train(batch))
@@ -352,7 +352,7 @@ def _curriculum_run(run_dir: Path, stop_after: int | None = None, replay_steps: 
         loader=loader,
         total_epochs=3,
         chaos=chaos,
-        checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps),
+        checkpoint=legato.CheckpointPolicy(replay_steps=replay_steps, replay_cost=0),
     )
     losses = []
     for epoch in session.epochs():

@@ -306,7 +306,7 @@ def _validated_run(run_dir: Path, own_generator: bool, stop_after: int | None = 
         loader=DataLoader(data, batch_size=4, shuffle=True),
         total_epochs=4,
         chaos=chaos,
-        checkpoint=legato.CheckpointPolicy(replay_steps=4),
+        checkpoint=legato.CheckpointPolicy(replay_steps=4, replay_cost=0),
         on_event=(events if events is not None else []).append,
     )
     losses = []

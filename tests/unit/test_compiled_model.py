@@ -41,7 +41,7 @@ def run(run_dir: Path, compiled: bool, stop_after: int | None = None, replay_ste
         total_steps=STEPS,
         chaos=chaos,
         census="off",
-        checkpoint=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=replay_steps),
+        checkpoint=legato.CheckpointPolicy(hash_every_steps=1, replay_steps=replay_steps, replay_cost=0),
     )
     for x, y in session:
         loss = F.mse_loss(net(x), y)

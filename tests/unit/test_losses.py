@@ -71,7 +71,7 @@ def test_a_session_reads_its_losses_back_at_its_captures_not_at_every_step(tmp_p
         optimizer=torch.optim.SGD(model.parameters(), lr=0.01),
         total_steps=40,
         loader=legato.resumable_loader(data, batch_size=4, seed=1),
-        checkpoint=legato.CheckpointPolicy(replay_steps=16, hash_every_steps=0),
+        checkpoint=legato.CheckpointPolicy(replay_steps=16, replay_cost=0, hash_every_steps=0),
     )
     seen = []
     for x, y in session:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from legato.dist.quiesce import settle, wait_at_exit
@@ -65,6 +66,14 @@ class Peers:
         items: list[Any] = [None] * self.world_size
         dist.all_gather_object(items, item, group=self.group)
         return items
+
+    def most(self, value: int) -> int:
+        """Collective: the largest of every rank's `value` (one small all-reduce, no pickling)."""
+        if self.group is None:
+            return value
+        box = torch.tensor([value], dtype=torch.int64)
+        dist.all_reduce(box, op=dist.ReduceOp.MAX, group=self.group)
+        return int(box[0])
 
     def from_leader(self, item: Any) -> Any:
         """Collective: rank 0's `item` on every rank."""

@@ -1,4 +1,5 @@
-"""When the replay base is due by the clock: the time bound on a resume's replay, decided by every rank alike.
+"""When the replay base is due by the clock: the time bound on a resume's replay and the cost bound on the bases' copies,
+decided by every rank alike.
 
 A new replay base (a Snapshot, legato.session.saving) is taken every
 `replay_steps` steps and, here, also once the current one is older than
@@ -7,11 +8,19 @@ never acts on its own clock: its "overdue" flag travels in the stop
 agreement's all-reduce (legato.dist.stop), and every rank takes the new base at
 the same step, the one where the agreed flag comes back. Ranks whose bases were
 taken at different steps would write a checkpoint whose replay starts from two
-different states. This module must never take a snapshot or start a collective.
+different states.
+
+Each base is a memory copy of the rank's share of the state, O(state) on a step that saves nothing. So that the copies
+cost at most `replay_cost` of the training time at any state size, each rank works out from its last copy and the steps
+before it how many steps must pass before the next (`BaseClock.wanted`); the ranks take the largest (one all-reduce
+after each base, legato.session.saving), and the steps rule skips a multiple of `replay_steps` that comes sooner. The
+time bound is the user's bound on a resume's replay and is never delayed. This module must never take a snapshot or
+start a collective.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
@@ -33,13 +42,27 @@ def bound_seconds(replay_seconds: float | None, every_minutes: float) -> float:
 class BaseClock:
     """The age of this rank's replay base, and whether the ranks agreed that a new one is due."""
 
-    def __init__(self, bound_s: float, clock: Callable[[], float] = time.monotonic) -> None:
-        self.bound_s, self.clock = bound_s, clock
+    def __init__(self, bound_s: float, clock: Callable[[], float] = time.monotonic, cost: float = 0.0) -> None:
+        self.bound_s, self.cost, self.clock = bound_s, cost, clock
         self.taken_at = clock()
+        self.spacing = 0  # the fewest steps from the current base to the next, agreed by the ranks (0: the steps rule alone)
+        self._copied: tuple[int, float] | None = None  # the last base's step, and when its copy ended
 
     def taken(self) -> None:
-        """A new base was taken now."""
+        """A new base is being taken now."""
         self.taken_at = self.clock()
+
+    def wanted(self, step: int, copy_s: float) -> int:
+        """This rank's fewest steps from the base just taken at `step` (its copy took `copy_s`) to the next, for the copies
+        to cost at most `cost` of the time trained between them: the copy's time over the cost, in steps as long as the
+        steps since the previous base's copy ended. 0 before a second base, or with no cost bound."""
+        previous, self._copied = self._copied, (step, self.clock())
+        if previous is None or self.cost <= 0:
+            return 0
+        steps, trained_s = step - previous[0], self.taken_at - previous[1]
+        if steps <= 0 or trained_s <= 0:
+            return 0
+        return math.ceil(copy_s * steps / (self.cost * trained_s))
 
     def overdue(self) -> bool:
         """This rank's own view, for the agreement only: its base is older than the bound."""

@@ -21,9 +21,12 @@ from legato.errors import UsageError
 from legato.system.signals import normalize_signal
 from legato.voice import refusing
 
-__all__ = ["HANG_ENV", "CheckpointPolicy", "HangPolicy", "StopPolicy"]
+__all__ = ["HANG_ENV", "HASH_ENV", "CheckpointPolicy", "HangPolicy", "StopPolicy"]
 
 HANG_ENV = "LEGATO_HANG"  # `off`, or the hang section's own keys: `floor_s=60,phase_s=600`
+# N: the trajectory holds the state hash every N steps, whatever the script says (`legato verify --command` sets 1, so
+# that a divergence is named at its step and component).
+HASH_ENV = "LEGATO_HASH_EVERY"
 
 
 @dataclass(frozen=True)  # fields and defaults inherited; made again so that its __init__ runs the check below
@@ -35,6 +38,15 @@ class CheckpointPolicy(CheckpointSection):
     @refusing
     def __post_init__(self) -> None:
         check_values(CheckpointSection, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "CheckpointPolicy")
+
+    def from_env(self, environ: Mapping[str, str]) -> CheckpointPolicy:
+        """This policy with `LEGATO_HASH_EVERY` applied: whoever launches the run has the last word over the script."""
+        text = environ.get(HASH_ENV, "").strip()
+        if not text:
+            return self
+        every = safeyaml.load(text, HASH_ENV)
+        check_values(CheckpointSection, {"hash_every_steps": every}, HASH_ENV)
+        return dataclasses.replace(self, hash_every_steps=every)
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,13 @@
 """The replay base of one rank: the state a resume replays from, the record of every step since it, and which bases
 are on disk already.
 
-Every `replay_steps` steps, and when the ranks agreed that the base is older than its time bound
-(legato.session.base_clock), the state is copied into the base (a Snapshot) and each later step appends its record, so
-that every checkpoint carries its own proof. A base is written once: a checkpoint whose base is already on disk (the
-newest checkpoint's own state, or the base it wrote or refers to) refers to those files instead (legato.store.bases),
-and a final checkpoint, never replayed, has none. This module must never write a checkpoint, take part in a vote or
-restore anything: legato.session.saving decides when a base is taken and which checkpoint carries it.
+Every `replay_steps` steps (fewer often when the copies would cost more than `replay_cost`), and when the ranks agreed
+that the base is older than its time bound (legato.session.base_clock), the state is copied into the base (a Snapshot)
+and each later step appends its record, so that every checkpoint carries its own proof. A base is written once: a
+checkpoint whose base is already on disk (the newest checkpoint's own state, or the base it wrote or refers to) refers
+to those files instead (legato.store.bases), and a final checkpoint, never replayed, has none. This module must never
+write a checkpoint, take part in a vote or restore anything: legato.session.saving decides when a base is taken and
+which checkpoint carries it.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ class ReplayBase:
         self.snapshot = Snapshot() if policy.replay_steps else None
         self.every = policy.replay_steps
         self.window: list[dict] = []
-        self.clock = BaseClock(bound_seconds(policy.replay_seconds, policy.every_minutes) if self.snapshot is not None else 0.0)
+        self.clock = BaseClock(
+            bound_seconds(policy.replay_seconds, policy.every_minutes) if self.snapshot is not None else 0.0, cost=policy.replay_cost
+        )
         self.held = replay.HeldBatches()
         self._agreed = False  # the ranks agreed at this step's boundary that the base is too old
         self._batch_fingerprint: str | None = None
@@ -65,13 +68,13 @@ class ReplayBase:
         self._batch_fingerprint = replay.fingerprint(tensors)
         self.held.yielded(tensors)
 
-    def record_step(self, step: int, loss: Loss | None, module: torch.nn.Module) -> dict | None:
-        """This step's replay record (the gradients' fingerprint only on the first step past the base)."""
+    def record_step(self, step: int, loss: Loss | None, module: Callable[[], torch.nn.Module]) -> dict | None:
+        """This step's replay record (the gradients' fingerprint, of `module()`, only on the first step past the base)."""
         if self.snapshot is None:
             return None
         first_after_base = step == (self.snapshot.step or 0) + 1
         # A DTensor gradient (FSDP2) is fingerprinted by this rank's shard: no collective, no gather.
-        grads = replay.fingerprint(local(p.grad) for p in module.parameters()) if first_after_base else None
+        grads = replay.fingerprint(local(p.grad) for p in module().parameters()) if first_after_base else None
         record = replay.step_record(step, loss, self._batch_fingerprint, grads)
         self.held.step_ended(step)
         self.window.append(record)
@@ -97,11 +100,12 @@ class ReplayBase:
         self.clock.taken()
 
     def due(self, step: int, total_steps: int) -> bool:
-        """Whether `step` starts a new base (every replay_steps steps, or when the ranks agreed the base is too old; short
-        of the end)."""
+        """Whether `step` starts a new base (every replay_steps steps once the agreed spacing has passed, or when the ranks
+        agreed the base is too old; short of the end)."""
         if self.snapshot is None or step >= total_steps:
             return False
-        return step % self.every == 0 or self._agreed
+        spaced = step - (self.snapshot.step or 0) >= self.clock.spacing
+        return (step % self.every == 0 and spaced) or self._agreed
 
     def agreed(self, decision: Decision) -> None:
         """This boundary's decision: whether the ranks agreed that the base is too old."""

@@ -68,9 +68,15 @@ class Saver:
         self.standing = 0
 
     def take_snapshot(self) -> None:
-        """Make the current state the replay base."""
+        """Collective: make the current state the replay base, and agree how many steps pass before the next."""
         if not self.base.on:
             return
+        # The copy's cost in this thread's CPU time: a rank descheduled on a busy node does not count the wait as cost.
+        began = time.thread_time()
+        self._copy_base()
+        self.base.clock.spacing = self.peers.most(self.base.clock.wanted(self.position.step, time.thread_time() - began))
+
+    def _copy_base(self) -> None:
         step, background = self.position.step, self.background
         staging = background.staging if background is not None else None
         if background is not None and staging is not None and staging.step == step and background.busy:
@@ -109,6 +115,10 @@ class Saver:
         the caller's work that goes with a checkpoint (the census), entered around its write whenever one is due."""
         step, epoch = self.position.step, self.position.epoch
         hash_due = bool(self.policy.hash_every_steps) and step % self.policy.hash_every_steps == 0
+        if reason is None and not hash_due:  # most steps: a trajectory line and the progress, nothing of the state
+            self.telemetry.record(step, epoch, loss, lr, None)
+            self.telemetry.progress(step, epoch, loss)
+            return
         writer = self.background if reason == "periodic" else None
         background = writer is not None
         if writer is not None and writer.busy:

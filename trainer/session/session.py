@@ -134,7 +134,7 @@ class Session:
         check_arguments(run_dir, model, optimizer, scheduler, scaler)
         # Refused before anything is recorded, as a bad argument is: a bad LEGATO_RESUME, or nothing to resume where required.
         resume = resume_choice(os.environ)
-        hang = hang.from_env(os.environ)
+        hang, checkpoint = hang.from_env(os.environ), checkpoint.from_env(os.environ)
         if resume == REQUIRED and not list_checkpoints(RunPaths(run_dir).checkpoints):
             raise UsageError(nothing_to_resume(RunPaths(run_dir).checkpoints))
         self.source = adoption.adopt(loader, worker_rng)
@@ -410,27 +410,28 @@ class Session:
         if self._position.advance(self._feed.epoch_mode):
             # The finished iterator goes now either way, as the plain loop's does, with its workers.
             self._feed.drop()
-        record = self._saving.base.record_step(self.step, self._loss, unwrap(self.model))
+        step, base = self.step, self._saving.base  # every step runs this: each lookup made once
+        record = base.record_step(step, self._loss, lambda: unwrap(self.model))
         self.chaos.slow_step()
         if self._replayer.active:
             self._losses.settle()  # the replay compares this step's loss bits now
-            outcome = self._replayer.step(self.step, record, self._saving.base.held.held_at)
+            outcome = self._replayer.step(step, record, base.held.held_at)
             self.stopped = outcome is Outcome.STOPPED
             if outcome is Outcome.FELL_BACK:
                 self._saving.take_snapshot()
         else:
-            self.chaos.after_step(self.rank, self.step, self._flag.signals[0])
+            self.chaos.after_step(self.rank, step, self._flag.signals[0])
             reason = self._saving.reason(self._agreement, self._flag.raised, self.total_steps)
-            census = self._census.alongside(reason, self.step, sys._getframe())
+            census = self._census.alongside(reason, step, sys._getframe()) if reason else contextlib.nullcontext()
             if reason:
                 self._watchdog.beat(CHECKPOINT)
             self._saving.step_end(reason, self._loss, self._lr, self._flag.received_at, census)
             self.stopped = reason == "signal"
             if not self.stopped:
-                self._census.early_look(self.step, sys._getframe())
-        if self._saving.base.due(self.step, self.total_steps) and not self.stopped:
+                self._census.early_look(step, sys._getframe())
+        if base.due(step, self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
-        self._watchdog.stepped(self.step, REPLAY if self._replayer.active else STEP)
+        self._watchdog.stepped(step, REPLAY if self._replayer.active else STEP)
 
     @contextlib.contextmanager
     def _lifetime(self) -> Iterator[None]:
