@@ -1,0 +1,134 @@
+"""The Session's own CPU per step: a loop whose body does almost nothing, plain and under a Session at its defaults.
+
+What is left when the training step costs nothing is what legato adds to every step of every run: the batch's
+fingerprint, the step record, the trajectory line, the stop agreement's check, the hang watchdog's mark. Rows,
+alternating within each round, each the median over the rounds:
+
+- plain: the same body (a 4-sample batch through `Linear(4, 1)`, DDP's with ranks, backward, SGD step, `loss.item()`)
+  with no Session;
+- legato Session, defaults: `CheckpointPolicy()` with the final checkpoint outside the timed steps;
+- plain again (the control row: the noise floor).
+
+Each row is the CPU time of the whole process (every thread: the Session's own threads count) over `--steps` steps
+after `--warm`, per step, and the same in wall time. `--world 2` runs two ranks (gloo) and reports rank 0; a rank's
+CPU then includes the agreement's share of gloo's work.
+
+    python benchmarks/bench_step_cpu.py [--world 1] [--steps 2000] [--warm 100] [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from legato.runtime.launch import free_port
+from legato.session.session import CheckpointPolicy, Session
+
+
+class Body:
+    """The near-empty training step both rows run (under DDP when there are ranks to reduce over, as a user's is)."""
+
+    def __init__(self, world: int = 1) -> None:
+        torch.manual_seed(0)
+        linear = torch.nn.Linear(4, 1)
+        self.model: torch.nn.Module = DDP(linear) if world > 1 else linear
+        self.opt = torch.optim.SGD(linear.parameters(), lr=0.01)
+        self.x, self.y = torch.randn(4, 4), torch.randn(4, 1)
+
+    def step(self) -> float:
+        loss = F.mse_loss(self.model(self.x), self.y)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return loss.item()
+
+
+def _timed(steps: Iterable[int], body: Body, report: Callable[[float], None] | None, warm: int) -> tuple[float, float]:
+    """CPU and wall seconds per step of the steps after `warm` (the last step, whose boundary is a final checkpoint, out)."""
+    marks: list[tuple[float, float]] = []
+    for i in steps:
+        if i >= warm:
+            marks.append((time.process_time(), time.perf_counter()))
+        loss = body.step()
+        if report is not None:
+            report(loss)
+    (cpu0, wall0), (cpu1, wall1) = marks[0], marks[-1]
+    return (cpu1 - cpu0) / (len(marks) - 1), (wall1 - wall0) / (len(marks) - 1)
+
+
+def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str, out: dict) -> None:
+    torch.set_num_threads(1)
+    if world > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    body, total = Body(world), args.warm + args.steps
+
+    def barrier() -> None:
+        if world > 1:
+            dist.barrier()
+
+    def plain(r: int) -> tuple[float, float]:
+        barrier()
+        return _timed(range(total), body, None, args.warm)
+
+    def session(r: int) -> tuple[float, float]:
+        barrier()
+        s = Session(Path(tmp) / f"session-{r}", model=body.model, optimizer=body.opt, total_steps=total, checkpoint=CheckpointPolicy())
+        return _timed(s, body, s.report, args.warm)
+
+    rows: dict[str, Callable[[int], tuple[float, float]]] = {"legato Session, defaults": session, "plain (control)": plain}
+    found: dict[str, list[tuple[float, float]]] = {"plain": [], **{name: [] for name in rows}}
+    for r in range(args.rounds + 1):  # round 0 warms up and is not counted
+        before = plain(r)
+        names = list(rows)
+        names = names[r % len(names) :] + names[: r % len(names)]
+        measured = {name: rows[name](r) for name in names}
+        if r:
+            found["plain"].append(before)
+            for name, value in measured.items():
+                found[name].append(value)
+    if rank == 0:
+        out.update({name: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v)) for name, v in found.items()})
+    if world > 1:
+        dist.destroy_process_group()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--world", type=int, default=1, help="ranks (1: no process group)")
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--warm", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    if args.steps < 2 or args.warm < 1 or args.world < 1:
+        print("--steps must be at least 2, --warm and --world at least 1.", file=sys.stderr)
+        return 2
+    print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.world} rank(s), 1 thread each; {args.steps} steps after {args.warm}")
+    print(f"process CPU and wall per step, medians over {args.rounds} rounds; added = row - plain")
+    with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
+        out = manager.dict()
+        if args.world == 1:
+            _worker(0, 1, 0, args, tmp, out)
+        else:
+            mp.spawn(_worker, args=(args.world, free_port(), args, tmp, out), nprocs=args.world, join=True)
+        plain_cpu, plain_wall = out["plain"]
+        print(f"   {'row':<28} {'CPU µs/step':>12} {'added':>9} {'wall µs/step':>13} {'added':>9}")
+        for name, (cpu, wall) in dict(out).items():
+            print(f"   {name:<28} {cpu * 1e6:12.1f} {(cpu - plain_cpu) * 1e6:+9.1f} {wall * 1e6:13.1f} {(wall - plain_wall) * 1e6:+9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
