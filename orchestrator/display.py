@@ -11,7 +11,7 @@ import sys
 import time
 from typing import TextIO
 
-from legato.events import Kind, except_label, hang_label, loop_left_label, resharded_label, unverified_label
+from legato.events import Kind, except_label, hang_label, interval_label, loop_left_label, resharded_label, unverified_label
 from legato.orchestrator.status import RunSummary
 from legato.slurm.pending import describe
 from legato.voice import counted
@@ -125,6 +125,7 @@ class LiveView:
                 f"{tag}the previous attempt trained to step {e['trained_to']}: the {e['lost_steps']} steps after the checkpoint "
                 f"at step {e['step']} were lost and are trained again"
             ),
+            Kind.CHECKPOINT_INTERVAL: lambda: f"{tag}{interval_label(e)}",
             Kind.HANG: lambda: f"{tag}{hang_label(e)}" + ("; the same hang as an earlier attempt's: not retried" if e["repeated"] else ""),
             Kind.RANK_LOST: lambda: (
                 f"{tag}{e['reason']} after step {e['last_step']}; resubmitting from the checkpoint at step {e['checkpoint_step']}"

@@ -168,7 +168,7 @@ class JobEvents:
             fields = {k: event[k] for k in ("step", "global_hash", "seconds", "bytes", "reason")}
             fields.update({k: event[k] for k in ("diverged", "replays_from") if event.get(k) is not None})
             self.ledger.append(Kind.CHECKPOINT_COMMITTED, **self.ident.tag(), **fields)
-        elif kind in (Kind.RESUMED, Kind.CONTINUED_UNVERIFIED, Kind.WORK_LOST):
+        elif kind in (Kind.RESUMED, Kind.CONTINUED_UNVERIFIED, Kind.WORK_LOST, Kind.CHECKPOINT_INTERVAL):
             fields = {k: event.get(k) for k in sorted(field_names(kind) - JOB_TAG_FIELDS)}
             self.ledger.append(kind, **self.ident.tag(), **fields)
         elif kind == Kind.CHECKPOINT_FAILED:

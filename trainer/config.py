@@ -24,7 +24,10 @@ from legato.config_checks import check_cross_fields
 from legato.config_read import apply_override, read_yaml
 from legato.errors import UsageError
 
+AUTO = "auto"  # `checkpoint.every_minutes: auto`: the interval from evidence (legato.session.spacing)
+
 __all__ = [
+    "AUTO",
     "KEEP_LAST_MAX",
     "MINUTES_MAX",
     "REQUIRED",
@@ -184,7 +187,14 @@ class CheckpointSection:
     # On by default, so a hard kill (node failure, OOM, SIGKILL at the time limit) loses at most this much work. Young-Daly:
     # sqrt(2 x checkpoint cost x mean time between failures) = sqrt(2 x 2.6 s x 1 day) ~ 11 min for 256 MiB at defaults
     # (2026-11-23, 2 cores); 10 minutes costs under 0.5% of the run.
-    every_minutes: float = option(10.0, minimum=0, maximum=MINUTES_MAX, doc="periodic checkpoint every M minutes, 0 for off")
+    # `auto`: Young-Daly from the measured checkpoint cost and the failures the run's ledger records (legato.session.spacing).
+    every_minutes: float | str = option(
+        10.0,
+        minimum=0,
+        maximum=MINUTES_MAX,
+        words=(AUTO,),
+        doc="periodic checkpoint every M minutes, 0 for off; auto: from the checkpoint's measured cost and the run's failures",
+    )
     keep_last: int = option(3, minimum=1, maximum=KEEP_LAST_MAX, doc="checkpoints kept; older ones are pruned")
     verify: str = option("error", choices=("error", "warn"), doc="warn turns a failed resume verification into a warning")
     # A pass over the whole state on a step that saves nothing (about 7 ms a step per GiB of state, docs/benchmarks.md),

@@ -66,10 +66,11 @@ def option(
     doc: str = "",
     key: str = "",
     free_text: bool = False,
+    words: tuple[str, ...] = (),
 ) -> Any:
     """A config field; `key` spells its YAML name where that is a Python keyword (checkpoint.async); `free_text`: the
-    texts inside it (a mapping's values) may span lines."""
-    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc, "key": key, "free_text": free_text}
+    texts inside it (a mapping's values) may span lines; `words`: the texts a number field also takes (`auto`)."""
+    meta = {"choices": choices, "minimum": minimum, "maximum": maximum, "doc": doc, "key": key, "free_text": free_text, "words": words}
     if isinstance(default, (list, dict)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -129,8 +130,10 @@ def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any
     allowed = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     if value is None and type(None) in allowed:
         return None
+    if isinstance(value, str) and value in meta.get("words", ()):
+        return value
     base = next(t for t in allowed if t is not type(None))
-    value = _coerce(key, value, base, source)
+    value = _coerce(key, value, base, source, meta.get("words", ()))
     if isinstance(value, float) and not math.isfinite(value):
         raise UsageError(f"{source}: {key} is {value!r}; it must be a finite number. Write a number such as {meta.get('minimum') or 1}.")
     if isinstance(value, str):
@@ -154,7 +157,7 @@ def _check_value(key: str, value: Any, hint: Any, meta: Any, source: str) -> Any
     return value
 
 
-def _coerce(key: str, value: Any, base: type, source: str) -> Any:
+def _coerce(key: str, value: Any, base: type, source: str, words: tuple[str, ...] = ()) -> Any:
     ok = isinstance(value, base) and not (base in (int, float) and isinstance(value, bool))
     if base is float and isinstance(value, int) and not isinstance(value, bool):
         try:
@@ -168,9 +171,10 @@ def _coerce(key: str, value: Any, base: type, source: str) -> Any:
         except ValueError:
             pass
     if not ok:
+        also = "".join(f" or {word}" for word in words)
         raise UsageError(
-            f"{source}: {key} must be {TYPE_WORDS[base]}, but it is {show(value)} ({type(value).__name__}). "
-            f"Write it as {TYPE_WORDS[base]}, without quotes for numbers and booleans."
+            f"{source}: {key} must be {TYPE_WORDS[base]}{also}, but it is {show(value)} ({type(value).__name__}). "
+            f"Write it as {TYPE_WORDS[base]}{also}, without quotes for numbers and booleans."
         )
     return value
 

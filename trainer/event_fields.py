@@ -318,6 +318,19 @@ class WorkLost(_Attempt):
     lost_steps: int
 
 
+class CheckpointInterval(_Attempt):
+    """The fields of a `CHECKPOINT_INTERVAL` record (legato.session.spacing): the interval in minutes, the checkpoint cost
+    it came from (None before one was measured), the mean time between failures estimated from the `failures` the
+    ledger records over `run_hours`, and Young-Daly's value before the bounds (None before a measured cost)."""
+
+    minutes: float
+    cost_s: float | None
+    mtbf_hours: float
+    failures: int
+    run_hours: float
+    young_daly_minutes: float | None
+
+
 class Hang(_Attempt):
     """The fields of a `HANG` record: the rank that found it and its host, the step and phase it stood at, how long no rank
     had shown progress against the bound, its main thread's innermost frame and the script's own line, the processes of
@@ -397,6 +410,7 @@ FIELDS: dict[Kind, type[Any]] = {
     Kind.LOOP_LEFT: LoopLeft,
     Kind.HANG: Hang,
     Kind.WORK_LOST: WorkLost,
+    Kind.CHECKPOINT_INTERVAL: CheckpointInterval,
     Kind.PROGRESS: Progress,
     Kind.STOP_AGREED: StopAgreed,
     Kind.ERROR: Error,

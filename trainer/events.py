@@ -82,6 +82,9 @@ class Kind(str, enum.Enum):
     # The Session (rank 0), when an attempt starts where an earlier one had trained past the checkpoint it resumes (a
     # kill, a hang, a lost rank): the steps trained after that checkpoint, which were lost and are trained again.
     WORK_LOST = "work_lost"
+    # The Session (rank 0) under `checkpoint.every_minutes: auto`: the periodic interval it chose by Young-Daly and from
+    # what (the measured checkpoint cost, the failures the ledger records), at the attempt's start and when it moves.
+    CHECKPOINT_INTERVAL = "checkpoint_interval"
     # The hang watchdog of the rank that first found its attempt hung (no rank stepped, moved or computed for longer than
     # the bound): where it stood, which processes were stopped, and where their stacks are. The attempt ends (exit 124)
     # and resumes from its newest checkpoint, unless the same hang repeated (`repeated`): then the run fails naming it.
@@ -161,6 +164,18 @@ def hang_label(record: dict) -> str:
         f"hung at step {record['step']} (phase: {record['phase']}): no rank made progress for {record['quiet_s']:.0f}s "
         f"(bound {record['bound_s']:.0f}s); rank {record['rank']} on {record['host']} waited in {where}{stopped}; "
         f"stacks in {record['stacks']}/"
+    )
+
+
+def interval_label(record: dict) -> str:
+    """How a `CHECKPOINT_INTERVAL` record is told: the interval, and what Young-Daly chose it from."""
+    seen = f"{record['failures']} seen in {record['run_hours']:.1f} h"
+    if record.get("cost_s") is None:
+        return f"periodic checkpoints every {record['minutes']:g} min until one is measured (every_minutes: auto; {seen})"
+    bounded = "" if record["young_daly_minutes"] == record["minutes"] else f", bounded from {record['young_daly_minutes']:.1f}"
+    return (
+        f"periodic checkpoints every {record['minutes']:.1f} min (every_minutes: auto, Young-Daly{bounded}): a checkpoint "
+        f"blocks {record['cost_s']:.2f}s, one failure every {record['mtbf_hours']:.1f} h expected ({seen})"
     )
 
 

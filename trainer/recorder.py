@@ -40,6 +40,7 @@ RECORDED = (
     Kind.UNSAVED_STATE,
     Kind.LOOP_LEFT,
     Kind.WORK_LOST,
+    Kind.CHECKPOINT_INTERVAL,
 )
 
 

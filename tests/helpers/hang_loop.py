@@ -7,7 +7,8 @@ process mid-run, a checkpoint every 4 steps. DEADLOCK_AT=N plants a deadlock in 
 lock it already holds at step N on rank DEADLOCK_RANK (default 0), in attempts up to DEADLOCK_ATTEMPTS (default 1).
 VALIDATE_AT=N has rank 0 compute alone for VALIDATE_S seconds at step N (a validation) while the others wait in a
 barrier: activity, not a hang. START_DELAY_S sleeps before anything else (a start-up that outlasts a stop signal's
-lead). Exits with the Session's code (the watchdog's 124 ends a hung attempt itself).
+lead). EVERY_MINUTES (default 10) is checkpoint.every_minutes: a number, or `auto`. Exits with the Session's code (the
+watchdog's 124 ends a hung attempt itself).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ DEADLOCK_ATTEMPTS = int(os.environ.get("DEADLOCK_ATTEMPTS", "1"))
 VALIDATE_AT = int(os.environ.get("VALIDATE_AT", "-1"))
 VALIDATE_S = float(os.environ.get("VALIDATE_S", "0"))
 START_DELAY_S = float(os.environ.get("START_DELAY_S", "0"))
+EVERY_MINUTES = os.environ.get("EVERY_MINUTES", "10")
 
 
 def user_code_that_deadlocks(lock: threading.Lock) -> None:
@@ -59,7 +61,12 @@ def main(out: Path) -> int:
     model = DDP(torch.nn.Linear(8, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     session = legato.Session(
-        out, model=model, optimizer=optimizer, loader=loader, total_steps=STEPS, checkpoint=legato.CheckpointPolicy(every_steps=4)
+        out,
+        model=model,
+        optimizer=optimizer,
+        loader=loader,
+        total_steps=STEPS,
+        checkpoint=legato.CheckpointPolicy(every_steps=4, every_minutes=EVERY_MINUTES if EVERY_MINUTES == "auto" else float(EVERY_MINUTES)),
     )
     lock = threading.Lock()
     for x, y in session:

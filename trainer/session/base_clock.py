@@ -27,16 +27,19 @@ from collections.abc import Callable
 from legato.dist.stop import Decision
 
 # The default bound: a tenth of the periodic checkpoint interval, so a resume replays at most about 10% of the work a
-# hard kill would lose; 60 s (a tenth of the default 10 minutes) when checkpoints are not periodic by the clock.
+# hard kill would lose; 60 s (a tenth of the default 10 minutes) when checkpoints are not periodic by a fixed clock.
 INTERVAL_FRACTION = 0.1
 WITHOUT_INTERVAL_S = 60.0
 
 
-def bound_seconds(replay_seconds: float | None, every_minutes: float) -> float:
-    """The replay's time bound in seconds (0: none), from the policy's `replay_seconds` and `every_minutes`."""
+def bound_seconds(replay_seconds: float | None, every_minutes: float | str) -> float:
+    """The replay's time bound in seconds (0: none), from the policy's `replay_seconds` and `every_minutes` (`auto`: an
+    interval that moves, so the bound of a run without one)."""
     if replay_seconds is not None:
         return replay_seconds
-    return INTERVAL_FRACTION * 60 * every_minutes if every_minutes > 0 else WITHOUT_INTERVAL_S
+    if isinstance(every_minutes, str) or every_minutes <= 0:
+        return WITHOUT_INTERVAL_S
+    return INTERVAL_FRACTION * 60 * every_minutes
 
 
 class BaseClock:

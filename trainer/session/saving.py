@@ -11,19 +11,23 @@ This module must never call back into the Session and never restore anything.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
+import statistics
 import time
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from legato.config import CheckpointSection
+from legato.config import AUTO, CheckpointSection
 from legato.dist.peers import Peers
 from legato.dist.stop import StopAgreement
 from legato.events import Kind
+from legato.session import spacing
 from legato.session.losses import Loss
 from legato.session.position import Position
 from legato.session.replay_base import ReplayBase
@@ -55,13 +59,20 @@ class Saver:
         meta: dict[str, Any],
         kill: KillPoint | None,
         background: bool,
+        failures: Callable[[], tuple[int, float]] = lambda: (0, 0.0),
     ) -> None:
+        """`failures`: the unannounced failures the run's ledger records and the seconds since its first record, read
+        when `every_minutes: auto` chooses the interval (legato.session.spacing)."""
         self.root, self.peers, self.components, self.position = root, peers, components, position
         self.policy, self.telemetry, self.meta, self.kill = policy, telemetry, meta, kill
         self.background = AsyncCheckpointer(root, peers.rank, peers.world_size, peers.group, policy.keep_last, kill) if background else None
         self.last_checkpoint: Committed | None = None
         self.unsaved_end = False  # the final checkpoint could not be written: the run is not done
         self.last_save_time = time.monotonic()
+        self.failures, self.auto = failures, policy.every_minutes == AUTO
+        self.interval: spacing.Interval | None = None  # auto's interval, chosen at the attempt's first boundary
+        self._costs: collections.deque[float] = collections.deque(maxlen=spacing.COSTS_KEPT)  # auto: periodic ones, newest last
+        self._recorded: spacing.Interval | None = None  # the interval recorded last (auto)
         self.base = ReplayBase(policy, peers.rank)
         # Resharded from a stop checkpoint's replay base: the steps up to that checkpoint run again, and a checkpoint
         # among them would be older than the one that stands (never picked); none is written before it.
@@ -93,8 +104,10 @@ class Saver:
 
     def reason(self, agreement: StopAgreement, stop_local: bool, total_steps: int) -> str | None:
         """Take part in this boundary's agreement; say why a checkpoint is due now, if one is."""
-        step = self.position.step
-        clock_due = self.policy.every_minutes > 0 and time.monotonic() - self.last_save_time >= 60 * self.policy.every_minutes
+        if self.auto and self.interval is None:
+            self._choose(None)  # once this attempt's start is in the ledger (a kill it follows, as `work_lost`)
+        step, every_s = self.position.step, self.interval_s
+        clock_due = every_s > 0 and time.monotonic() - self.last_save_time >= every_s
         flags = self.background.flags() if self.background is not None else {}
         decision = agreement.boundary(step, stop_local, clock_due, base_due_local=self.base.clock.overdue(), **flags)
         self.base.agreed(decision)
@@ -119,6 +132,7 @@ class Saver:
             self.telemetry.record(step, epoch, loss, lr, None)
             self.telemetry.progress(step, epoch, loss)
             return
+        began = time.monotonic()
         writer = self.background if reason == "periodic" else None
         background = writer is not None
         if writer is not None and writer.busy:
@@ -145,6 +159,26 @@ class Saver:
                 if self.background is not None:
                     self._committed(self.background.finish(), "periodic")
                 self._save(reason, parts, components, seen)
+        if reason == "periodic" and self.auto:
+            self._costs.append(time.monotonic() - began)
+            self._choose(statistics.median(self._costs))
+
+    @property
+    def interval_s(self) -> float:
+        """Seconds between periodic checkpoints by the clock (0: none)."""
+        if self.interval is not None:
+            return self.interval.seconds
+        return 60 * float(self.policy.every_minutes)
+
+    def _choose(self, blocked_s: float | None) -> None:
+        """`every_minutes: auto`: choose the interval from what a periodic checkpoint blocks the loop (the median of the
+        newest few; None: none measured yet) and the failures the ledger records now; record it when it is new or moved."""
+        self.interval = spacing.choose(blocked_s, *self.failures())
+        if not spacing.worth_recording(self.interval, self._recorded):
+            return
+        self._recorded = self.interval
+        self.telemetry.emit(Kind.CHECKPOINT_INTERVAL, **dataclasses.asdict(self.interval))
+        log.info("rank %d: periodic checkpoints every %.1f minutes (every_minutes: auto)", self.peers.rank, self.interval.minutes)
 
     def _hold(self, reason: str) -> None:
         """No checkpoint before the standing one (see `standing`); a stop leaves it to the next attempt."""

@@ -37,6 +37,7 @@ import contextlib
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -48,9 +49,11 @@ from legato.dist.reduction import restoring
 from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.events import Kind
+from legato.ledger_file import read_records
 from legato.paths import RunPaths
 from legato.recorder import LedgerRecorder
 from legato.repro.attempt import end_for_script, start_for_script
+from legato.session import spacing
 from legato.session.arguments import check_arguments, check_batches, checked_loss, refuse_late_carry, refuse_second_loop, total_steps_of
 from legato.session.attempt_lock import AttemptLock
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
@@ -209,6 +212,7 @@ class Session:
             carried,
             self.chaos.kill,
             background,
+            failures=lambda: spacing.failures_since_start(read_records(self.run_dir), time.time()),
         )
         self._losses = LossBook()
         self._loss: Loss | None = None  # this step's, once reported
