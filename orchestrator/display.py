@@ -12,6 +12,7 @@ import time
 from typing import TextIO
 
 from legato.events import Kind, except_label, hang_label, interval_label, loop_left_label, resharded_label, unverified_label
+from legato.orchestrator.goodput import BUCKETS, Spent
 from legato.orchestrator.status import RunSummary
 from legato.slurm.pending import describe
 from legato.voice import counted
@@ -233,6 +234,18 @@ def waiting_line(w: dict) -> str:
     return f"job {w['job_id']} pending for {_duration(w['waited_s'])}{why}"
 
 
+def goodput_line(spent: Spent) -> str:
+    """The run's time in words: "goodput 81% of 1h02m: training 50m, queued 3m, ..." (buckets that took any time)."""
+    parts = ", ".join(f"{name} {_span(getattr(spent, name))}" for name in BUCKETS if getattr(spent, name) >= 0.05)
+    margin = "" if spent.margin_s is None else f"; the closest stop committed {_span(spent.margin_s)} before its time limit"
+    return f"goodput {100 * (spent.goodput or 0):.0f}% of {_span(spent.wall)}: {parts}{margin}"
+
+
+def _span(seconds: float) -> str:
+    """A bucket's time: tenths of a second under a minute, else as `_duration` says it."""
+    return f"{seconds:.1f}s" if 0 <= seconds < 60 else _duration(seconds)
+
+
 def status_table(summary: RunSummary) -> str:
     """The run summary as the text table `legato status` prints: one row per attempt, then the run's state."""
     header = ("#", "job", "restart", "host", "steps", "resumed at", "verified", "replay", "resume s", "ckpt s", "environment", "ended")
@@ -271,7 +284,7 @@ def status_table(summary: RunSummary) -> str:
         f"run {summary.run_dir}: {state}, step {summary.step}/{total}, {len(summary.attempts)} attempt(s), "
         f"{summary.requeues} requeue(s), {summary.resubmissions} resubmission(s)"
     )
-    tail = []
+    tail = [goodput_line(summary.spent)] if summary.spent.wall > 0 else []
     if summary.excluded_nodes:
         tail.append(f"nodes excluded after they failed: {', '.join(summary.excluded_nodes)}")
     if summary.finished:

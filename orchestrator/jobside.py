@@ -47,6 +47,7 @@ from legato.runtime.rank_env import RankEnv
 from legato.slurm.backends import backend_for
 from legato.store.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
 from legato.system.lifeline import die_with_parent
+from legato.system.processes import launch_times
 from legato.system.threads import resolve_threads
 
 log = logging.getLogger(__name__)
@@ -115,6 +116,7 @@ class TrainTask:
                 "hosts": list(ident.hosts),
                 "world_size": ident.world_size,
                 "master_addr": rank_env.master_addr,
+                **launch_times(os.environ),
             }
             ledger.append(Kind.ATTEMPT_STARTED, **ident.tag(), **fields)
         ledger.append(Kind.RANK_STARTED, **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
@@ -166,7 +168,7 @@ class JobEvents:
             if event["reason"] == "final":
                 self.final_hash = event["global_hash"]
             fields = {k: event[k] for k in ("step", "global_hash", "seconds", "bytes", "reason")}
-            fields.update({k: event[k] for k in ("diverged", "replays_from") if event.get(k) is not None})
+            fields.update({k: event[k] for k in ("diverged", "replays_from", "background") if event.get(k) is not None})
             self.ledger.append(Kind.CHECKPOINT_COMMITTED, **self.ident.tag(), **fields)
         elif kind in (Kind.RESUMED, Kind.CONTINUED_UNVERIFIED, Kind.WORK_LOST, Kind.CHECKPOINT_INTERVAL):
             fields = {k: event.get(k) for k in sorted(field_names(kind) - JOB_TAG_FIELDS)}

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from legato.events import JOB_SUBMISSIONS, SCRIPT_EXECUTOR, TERMINAL, Kind, loop_left_label
+from legato.orchestrator import goodput
+from legato.orchestrator.goodput import Spent
 from legato.paths import RunPaths
 from legato.voice import counted
 
@@ -47,6 +49,7 @@ class Attempt:
     lost_steps: int = 0  # steps it trained past the checkpoint the next attempt resumed: lost, and trained again
     environment: dict[str, str] = field(default_factory=dict, repr=False)
     environment_changed: list[str] | None = None
+    spent: Spent = field(default_factory=Spent)  # where its time went (legato.orchestrator.goodput)
 
     @property
     def key(self) -> tuple[str, int | None]:
@@ -89,6 +92,7 @@ class RunSummary:
     excluded_nodes: list[str] = field(default_factory=list)
     unverified: dict | None = None  # the run went on past a resume that did not verify: step, components, how
     unregistered: list[str] = field(default_factory=list)  # what the census found unsaved in the run, by variable path
+    spent: Spent = field(default_factory=Spent)  # the attempts' buckets added up: goodput and the rest
 
     @property
     def lost_steps(self) -> int:
@@ -103,7 +107,9 @@ class RunSummary:
         data = asdict(self)
         for attempt, raw in zip(self.attempts, data["attempts"]):
             raw["steps_run"] = attempt.steps_run
+            raw["spent"] = attempt.spent.to_json()
             del raw["environment"]
+        data["spent"] = self.spent.to_json()
         data["all_resumes_verified"] = self.all_resumes_verified
         data["lost_steps"] = self.lost_steps
         return data
@@ -190,6 +196,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
             if attempt.ended == "running":
                 attempt.ended = "ended"
     step = max((a.last_step for a in ordered), default=0)
+    spent = _account_time(ordered, events, progress)
     return RunSummary(
         str(run_dir),
         state,
@@ -205,6 +212,7 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
         excluded,
         None if unverified is None else {k: unverified.get(k) for k in ("step", "components", "how")},
         sorted(unregistered),
+        spent,
     )
 
 
@@ -284,6 +292,28 @@ def _mark_environment_changes(attempts: list[Attempt]) -> None:
         if before.environment and after.environment:
             names = sorted(set(before.environment) | set(after.environment))
             after.environment_changed = [n for n in names if before.environment.get(n) != after.environment.get(n)]
+
+
+def _account_time(attempts: list[Attempt], events: list[dict], progress: dict | None) -> Spent:
+    """Each attempt's buckets (`Attempt.spent`), in order, each from the end of the one before; their sum for the run."""
+    by_key: dict[tuple[str, int | None], list[dict]] = {}
+    for e in events:
+        by_key.setdefault((str(e.get("job_id")), e.get("restart")), []).append(e)
+    if progress and isinstance(progress.get("time"), (int, float)):
+        by_key.setdefault((str(progress.get("job_id")), progress.get("restart")), []).append({**progress, "event": Kind.PROGRESS})
+    total = Spent()
+    since = goodput.run_start(events)
+    for attempt in attempts:
+        records = by_key.get(attempt.key, [])
+        started = next((r for r in records if r["event"] == Kind.ATTEMPT_STARTED), {})
+        clock = goodput.AttemptClock(float(started.get("launched_at") or attempt.started_at), records)
+        attempt.spent, since = goodput.attempt_spent(
+            clock, clock.launched if since is None else since, attempt.lost_steps, attempt.steps_run
+        )
+        total.add(attempt.spent)
+    margins = [a.spent.margin_s for a in attempts if a.spent.margin_s is not None]
+    total.margin_s = min(margins) if margins else None  # the closest a stop came to its time limit
+    return total
 
 
 def _charge_lost_work(attempts: dict[tuple[str, int | None], Attempt], resuming: Attempt, steps: int) -> None:

@@ -109,8 +109,13 @@ class LostRankCancel(TypedDict):
     grace_s: float
 
 
-class AttemptStarted(_Attempt):
-    """The fields of an `ATTEMPT_STARTED` record: where and how wide the attempt runs."""
+class _Launched(TypedDict, total=False):
+    launched_at: float  # when rank 0's process started (Unix time): its imports and process group are the attempt's start-up
+    ends_at: float  # when the scheduler ends the job (SLURM_JOB_END_TIME): the time limit a stop keeps its margin to
+
+
+class AttemptStarted(_Attempt, _Launched):
+    """The fields of an `ATTEMPT_STARTED` record: where and how wide the attempt runs, and when it was launched and ends."""
 
     executor: str
     hosts: list[str]
@@ -165,7 +170,11 @@ class _ReplaysFrom(TypedDict, total=False):
     replays_from: int  # the earlier checkpoint's step
 
 
-class CheckpointCommitted(_Attempt, _Diverged, _ReplaysFrom):
+class _Background(TypedDict, total=False):
+    background: bool  # written by the asynchronous writer while the loop trained on: `seconds` did not block it
+
+
+class CheckpointCommitted(_Attempt, _Diverged, _ReplaysFrom, _Background):
     """The fields of a `CHECKPOINT_COMMITTED` record: the published checkpoint's step, hash, cost (bytes written) and reason."""
 
     step: int

@@ -25,6 +25,7 @@ from legato.dist.peers import Peers
 from legato.events import SCRIPT_EXECUTOR, Kind
 from legato.ledger_file import read_records, record
 from legato.paths import RunPaths
+from legato.system.processes import launch_times
 
 # The job a script's attempt belongs to in the ledger: SLURM's job id when SLURM launched it, else this.
 SCRIPT_JOB = "script"
@@ -61,6 +62,7 @@ class Identity:
                     hosts=list(dict.fromkeys(hosts)),
                     world_size=peers.world_size,
                     master_addr=os.environ.get("MASTER_ADDR", ""),
+                    **launch_times(os.environ),
                 )
         rid, attempt = peers.from_leader(found)
         return cls(rid, max(1, attempt), job_id)

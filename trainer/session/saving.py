@@ -112,7 +112,7 @@ class Saver:
         decision = agreement.boundary(step, stop_local, clock_due, base_due_local=self.base.clock.overdue(), **flags)
         self.base.agreed(decision)
         if self.background is not None:
-            self._committed(self.background.settle(decision), "periodic")
+            self._committed(self.background.settle(decision), "periodic", background=True)
         if step == total_steps:
             return "final"
         if decision.stop:
@@ -136,7 +136,7 @@ class Saver:
         writer = self.background if reason == "periodic" else None
         background = writer is not None
         if writer is not None and writer.busy:
-            self._committed(writer.wait_for_previous(step), "periodic")
+            self._committed(writer.wait_for_previous(step), "periodic", background=True)
         # One pass over the state serves both the trajectory hash and the checkpoint.
         parts = table.capture(self.components) if reason or hash_due else {}
         seen = Digests()
@@ -157,7 +157,7 @@ class Saver:
                 self._save_async(staged)
             else:
                 if self.background is not None:
-                    self._committed(self.background.finish(), "periodic")
+                    self._committed(self.background.finish(), "periodic", background=True)
                 self._save(reason, parts, components, seen)
         if reason == "periodic" and self.auto:
             self._costs.append(time.monotonic() - began)
@@ -304,8 +304,9 @@ class Saver:
         self.background.start(Job(self.position.step, staged, files, base, self._meta("periodic"), holds, staged.copy_s))
         self.last_save_time = time.monotonic()
 
-    def _committed(self, committed: Committed | NotWritten | None, reason: str) -> None:
-        """Report a published checkpoint (rank 0 alone knows an asynchronous one's global hash), or one abandoned."""
+    def _committed(self, committed: Committed | NotWritten | None, reason: str, background: bool = False) -> None:
+        """Report a published checkpoint (rank 0 alone knows an asynchronous one's global hash), or one abandoned;
+        `background`: written while the loop trained on."""
         if isinstance(committed, NotWritten):
             self._not_written(reason, committed)
             return
@@ -315,4 +316,4 @@ class Saver:
         if not committed.global_hash:
             return
         self.last_checkpoint = committed
-        self.telemetry.committed(committed, reason)
+        self.telemetry.committed(committed, reason, background)

@@ -85,9 +85,11 @@ class Telemetry:
         self._last_progress_time = now
         self.emit(Kind.PROGRESS, step=step, total_steps=self.total_steps, epoch=epoch, loss=number(loss))
 
-    def committed(self, committed: Committed, reason: str) -> None:
-        """A published checkpoint."""
+    def committed(self, committed: Committed, reason: str, background: bool = False) -> None:
+        """A published checkpoint (`background`: written while the loop trained on)."""
         optional: dict[str, Any] = {"diverged": {str(r): t for r, t in committed.diverged.items()}} if committed.diverged else {}
+        if background:
+            optional["background"] = True
         if committed.replays_from is not None:
             optional["replays_from"] = committed.replays_from
         self.emit(

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,6 +95,31 @@ def stat_fields(pid: int) -> list[str] | None:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
+
+
+def started_at(pid: int) -> float | None:
+    """When process `pid` started, as a Unix time (its start after boot, in clock ticks, plus the boot's time); None when
+    it is gone or /proc does not say."""
+    fields = stat_fields(pid)
+    try:
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
+        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK") if fields is not None else None
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
+def launch_times(environ: Mapping[str, str]) -> dict[str, float]:
+    """What an `ATTEMPT_STARTED` record carries of its time, where known: this process's start (`launched_at`) and, under
+    SLURM, when the job ends (`ends_at`, from SLURM_JOB_END_TIME)."""
+    times: dict[str, float] = {}
+    launched = started_at(os.getpid())
+    if launched is not None:
+        times["launched_at"] = round(launched, 3)
+    with contextlib.suppress(ValueError):
+        ends = float(environ.get("SLURM_JOB_END_TIME", ""))
+        if ends > 0:
+            times["ends_at"] = ends
+    return times
 
 
 def reap(pid: int) -> None:
