@@ -48,7 +48,7 @@ from legato.orchestrator.end_hook import NOTIFY_ENV, run_end_hook
 from legato.orchestrator.follow import show_events, wait_for_start, watch_script
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.local_train import train_locally, trainer_command
-from legato.orchestrator.plot import plot_losses, replay_spans
+from legato.orchestrator.plot import lost_spans, plot_losses, replay_spans
 from legato.orchestrator.preflight import checked_config
 from legato.orchestrator.reports import capture_diff_lines, capture_lines, verdict_lines
 from legato.orchestrator.repro_diff import diff_captures, resolve_capture
@@ -372,16 +372,16 @@ def _report_verdict(verdict: Verdict, as_json: bool, png: Path | None) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    """`legato plot`: write a run's loss curve (against `--reference` if given), marking its resumes and replays."""
+    """`legato plot`: write a run's loss curve (against `--reference` if given), marking its resumes, replays and lost work."""
     run_dir = Path(args.run_dir)
     if not RunPaths(run_dir).trajectories.is_dir():
         raise UsageError(f"{run_dir} has no trajectory/: pass the run directory of a run that trained.")
-    resumed = [e for e in Ledger(run_dir).read() if e["event"] == Kind.RESUMED]
+    events = Ledger(run_dir).read()
+    resumed = [e for e in events if e["event"] == Kind.RESUMED]
     runs = {"reference": Path(args.reference)} if args.reference else {}
     runs[run_dir.name] = run_dir
-    png = plot_losses(
-        Path(args.out) if args.out else RunPaths(run_dir).loss_plot, runs, [e["step"] for e in resumed], replays=replay_spans(resumed)
-    )
+    out = Path(args.out) if args.out else RunPaths(run_dir).loss_plot
+    png = plot_losses(out, runs, [e["step"] for e in resumed], replays=replay_spans(resumed), lost=lost_spans(events))
     if png is None:
         raise UsageError("legato plot needs matplotlib: pip install 'legato[plot]'.")
     print(f"legato: wrote {png}")

@@ -296,6 +296,7 @@ def status_table(summary: RunSummary) -> str:
         )
     tail += [f"attempt {a.number}: {resharded_label(a.resharded)}" for a in summary.attempts if a.resharded]
     tail += [f"attempt {a.number} fell back past {'; '.join(a.skipped)}" for a in summary.attempts if a.skipped]
+    tail += [f"attempt {a.number}: {s.label}" for a in summary.attempts for s in a.stragglers]
     if summary.lost_steps:
         tail.append(f"lost work: {summary.lost_steps} steps trained past a checkpoint by attempts that ended without one, trained again")
     if summary.unregistered:

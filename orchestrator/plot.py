@@ -1,4 +1,5 @@
-"""Loss curves as a PNG: reference and resumed runs overlaid, resume points and the first divergence marked.
+"""Loss curves as a PNG: reference and resumed runs overlaid, resume points, replays, lost work and the first divergence
+marked.
 
 matplotlib is optional (`pip install 'legato[plot]'`); without it `plot_losses`
 returns None and the caller says how to get it. Losses are read from the
@@ -11,6 +12,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from legato.events import Kind
 from legato.paths import RunPaths
 from legato.store.trajectory import read_trajectory
 
@@ -26,10 +28,21 @@ def replay_spans(resumes: list[dict]) -> list[tuple[int, int]]:
     return [(r["replay"]["from_step"], r["step"]) for r in resumes if r.get("replay")]
 
 
+def lost_spans(events: list[dict]) -> list[tuple[int, int]]:
+    """(checkpoint step, last step trained) of every span an attempt trained and a kill threw away (`work_lost`)."""
+    return [(e["step"], e["trained_to"]) for e in events if e["event"] == Kind.WORK_LOST]
+
+
 def plot_losses(
-    out: Path, runs: dict[str, Path], resumes: list[int], divergence: int | None = None, replays: Sequence[tuple[int, int]] = ()
+    out: Path,
+    runs: dict[str, Path],
+    resumes: list[int],
+    divergence: int | None = None,
+    replays: Sequence[tuple[int, int]] = (),
+    lost: Sequence[tuple[int, int]] = (),
 ) -> Path | None:
-    """Draw the runs' losses; `replays` are the (base step, resumed step) spans each resume replayed."""
+    """Draw the runs' losses; `replays` are the (base step, resumed step) spans each resume replayed, `lost` the spans a
+    kill threw away (trained again by the next attempt)."""
     try:
         import matplotlib
 
@@ -46,6 +59,8 @@ def plot_losses(
         ax.axvline(step, color="tab:green", lw=0.8, ls="--", label="resume" if i == 0 else None)
     for i, (base, step) in enumerate(replays):
         ax.axvspan(base, step, color="tab:green", alpha=0.12, label="replayed on resume" if i == 0 else None)
+    for i, (start, end) in enumerate(lost):
+        ax.axvspan(start, end, color="tab:red", alpha=0.12, hatch="//", label="lost to a kill, trained again" if i == 0 else None)
     if divergence is not None:
         ax.axvline(divergence, color="tab:red", lw=1.5, label=f"first divergence (step {divergence})")
     ax.set_xlabel("step")

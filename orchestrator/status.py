@@ -1,6 +1,6 @@
 """What a run's ledger says happened: attempts, resumes, how each attempt ended, the run's state.
 
-Pure functions from ledger events (and the live progress file) to plain
+Pure functions from ledger events (and the live progress file, and the ranks' pace files) to plain
 dataclasses; `legato status`, `legato watch` and the supervisor's exit code
 all read the run through here. Nothing here writes.
 """
@@ -14,6 +14,7 @@ from pathlib import Path
 from legato.events import JOB_SUBMISSIONS, SCRIPT_EXECUTOR, TERMINAL, Kind, loop_left_label
 from legato.orchestrator import goodput
 from legato.orchestrator.goodput import Spent
+from legato.orchestrator.stragglers import Straggler, read_pace, stragglers
 from legato.paths import RunPaths
 from legato.voice import counted
 
@@ -50,6 +51,7 @@ class Attempt:
     environment: dict[str, str] = field(default_factory=dict, repr=False)
     environment_changed: list[str] | None = None
     spent: Spent = field(default_factory=Spent)  # where its time went (legato.orchestrator.goodput)
+    stragglers: list[Straggler] = field(default_factory=list)  # its ranks slower than the others (legato.orchestrator.stragglers)
 
     @property
     def key(self) -> tuple[str, int | None]:
@@ -108,6 +110,7 @@ class RunSummary:
         for attempt, raw in zip(self.attempts, data["attempts"]):
             raw["steps_run"] = attempt.steps_run
             raw["spent"] = attempt.spent.to_json()
+            raw["stragglers"] = [s.to_json() for s in attempt.stragglers]
             del raw["environment"]
         data["spent"] = self.spent.to_json()
         data["all_resumes_verified"] = self.all_resumes_verified
@@ -197,6 +200,8 @@ def summarize(run_dir: Path, events: list[dict], progress: dict | None = None) -
                 attempt.ended = "ended"
     step = max((a.last_step for a in ordered), default=0)
     spent = _account_time(ordered, events, progress)
+    for attempt in ordered:
+        attempt.stragglers = stragglers(read_pace(run_dir, attempt.job_id, attempt.number))
     return RunSummary(
         str(run_dir),
         state,

@@ -14,6 +14,7 @@
       repro/fingerprint.key        the key of the captures' value fingerprints
       hangs/<job>/<attempt>/       a hung attempt's stacks (one file per process), the ranks' summaries and its record
       .activity/<job>.<attempt>    touched by a rank busy outside its steps (a validation): the hang watchdog's shared mark
+      pace/<job>/<attempt>/rank<R>.jsonl   each rank's data waits and forward times, a window at a time (stragglers)
       submitit/<job>/              the tasks' submitit folders and logs
 
 Readers and writers in every package take their paths from `RunPaths`; no
@@ -112,6 +113,13 @@ class RunPaths:
 
     def activity(self, job_id: str, attempt: int) -> Path:
         return self.root / ".activity" / f"{job_id}.{attempt}"
+
+    @property
+    def pace_root(self) -> Path:
+        return self.root / "pace"
+
+    def pace(self, job_id: str, attempt: int, rank: int) -> Path:
+        return self.pace_root / job_id / str(attempt) / f"rank{rank}.jsonl"
 
     @property
     def submitit(self) -> Path:

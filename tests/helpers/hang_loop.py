@@ -7,8 +7,9 @@ process mid-run, a checkpoint every 4 steps. DEADLOCK_AT=N plants a deadlock in 
 lock it already holds at step N on rank DEADLOCK_RANK (default 0), in attempts up to DEADLOCK_ATTEMPTS (default 1).
 VALIDATE_AT=N has rank 0 compute alone for VALIDATE_S seconds at step N (a validation) while the others wait in a
 barrier: activity, not a hang. START_DELAY_S sleeps before anything else (a start-up that outlasts a stop signal's
-lead). EVERY_MINUTES (default 10) is checkpoint.every_minutes: a number, or `auto`. Exits with the Session's code (the
-watchdog's 124 ends a hung attempt itself).
+lead). EVERY_MINUTES (default 10) is checkpoint.every_minutes: a number, or `auto`. SLOW_RANK=R with SLOW_FORWARD_S
+makes rank R's forward pass that much slower (a straggler). Exits with the Session's code (the watchdog's 124 ends a
+hung attempt itself).
 """
 
 from __future__ import annotations
@@ -36,6 +37,20 @@ VALIDATE_AT = int(os.environ.get("VALIDATE_AT", "-1"))
 VALIDATE_S = float(os.environ.get("VALIDATE_S", "0"))
 START_DELAY_S = float(os.environ.get("START_DELAY_S", "0"))
 EVERY_MINUTES = os.environ.get("EVERY_MINUTES", "10")
+SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))
+SLOW_FORWARD_S = float(os.environ.get("SLOW_FORWARD_S", "0"))
+
+
+class Linear(torch.nn.Linear):
+    """The model; on rank SLOW_RANK its forward sleeps SLOW_FORWARD_S first (a slower host), its state unchanged."""
+
+    def __init__(self, *args: int, slow_s: float = 0.0) -> None:
+        super().__init__(*args)
+        self.slow_s = slow_s
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.slow_s)
+        return super().forward(x)
 
 
 def user_code_that_deadlocks(lock: threading.Lock) -> None:
@@ -58,7 +73,7 @@ def main(out: Path) -> int:
     data = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
     sampler = torch.utils.data.distributed.DistributedSampler(data, seed=3)
     loader = DataLoader(data, batch_size=8, sampler=sampler, num_workers=2)
-    model = DDP(torch.nn.Linear(8, 1))
+    model = DDP(Linear(8, 1, slow_s=SLOW_FORWARD_S if rank == SLOW_RANK else 0.0))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     session = legato.Session(
         out,

@@ -61,6 +61,7 @@ from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
 from legato.session.losses import Loss, LossBook
 from legato.session.opening import open_attempt
+from legato.session.pace import Pace
 from legato.session.policy import CheckpointPolicy, HangPolicy, StopPolicy
 from legato.session.position import Metrics, Position
 from legato.session.replayer import Outcome, Replayer
@@ -77,6 +78,7 @@ from legato.state.components import Component
 from legato.state.device_kind import gpu_kind
 from legato.state.owned import Carried, as_stateful
 from legato.state.sampler import resumable_loader
+from legato.state.sharded import is_dtensor
 from legato.store.commit import Committed
 from legato.store.manifest import list_checkpoints
 from legato.store.manifest_schema import COMPILED_KEY, GPUS_KEY
@@ -167,6 +169,8 @@ class Session:
         self._watchdog = Watchdog.start(
             hang, self._peers.gather, self.rank, self.run_dir, self.identity.job_id, self.identity.attempt, self.on_event
         )
+        timed = None if runs_compiled(model) or any(is_dtensor(p) for p in model.parameters()) else unwrap(model)
+        self._pace = Pace(RunPaths(self.run_dir).pace(self.identity.job_id, self.identity.attempt, self.rank), timed, self.rank)
         self.generators = {} if self.source is None else dict(self.source.generators)
         self._position = Position(self.steps_per_epoch)
         self._metrics = Metrics()
@@ -376,6 +380,7 @@ class Session:
             self._loss = None
             self._lr = float(self.optimizer.param_groups[0]["lr"])
             self._saving.base.yielded(batch)
+            self._pace.yielded()
             yield batch
             self._end_step()
         if self._feed.epoch_mode:
@@ -436,6 +441,7 @@ class Session:
         if base.due(step, self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
         self._watchdog.stepped(step, REPLAY if self._replayer.active else STEP)
+        self._pace.stepped(step)
 
     @contextlib.contextmanager
     def _lifetime(self) -> Iterator[None]:
@@ -457,6 +463,7 @@ class Session:
 
     def _close(self, orderly: bool) -> None:
         self._watchdog.stop()
+        self._pace.close(self.step)
         end_for_script(self._capture)
         self._saving.close()
         self._agreement.close()
