@@ -156,6 +156,8 @@ class LiveView:
             return  # an older reading than what the events already told
         n = self.attempt_of(p) or "?"
         rate = p.get("steps_per_s")
+        if not rate and not self.tty:
+            return  # an attempt's first reading has no rate yet: a printed line says something or nothing
         left = (p["total_steps"] - p["step"]) / rate if rate else None
         loss = "-" if p.get("loss") is None else f"{p['loss']:.4f}"
         rate_text = f"{rate:.1f}" if rate else "-"

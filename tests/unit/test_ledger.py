@@ -296,3 +296,13 @@ def test_lost_work_is_charged_to_the_attempt_that_trained_it(tmp_path: Path) -> 
     assert [a.lost_steps for a in summary.attempts] == [7, 0, 0] and summary.to_json()["lost_steps"] == 7
     table = status_table(summary)
     assert "7 steps lost" in table and "lost work: 7 steps" in table
+
+
+def test_off_a_terminal_a_progress_reading_without_a_rate_prints_nothing() -> None:
+    out = io.StringIO()
+    view = LiveView(out)
+    reading = {"event": "progress", "job_id": "script", "restart": 0, "step": 1, "total_steps": 10, "loss": 0.5}
+    view("progress", {**reading, "steps_per_s": None})
+    assert out.getvalue() == ""
+    view("progress", {**reading, "step": 4, "steps_per_s": 2.0})
+    assert "| 2.0 steps/s | ETA 0m03s" in out.getvalue()
