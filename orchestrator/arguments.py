@@ -148,6 +148,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-requeues", type=int, default=DEFAULT_BUDGET, metavar="N", help="requeues allowed per job (default %(default)s)"
     )
 
+    init = sub.add_parser("init", help="write a training script ported to legato, its job script and a config into a folder")
+    init.add_argument("folder", help="where to write train.py, job.sbatch and config.yaml (made if missing; nothing is overwritten)")
+    init.add_argument("--name", default="exp1", help="the run's name: runs/NAME and the job's name (default %(default)s)")
+    init.add_argument("--nproc", type=int, default=2, help="ranks per node (default %(default)s)")
+    init.add_argument("--steps", type=int, default=200, help="training steps (default %(default)s)")
+    init.add_argument("--time-min", type=int, default=60, help="the job's time limit in minutes (default %(default)s)")
+
     sub.add_parser("schema", help="print the JSON Schema of a config file, for editors that complete and check its keys")
     completion = sub.add_parser("completion", help='print a shell completion script: eval "$(legato completion bash)"')
     completion.add_argument("shell", choices=SHELLS)

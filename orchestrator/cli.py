@@ -40,7 +40,7 @@ from legato.config import Config, load_config
 from legato.config_schema import json_schema
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_USAGE, UsageError
 from legato.events import JOB_SUBMISSIONS, Kind
-from legato.orchestrator import completion
+from legato.orchestrator import completion, starter
 from legato.orchestrator.arguments import MULTINODE_ANY, build_parser
 from legato.orchestrator.control import DETACH_WAIT_S, cancel_run, hand_off
 from legato.orchestrator.display import LiveView, status_table, waiting_line
@@ -251,6 +251,18 @@ def cmd_requeue(args: argparse.Namespace) -> int:
     verdict = requeue_job(Path(args.run_dir), args.exit_code, args.max_requeues)
     print(f"legato requeue: {verdict.message}", file=sys.stderr, flush=True)
     return verdict.exit_code
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    """`legato init FOLDER`: a ported training script, its job script and a config (legato.orchestrator.starter)."""
+    folder = Path(args.folder)
+    written = starter.write(folder, starter.Starter(args.name, args.nproc, args.steps, args.time_min))
+    print("\n".join(f"legato init: wrote {path}" for path in written))
+    print(
+        f"Next: cd {folder} && python -m legato.torchrun --nproc-per-node {args.nproc} train.py runs/{args.name}   "
+        "(or: sbatch job.sbatch; or: PYTHONPATH=. legato run config.yaml). Replace build() and fit() in train.py with yours."
+    )
+    return EXIT_OK
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
@@ -503,6 +515,7 @@ COMMANDS = {
     "logs": cmd_logs,
     "train": cmd_train,
     "requeue": cmd_requeue,
+    "init": cmd_init,
     "schema": cmd_schema,
     "completion": cmd_completion,
 }
