@@ -2,15 +2,17 @@
 
 Every append happens under the run's ledger lock (`filelock`) and is fsynced,
 so concurrent writers (the supervisor, every rank) never interleave and a
-written record survives a crash. A line torn by a crash is skipped when
+written record survives a crash. An append that fails (a full disk) takes back
+the part of its own record it wrote; a line torn by a crash is skipped when
 reading, never fatal, and the next append starts on a fresh line. This is the
 core's half of the ledger, so that a Session can record into it without the
 orchestrator; `legato.orchestrator.ledger.Ledger` adds redaction on top. It
-must never rewrite or truncate the file: history is only added to.
+must never rewrite or truncate what was written before: history is only added to.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -39,12 +41,27 @@ def append_record(run_dir: str | Path, record: dict, scrub: Callable[[str], str]
     paths = RunPaths(run_dir)
     line = scrub(json.dumps(record, sort_keys=True, default=str)) + "\n"
     paths.root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(paths.ledger_lock), timeout=LOCK_TIMEOUT_S), open(paths.ledger, "ab") as f:
-        if f.tell() > 0 and not _ends_with_newline(paths.ledger):
-            f.write(b"\n")
-        f.write(line.encode())
-        f.flush()
-        os.fsync(f.fileno())
+    with FileLock(str(paths.ledger_lock), timeout=LOCK_TIMEOUT_S):
+        fd = os.open(paths.ledger, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            data = (b"\n" if start > 0 and not _ends_with_newline(paths.ledger) else b"") + line.encode()
+            try:
+                _write_all(fd, data)
+                os.fsync(fd)
+            except OSError:
+                # A full disk: the part of this record that was written goes again, so no reader meets half a line.
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, start)
+                raise
+        finally:
+            os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def record(run_dir: str | Path, event: Kind, **fields: Any) -> dict:

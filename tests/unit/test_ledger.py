@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import json
 import multiprocessing
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 from legato.orchestrator.display import LiveView, status_table
@@ -306,3 +309,29 @@ def test_off_a_terminal_a_progress_reading_without_a_rate_prints_nothing() -> No
     assert out.getvalue() == ""
     view("progress", {**reading, "step": 4, "steps_per_s": 2.0})
     assert "| 2.0 steps/s | ETA 0m03s" in out.getvalue()
+
+
+def test_an_append_the_disk_refuses_midway_leaves_no_half_line(tmp_path: Path) -> None:
+    """A real short write: a child process whose file size limit (RLIMIT_FSIZE) stops the record's bytes part way (the
+    kernel's EFBIG, as a full disk's ENOSPC would). The append raises, and takes back what it wrote of the record: every
+    line of the ledger is still whole JSON, the next append lands on its own line."""
+    Ledger(tmp_path).append("run_started", total_steps=10)
+    size = (tmp_path / "ledger.jsonl").stat().st_size
+    child = textwrap.dedent(
+        f"""
+        import resource, signal, sys
+        from legato.ledger_file import record
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({size} + 20, {size} + 20))
+        try:
+            record({str(tmp_path)!r}, "submitted", job_id="7", note="x" * 200)
+        except OSError as exc:
+            print("refused", exc.errno)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.startswith("refused"), proc.stdout + proc.stderr
+    assert (tmp_path / "ledger.jsonl").stat().st_size == size
+    Ledger(tmp_path).append("submitted", job_id="8")
+    lines = (tmp_path / "ledger.jsonl").read_text().splitlines()
+    assert [json.loads(line)["event"] for line in lines] == ["run_started", "submitted"]
