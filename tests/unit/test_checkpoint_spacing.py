@@ -1,6 +1,6 @@
 """`every_minutes: auto` on its own: Young-Daly's arithmetic, the prior, the bounds, which records count as failures,
 when a new interval is recorded, and the setting's spelling and refusal. The real run (ranks killed from outside, the
-interval chosen again from the kill the ledger records) is tests/e2e/test_checkpoint_spacing.py."""
+interval chosen again from the kill the ledger records) is tests/e2e/test_auto_interval.py."""
 
 from __future__ import annotations
 

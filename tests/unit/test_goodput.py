@@ -1,7 +1,7 @@
 """Goodput's arithmetic on a planted ledger: every bucket of two attempts (the first killed, the second stopped before
 its time limit), their sum against the wall time, and the costs that must not count (a checkpoint written in the
 background while the loop trained on). The same from real ranks, stopped and killed from outside, is
-tests/e2e/test_goodput.py."""
+tests/e2e/test_run_goodput.py."""
 
 from __future__ import annotations
 

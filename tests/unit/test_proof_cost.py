@@ -5,7 +5,7 @@ parameter (a frozen embedding as in fine-tuning) whose size is the state's, and 
 not timed: the bytes handed to the digest (`legato.state.hashing.raw_digest`, wrapped to count) and the base copies
 (`Snapshot.take`, wrapped to count) over the boundaries of steps 5 to 94, away from the attempt's start and its final
 checkpoint. The cost bound acts on measured times, so its test gives it a copy thousands of times a step's cost share
-(128 MiB against sub-millisecond steps); tests/e2e/test_proof_cost.py has the same with two real ranks agreeing.
+(128 MiB against sub-millisecond steps); tests/e2e/test_cost_spaced_bases.py has the same with two real ranks agreeing.
 """
 
 from __future__ import annotations

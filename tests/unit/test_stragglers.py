@@ -1,6 +1,6 @@
 """Naming a straggler from the ranks' pace windows: the rule (how much slower, how persistently, above what floor) on
 planted windows, and one rank's Pace on a real module in this process (which forwards it times, what it writes). Real
-ranks with a planted slow forward are tests/e2e/test_stragglers.py."""
+ranks with a planted slow forward are tests/e2e/test_slow_rank.py."""
 
 from __future__ import annotations
 
