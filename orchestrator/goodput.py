@@ -8,7 +8,8 @@ Each attempt's span, from the end of the one before it (or the run's first recor
 - replay: the replay that proved its resume (`resumed.replay.seconds`);
 - checkpoint: what its checkpoints blocked the loop (the `seconds` of every checkpoint not written in the background);
 - lost: the steps it trained past its last checkpoint and a kill threw away (the next attempt's `work_lost`), at its
-  own mean step time; an attempt that died is taken to have ended that long after its last record;
+  own mean step time (its replay's, when it was killed before it trained a step); an attempt that died is taken to
+  have ended that long after its last record;
 - training: the rest, the steps that count.
 
 Goodput is training over the run's wall time, the sum of every bucket. The stop's margin (the time limit, when the
@@ -103,11 +104,18 @@ def attempt_spent(clock: AttemptClock, since: float, lost_steps: int, steps_run:
         float(r["seconds"]) for r in clock.records if r["event"] == Kind.CHECKPOINT_COMMITTED and not r.get("background")
     )
     stepping = max(0.0, last - layout["time"] - spent.replay - spent.checkpoint)
-    steps = max(1, steps_run)
-    spent.lost = stepping / steps * lost_steps if lost_steps else 0.0
+    spent.lost = _step_s(stepping, steps_run, replay) * lost_steps
     spent.training = stepping
     spent.margin_s = _margin(clock)
     return spent, last + spent.lost
+
+
+def _step_s(stepping: float, steps_run: int, replay: dict) -> float:
+    """The attempt's mean step time: from its steps past the resume, else (killed before it trained one) its replay's."""
+    if steps_run > 0:
+        return stepping / steps_run
+    replayed = int(replay.get("steps") or 0)
+    return float(replay.get("seconds") or 0.0) / replayed if replayed else 0.0
 
 
 def _margin(clock: AttemptClock) -> float | None:

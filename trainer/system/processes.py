@@ -98,13 +98,14 @@ def stat_fields(pid: int) -> list[str] | None:
 
 
 def started_at(pid: int) -> float | None:
-    """When process `pid` started, as a Unix time (its start after boot, in clock ticks, plus the boot's time); None when
-    it is gone or /proc does not say."""
+    """When process `pid` started, as a Unix time, to a clock tick: now, less the time since boot (/proc/uptime) past its
+    start after boot (its stat's clock ticks); the boot time /proc/stat gives is whole seconds. None when it is gone or
+    /proc does not say."""
     fields = stat_fields(pid)
     try:
-        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime "))
-        return boot + int(fields[19]) / os.sysconf("SC_CLK_TCK") if fields is not None else None
-    except (OSError, StopIteration, ValueError, IndexError):
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK")) if fields is not None else None
+    except (OSError, ValueError, IndexError):
         return None
 
 
