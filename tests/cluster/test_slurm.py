@@ -441,3 +441,25 @@ def test_slurms_own_time_limit_signal_stops_a_launcher_job_that_requeues_and_res
     resumed = [line for line in log.splitlines() if line.startswith("legato: rank 0: resumed at step")]
     assert resumed and all("verified" in line for line in resumed), log[-3000:]
     assert_same_run(reference, run_dir, 25, UNSEEDED)
+
+
+def test_the_job_script_legato_init_writes_runs_stops_requeues_and_finishes_as_written(cluster, tmp_path: Path) -> None:
+    """`legato init`'s job.sbatch, submitted unchanged from its folder (the script's `python` and `legato` found on the
+    PATH the job inherits, as a user's venv is): a stop after step 20 (planted: the rank sends itself the signal),
+    exit 75, `legato requeue` requeues, the second run resumes verified and finishes, COMPLETED after one restart."""
+    folder = tmp_path / "start"
+    assert legato("init", str(folder), "--name", "demo", "--steps", "40").returncode == 0
+    path = f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"
+    env = ["--export", f"ALL,PATH={path},LEGATO_CHAOS_SIGNAL_AT=20", "--output", str(tmp_path / "slurm.out")]
+    job_id = subprocess.run(
+        ["sbatch", "--parsable", *env, "job.sbatch"], cwd=folder, capture_output=True, text=True, check=True
+    ).stdout.strip()
+    try:
+        show = _wait_finished(job_id, timeout=300)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    log = (tmp_path / "slurm.out").read_text()
+    assert "JobState=COMPLETED" in show and "Restarts=1" in show, show + log[-3000:]
+    summary = status(folder / "runs" / "demo")
+    assert summary["state"] == "finished" and [a["resumed_from_step"] for a in summary["attempts"]] == [None, 21], summary
+    assert summary["all_resumes_verified"]
