@@ -11,11 +11,11 @@ write anything.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from legato.files import read_json_lines
 from legato.paths import RunPaths
 
 SLOWER = 1.2
@@ -50,20 +50,14 @@ class Straggler:
 
 
 def read_pace(run_dir: Path, job_id: str, attempt: int) -> dict[int, list[dict]]:
-    """Each rank's windows of one attempt, in order ({} when it wrote none); unreadable lines are skipped."""
+    """Each rank's windows of one attempt, in order ({} when it wrote none); a torn last line is left out."""
     folder = RunPaths(run_dir).pace(job_id, attempt, 0).parent
     found: dict[int, list[dict]] = {}
     for path in sorted(folder.glob("rank*.jsonl")) if folder.is_dir() else []:
         rank = int(path.stem.removeprefix("rank")) if path.stem.removeprefix("rank").isdigit() else None
         if rank is None:
             continue
-        lines = []
-        for text in path.read_text().splitlines():
-            try:
-                lines.append(json.loads(text))
-            except json.JSONDecodeError:
-                continue
-        found[rank] = lines
+        found[rank] = read_json_lines(path)
     return found
 
 

@@ -4,11 +4,14 @@ A reader sees the old content or the new, never a torn file: data goes to a
 temporary sibling, is fsynced, and replaces the target with one rename (the
 directory is fsynced too, so the rename survives a crash). Big buffers reach
 the file in pieces (`write_in_pieces`). Never writes anywhere but next to the
-target.
+target. Also the one reader of files appended a JSON line at a time
+(`read_json_lines`: trajectories, the ranks' pace), which leaves out a line a
+crash tore.
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import BinaryIO
@@ -60,3 +63,17 @@ def write_atomic(path: Path, data: str | bytes, durable: bool = True) -> None:
     os.replace(tmp, path)
     if durable:
         fsync_dir(path.parent)
+
+
+def read_json_lines(path: Path) -> list[dict]:
+    """Every complete line of a file appended to one JSON line at a time; a torn last line (a crash) and what follows a
+    line that does not parse are left out. [] when the file is missing."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records

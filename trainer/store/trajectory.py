@@ -23,22 +23,14 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from legato.files import write_atomic
+from legato.files import read_json_lines, write_atomic
 
 FLUSH_INTERVAL_S = 0.2
 
 
 def read_trajectory(path: Path) -> list[dict]:
     """All complete lines of a trajectory; a torn last line (after a crash) is dropped."""
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return records
+    return read_json_lines(path)
 
 
 class TrajectoryWriter:
