@@ -24,6 +24,7 @@ from legato.paths import STEP_PREFIX
 from legato.session import replay
 from legato.session.base_clock import BaseClock, bound_seconds
 from legato.session.losses import Loss
+from legato.session.wrappers import unwrap
 from legato.state.sharded import local
 from legato.state.snapshot import Snapshot, batch_tensors
 from legato.store import bases
@@ -68,13 +69,14 @@ class ReplayBase:
         self._batch_fingerprint = replay.fingerprint(tensors)
         self.held.yielded(tensors)
 
-    def record_step(self, step: int, loss: Loss | None, module: Callable[[], torch.nn.Module]) -> dict | None:
-        """This step's replay record (the gradients' fingerprint, of `module()`, only on the first step past the base)."""
+    def record_step(self, step: int, loss: Loss | None, model: torch.nn.Module) -> dict | None:
+        """This step's replay record (the gradients' fingerprint, of the model inside its wrappers, only on the first
+        step past the base)."""
         if self.snapshot is None:
             return None
         first_after_base = step == (self.snapshot.step or 0) + 1
         # A DTensor gradient (FSDP2) is fingerprinted by this rank's shard: no collective, no gather.
-        grads = replay.fingerprint(local(p.grad) for p in module().parameters()) if first_after_base else None
+        grads = replay.fingerprint(local(p.grad) for p in unwrap(model).parameters()) if first_after_base else None
         record = replay.step_record(step, loss, self._batch_fingerprint, grads)
         self.held.step_ended(step)
         self.window.append(record)

@@ -420,7 +420,7 @@ class Session:
             # The finished iterator goes now either way, as the plain loop's does, with its workers.
             self._feed.drop()
         step, base = self.step, self._saving.base  # every step runs this: each lookup made once
-        record = base.record_step(step, self._loss, lambda: unwrap(self.model))
+        record = base.record_step(step, self._loss, self.model)
         self.chaos.slow_step()
         if self._replayer.active:
             self._losses.settle()  # the replay compares this step's loss bits now
