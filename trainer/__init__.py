@@ -35,6 +35,7 @@ _LAZY = {
     "HangPolicy": "legato.session.policy",
     "Session": "legato.session.session",
     "StopPolicy": "legato.session.policy",
+    "Tracker": "legato.session.trackers",
     "resumable_loader": "legato.state.sampler",
 }
 
@@ -52,6 +53,7 @@ __all__ = [
     "Seeds",
     "Session",
     "StopPolicy",
+    "Tracker",
     "UsageError",
     "attributes",
     "derive_seed",
@@ -63,6 +65,7 @@ __all__ = [
 if TYPE_CHECKING:
     from legato.runtime.context import RunContext
     from legato.session.session import Chaos, CheckpointPolicy, HangPolicy, Session, StopPolicy, resumable_loader
+    from legato.session.trackers import Tracker
     from legato.state.determinism import Seeds, derive_seed, seed_everything
     from legato.state.plain import attributes
     from legato.state.sampler import ResumableDistributedSampler, sample_generator

@@ -8,6 +8,11 @@ then relaunched to its end. The real TensorBoard event files are read back with 
 EventAccumulator: one training point per step with the step's exact loss, a monotonic step axis, and
 validation points only at the real epoch ends. Each planted fault in the script (logging replayed steps,
 no purge_step, validation after a stop) is caught by the same checker.
+
+The script logs through `session.tracker`, to TensorBoard and to W&B offline at once. Each attempt's offline
+`.wandb` file is read back with W&B's own record definitions (tests/helpers/wandb_files.py): every attempt that
+ended in order holds each of its steps once with the step's exact loss; the SIGKILLed one holds what W&B had
+written before the kill (a first part of its steps, often none: W&B writes every 15 s), and nothing twice.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import pytest
 from conftest import ROOT, trajectory
 from helpers.cli import legato, wait_for
 from helpers.launches import process_tree, steps_done
+from helpers.wandb_files import history, offline_runs
 
 from legato.runtime.launch import free_port
 from legato.system.processes import alive
@@ -75,8 +81,39 @@ def dashboard_problems(run: Path) -> list[str]:
     return problems
 
 
+def wandb_problems(run: Path, starts: list[int], killed: int) -> list[str]:
+    """What is wrong with the W&B offline files of attempts that resumed at `starts` (the `killed`-th SIGKILLed): a
+    step twice in a file, a training point that is not the step's loss, an orderly attempt missing a step, a killed
+    one holding anything but a first part of its steps."""
+    losses = {r["step"] - 1: float.fromhex(r["loss_hex"]) for r in trajectory(run, 0)}
+    files = offline_runs(run)
+    if len(files) != len(starts):
+        return [f"{len(files)} offline W&B runs, not one per attempt ({len(starts)})"]
+    problems = []
+    for n, (path, start, end) in enumerate(zip(files, starts, [*starts[1:], STEPS])):
+        rows = history(path)
+        train = [(step, row["train/loss"]) for step, row in rows if "train/loss" in row]
+        steps = [step for step, _ in train]
+        if len(set(steps)) != len(steps) or steps != sorted(steps):
+            problems.append(f"attempt {n + 1}: train/loss steps {steps} (a step twice or out of order)")
+        if any(value != losses.get(step) for step, value in train):
+            problems.append(f"attempt {n + 1}: train/loss is not the step's loss")
+        wanted = list(range(start, STEPS))[: len(steps)] if n == killed else list(range(start, end))
+        if steps != wanted:
+            problems.append(f"attempt {n + 1}: train/loss at steps {steps}, not {wanted[0]} to {wanted[-1]}")
+    return problems
+
+
 def _launch(run: Path, fault: str, slow: bool) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONWARNINGS="ignore", TRACKER_FAULT=fault, LEGATO_CHAOS_STEP_SLEEP_S="0.1" if slow else "0")
+    wandb_home = {f"WANDB_{name}_DIR": str(run.parent / "wandb-home") for name in ("CONFIG", "CACHE", "DATA", "ARTIFACT")}
+    env = dict(
+        os.environ,
+        **wandb_home,
+        PYTHONWARNINGS="ignore",
+        TRACKER_FAULT=fault,
+        TRACKER_WANDB="" if fault not in ("", "log-replay") else "1",
+        LEGATO_CHAOS_STEP_SLEEP_S="0.1" if slow else "0",
+    )
     cmd = [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(run)]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -138,6 +175,8 @@ def test_a_scripts_dashboards_after_two_stops_and_a_hard_kill(tmp_path: Path) ->
     assert len(stops) == 2 and all(step % STEPS_PER_EPOCH for step in stops), stops
     resumes = [e for e in ledger if e["event"] == "resumed"]
     assert [e["step"] for e in resumes] == [*stops, 60] and all(e["match"] and e["replay"]["identical"] for e in resumes)
+    # W&B offline: the attempts that ended in order kept every point; the killed one what W&B had written.
+    assert wandb_problems(run, [0, *stops, 60], killed=2) == []
 
     # One run id across the attempts, the attempts counted, the resumed step known to the tracker.
     identity = [line for text in said for line in text.splitlines() if line.startswith("tracker: ")]
@@ -175,3 +214,6 @@ def test_the_dashboard_checker_catches_a_planted_fault(tmp_path: Path, fault: st
     _finish(run, fault)
     problems = dashboard_problems(run)
     assert any(p.startswith(caught) for p in problems), problems
+    if fault == "log-replay":  # the same fault, logged to W&B by hand: the resumed attempt's file starts before its step
+        stop = next(e["step"] for e in _ledger(run) if e["event"] == "attempt_stopped")
+        assert any("train/loss at steps" in p for p in wandb_problems(run, [0, stop], killed=-1)), wandb_problems(run, [0, stop], -1)

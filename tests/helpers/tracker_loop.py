@@ -4,10 +4,13 @@ What a new user writes: their own DataLoader over a DistributedSampler (set_epoc
 cosine schedule stepped per epoch, validation after each epoch's batches, a SummaryWriter on rank 0, and
 legato's patterns for dashboards and the epoch body (docs/your-loop.md):
 
-- the writer is created once the loop began, with `purge_step=session.resumed_step`: points a killed attempt
-  logged past the checkpoint this attempt resumed are dropped by TensorBoard;
-- nothing is logged while `session.replaying` (the resume re-runs steps already logged), everything else runs;
+- `session.tracker(tensorboard=..., wandb=...)` and `tracker.log({...})`: rank 0 only, nothing while the resume
+  re-runs steps already logged, TensorBoard purging from the resumed step what a killed attempt logged past it;
 - `if session.stopped: break` after the batches: validation and the scheduler wait for the resumed run.
+
+The planted faults use the pattern the tracker replaces, by hand, with one piece wrong: a SummaryWriter created
+once the loop began with `purge_step=session.resumed_step`, logging under `not session.replaying`.
+With TRACKER_WANDB=1 the tracker also logs to W&B offline, under RUN_DIR/wandb (W&B's own default schedule).
 
 The ranks agree every 2 steps: the test slows steps from outside (LEGATO_CHAOS_STEP_SLEEP_S) but not the replayed
 ones, and an interval learned from fast replayed steps would let the slowed steps run past a stop for many seconds.
@@ -67,12 +70,18 @@ def main(run_dir):
         scheduler=scheduler,
         checkpoint=legato.CheckpointPolicy(every_steps=20, agree_every_steps=2),
     )
-    writer = None
+    tracker = by_hand = None
+    if FAULT:
+        by_hand = ByHand(session, rank, os.path.join(run_dir, "tb"))
+    else:
+        wandb = {"project": "legato-test", "mode": "offline", "dir": run_dir} if os.environ.get("TRACKER_WANDB") else None
+        tracker = session.tracker(tensorboard=os.path.join(run_dir, "tb"), tensorboard_options={"flush_secs": 1}, wandb=wandb)
+    log = tracker.log if tracker is not None else by_hand.log
+    said = False
     for epoch in session.epochs():
         sampler.set_epoch(epoch)
-        if rank == 0 and writer is None:
-            purge = None if FAULT == "no-purge" else session.resumed_step
-            writer = SummaryWriter(os.path.join(run_dir, "tb"), purge_step=purge, flush_secs=1)
+        if rank == 0 and not said:
+            said = True
             print(f"tracker: run {session.run_id} attempt {session.attempt} resumed at step {session.resumed_step}", file=sys.stderr)
         for xb, yb in session.batches():
             loss = F.mse_loss(model(xb), yb)
@@ -80,18 +89,44 @@ def main(run_dir):
             loss.backward()
             optimizer.step()
             session.report(loss)
-            if writer is not None and (not session.replaying or FAULT == "log-replay"):
-                writer.add_scalar("train/loss", loss.item(), session.step)
+            log({"train/loss": loss.item()})
         if session.stopped and FAULT != "validate-after-stop":
             break
         val_loss = validate(model, val_loader)
         scheduler.step()
-        if writer is not None and not session.replaying:
-            writer.add_scalar("val/loss", val_loss, session.step)
-    if writer is not None:
-        writer.close()
+        log({"val/loss": val_loss})
+    (tracker or by_hand).close()
     dist.destroy_process_group()
     return session.exit_code
+
+
+class ByHand:
+    """The pattern the tracker replaces, written out, with the planted fault (TRACKER_FAULT) in it."""
+
+    def __init__(self, session, rank, log_dir):
+        self.session, self.rank, self.log_dir, self.writer, self.wandb = session, rank, log_dir, None, None
+
+    def log(self, values):
+        if self.rank != 0 or (self.session.replaying and FAULT != "log-replay"):
+            return
+        if self.writer is None:
+            purge = None if FAULT == "no-purge" else self.session.resumed_step
+            self.writer = SummaryWriter(self.log_dir, purge_step=purge, flush_secs=1)
+            if os.environ.get("TRACKER_WANDB"):
+                import wandb
+
+                run_dir = os.path.dirname(self.log_dir)
+                self.wandb = wandb.init(id=self.session.run_id, resume="allow", project="legato-test", mode="offline", dir=run_dir)
+        for tag, value in values.items():
+            self.writer.add_scalar(tag, value, self.session.step)
+        if self.wandb is not None:
+            self.wandb.log(dict(values), step=self.session.step)
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+        if self.wandb is not None:
+            self.wandb.finish()
 
 
 if __name__ == "__main__":

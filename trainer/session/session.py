@@ -69,6 +69,7 @@ from legato.session.resume import GO_ON_UNVERIFIED, REQUIRED, Resumed, Resumer, 
 from legato.session.saving import Saver
 from legato.session.table import session_table
 from legato.session.telemetry import Telemetry
+from legato.session.trackers import Tracker, sinks_for
 from legato.session.unsaved import Census
 from legato.session.watchdog import CHECKPOINT, EPOCH_END, REPLAY, RESTORE, STEP, Watchdog
 from legato.session.wrappers import ddp_of, runs_compiled, unwrap
@@ -223,6 +224,7 @@ class Session:
         self._lr: float | None = None
         self._begun = False
         self._resumed_step = 0
+        self._trackers: list[Tracker] = []
         # Installed now, not when the loop starts: a stop signal before the loop is kept, and honoured before the first step.
         self._flag.install()
         # Under a legato launcher (python -m legato.torchrun, python -m legato) a rank dies with it, never an orphan.
@@ -268,6 +270,11 @@ class Session:
         before it), 0 on a fresh start. Known once the loop began; steps from here on are logged for the first time
         (a tracker purges what a killed attempt logged past it: `SummaryWriter(purge_step=session.resumed_step)`)."""
         return self._resumed_step
+
+    @property
+    def begun(self) -> bool:
+        """True once the loop began (the resume, if any, is done and `resumed_step` is known)."""
+        return self._begun
 
     @property
     def step(self) -> int:
@@ -350,6 +357,21 @@ class Session:
         refuse_late_carry(self._begun, any(c.name == CARRIED for c in self.components))
         self.carried.hold(batch)
         return batch
+
+    @refusing
+    def tracker(
+        self,
+        *,
+        tensorboard: str | Path | None = None,
+        tensorboard_options: Mapping[str, Any] | None = None,
+        wandb: Mapping[str, Any] | None = None,
+    ) -> Tracker:
+        """Rank 0's dashboards, each step's points written once whatever stops, kills and replays the run goes through
+        (legato.session.trackers): `tensorboard` is a SummaryWriter's folder (`tensorboard_options` its other arguments),
+        `wandb` wandb.init's options (the run's id and resumption are the tracker's). Log with `tracker.log({...})`."""
+        tracker = Tracker(self, sinks_for(tensorboard, tensorboard_options or {}, wandb))
+        self._trackers.append(tracker)
+        return tracker
 
     def ignore(self, *objects: Any) -> None:
         """Mark objects as needing no saving (a frozen teacher, a validation StatefulDataLoader): the census of unsaved state skips them."""
@@ -434,6 +456,8 @@ class Session:
             census = self._census.alongside(reason, step, sys._getframe()) if reason else contextlib.nullcontext()
             if reason:
                 self._watchdog.beat(CHECKPOINT)
+                for tracker in self._trackers:  # the points of the steps this checkpoint covers are on disk before it
+                    tracker.flush()
             self._saving.step_end(reason, self._loss, self._lr, self._flag.received_at, census)
             self.stopped = reason == "signal"
             if not self.stopped:
