@@ -136,6 +136,7 @@ class LiveView:
             Kind.RESUBMITTED: lambda: (
                 f"job {e['previous_job_id']} ended ({e['reason']}) without requeuing itself; resubmitted as job {e['job_id']}"
                 + "".join(f"; node {n} is {s}" for n, s in e.get("failed_nodes", {}).items())
+                + "".join(f"; leaving out node {n}: {why}" for n, why in e.get("suspect_nodes", {}).items())
                 + (f"; excluding {', '.join(e['excluded'])}" if e.get("excluded") else "")
             ),
             Kind.FINISHED: lambda: f"{tag}training complete at step {e['step']}, final global hash {e['final_global_hash']}",

@@ -11,8 +11,9 @@ every new event and progress reading to a callback (the CLI formats them),
 and returns the run's exit code: 0 only when training finished and every
 resume verified. `chaos.preempt_every_s` has it deliver the real stop signal
 to the job's tasks, for demos and tests. A resubmission excludes (`--exclude`) the
-ended job's nodes that SLURM reports failed, and every node excluded earlier in
-the session, and records them in the ledger. It must never submit while another
+ended job's nodes that SLURM reports failed, with `slurm.exclude_suspect_nodes`
+the node where it hung or a rank was persistently slower (legato.orchestrator.suspects),
+and every node excluded earlier in the session, and records them in the ledger. It must never submit while another
 supervisor holds the run directory (the caller holds the lock).
 """
 
@@ -31,6 +32,7 @@ from legato.events import ATTEMPT_ENDING, TERMINAL, Kind, hang_label, repeated_h
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.status import current_job, current_session, read_progress
+from legato.orchestrator.suspects import suspect_nodes, suspected_before, within_budget
 from legato.orchestrator.waiting import PENDING, waiting_job
 from legato.slurm.backend import Backend, JobState
 from legato.slurm.backends import backend_for
@@ -236,7 +238,8 @@ class Supervisor:
             )
             return
         failed = self._failed_nodes(session, previous)
-        excluded = sorted(_excluded(session) | set(failed))
+        suspects = self._suspects(session, previous)
+        excluded = sorted(_excluded(session) | set(failed) | set(suspects))
         task = TrainTask(str(self.config_path), attempts, _command(session))
         try:
             job_id = self.backend.submit(self.cfg, task, exclude=tuple(excluded))
@@ -245,7 +248,7 @@ class Supervisor:
                 raise
             # Too few nodes left without them: better to wait for a node to return than to end the run.
             log.warning("sbatch refused the job without %s (%s); submitting without the exclusion", ",".join(excluded), exc)
-            excluded = []
+            excluded, suspects = [], {}
             job_id = self.backend.submit(self.cfg, task)
         if previous is None:
             self.ledger.append(Kind.SUBMITTED, job_id=job_id, executor=self.cfg.executor, config_digest=config_digest(self.cfg))
@@ -257,6 +260,7 @@ class Supervisor:
                 reason=reason,
                 attempts_before=attempts,
                 failed_nodes=failed,
+                suspect_nodes=suspects,
                 excluded=excluded,
             )
 
@@ -268,6 +272,13 @@ class Supervisor:
             h for e in session if e["event"] == Kind.ATTEMPT_STARTED and str(e.get("job_id")) == str(previous) for h in e.get("hosts", [])
         ]
         return self.backend.failed_nodes(list(dict.fromkeys(hosts)))
+
+    def _suspects(self, session: list[dict], previous: str | None) -> dict[str, str]:
+        """The ended job's nodes to leave out on suspicion (slurm.exclude_suspect_nodes, within its budget): node -> why."""
+        if previous is None or not self.cfg.slurm.exclude_suspect_nodes or self.cfg.executor != "slurm":
+            return {}
+        found = suspect_nodes(self.cfg.run_dir, session, previous)
+        return within_budget(found, suspected_before(session), self.cfg.slurm.max_suspect_nodes)
 
     def _preempt(self, session: list[dict], handle: JobHandle) -> None:
         """chaos.preempt_every_s: send the stop signal once per attempt, that many seconds after it began training.

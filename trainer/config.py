@@ -99,6 +99,13 @@ class SlurmSection:
     master_addr: str | None = option(None, doc="address where the ranks meet; empty means the job's first node")
     handle_sigterm: bool = option(False, doc="treat SIGTERM like the stop signal too")
     max_requeues: int = option(10, minimum=0, maximum=100_000, doc="budget shared by requeues and resubmissions")
+    exclude_suspect_nodes: bool = option(
+        False,
+        doc="a resubmission also leaves out (--exclude) the node where the ended job hung or a rank was persistently slower",
+    )
+    max_suspect_nodes: int = option(
+        2, minimum=0, maximum=100_000, doc="most nodes exclude_suspect_nodes leaves out in one legato run session"
+    )
     extra_sbatch: dict = option({}, doc="additional sbatch options, name to value")
     setup: list = option([], doc="shell lines run before the job starts")
 

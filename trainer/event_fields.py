@@ -42,13 +42,16 @@ class Submitted(TypedDict):
 
 
 class Resubmitted(TypedDict):
-    """The fields of a `RESUBMITTED` record: the new job, the one it replaces, and why."""
+    """The fields of a `RESUBMITTED` record: the new job, the one it replaces, and why; the ended job's nodes SLURM reports
+    failed (node -> state), those left out on suspicion (node -> why, `slurm.exclude_suspect_nodes`), and every node
+    the new job excludes."""
 
     job_id: str
     previous_job_id: str
     reason: str | None
     attempts_before: int
     failed_nodes: dict[str, str]
+    suspect_nodes: dict[str, str]
     excluded: list[str]
 
 

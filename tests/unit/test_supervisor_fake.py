@@ -3,6 +3,7 @@ milliseconds. The same decisions against real jobs: tests/test_supervisor.py, te
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,8 +12,10 @@ from helpers.fake_backend import FakeBackend, Step, ended, pending, running, sti
 from legato.config import Config, load_config
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
 from legato.orchestrator import supervisor as supervisor_module
+from legato.orchestrator.display import LiveView
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.supervisor import Supervisor, start_session
+from legato.paths import RunPaths
 
 FINISHED = {"event": "finished", "restart": 0, "step": 60}
 
@@ -155,3 +158,40 @@ def test_a_job_that_ended_before_training_fails_the_run_without_a_resubmission(t
     assert len(fake.submitted) == 1
     (failed,) = _events(ledger, "failed")
     assert "before any of its tasks started training" in failed["reason"]
+
+
+def _write_pace(run_dir: Path, job_id: str, slow_host: str) -> None:
+    """Real pace files of attempt 1 of `job_id` (what each rank's Pace appends), rank 1 on `slow_host` slower at its forward."""
+    for rank, (host, forward) in enumerate((("n1", 20.0), (slow_host, 35.0))):
+        path = RunPaths(run_dir).pace(job_id, 1, rank)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [{"step": 10 * i, "host": host, "forward_ms": forward, "data_ms": 1.0, "step_ms": 60.0} for i in range(3)]
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_with_the_setting_a_resubmission_leaves_out_the_node_that_hung_and_a_slow_ranks_node(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "slurm.nodes=3", "slurm.tasks_per_node=1", "slurm.exclude_suspect_nodes=true")
+    _write_pace(cfg.run_dir, "101", slow_host="n3")
+    first = [running(0, ("n1", "n2", "n3"), {**HANG, "host": "n2"}), ended("FAILED")]
+    code, fake, ledger = _supervise(cfg, first, [running(0, ("n1", "n4", "n5")), ended("COMPLETED", FINISHED)])
+    assert code == EXIT_OK
+    assert fake.submitted == [("101", ()), ("102", ("n2", "n3"))]
+    (resubmitted,) = _events(ledger, "resubmitted")
+    assert resubmitted["suspect_nodes"] == {
+        "n2": "the job hung there at step 12",
+        "n3": "rank 1 on n3 is slower: forward 35.0 ms against 20.0 ms for the others (+75%), in 3 of 3 windows",
+    }
+    assert "leaving out node n2: the job hung there at step 12" in (LiveView().event_line(resubmitted) or "")
+
+
+def test_suspects_stay_within_the_budget_and_are_kept_without_the_setting(tmp_path: Path) -> None:
+    budget = _config(tmp_path / "a", "slurm.exclude_suspect_nodes=true", "slurm.max_suspect_nodes=1")
+    hung_twice = [[running(0, ("n1",), {**HANG, "host": host}), ended("FAILED")] for host in ("n1", "n2")]
+    code, fake, ledger = _supervise(budget, *hung_twice, [running(0, ("n3",)), ended("COMPLETED", FINISHED)])
+    assert code == EXIT_OK and [exclude for _, exclude in fake.submitted] == [(), ("n1",), ("n1",)]
+    assert [e["suspect_nodes"] for e in _events(ledger, "resubmitted")] == [{"n1": "the job hung there at step 12"}, {}]
+
+    off = _config(tmp_path / "b")
+    code, fake, ledger = _supervise(off, [running(0, ("n1",), HANG), ended("FAILED")], [running(0), ended("COMPLETED", FINISHED)])
+    assert code == EXIT_OK and fake.submitted == [("101", ()), ("102", ())]
+    assert _events(ledger, "resubmitted")[0]["suspect_nodes"] == {}
