@@ -315,21 +315,24 @@ def cmd_verify(args: argparse.Namespace) -> int:
     cfg = checked_config(args.config, args.overrides, executor=args.executor, run_dir_matters=False).cfg
     steps = interruption_steps(cfg.train.steps, _parse_steps(args.interrupt_at), args.interruptions, args.seed)
     out = fresh_directory(args.out, cfg.run.name)
-    verdict = verify_config(cfg, steps, out, _verify_phase(args.config), LiveView(events=VERIFY_EVENTS))
+    view = LiveView(events=VERIFY_EVENTS)
+    verdict = verify_config(cfg, steps, out, _verify_phase(args.config, view), view)
     if verdict is None:
         return EXIT_USAGE
     return _report_verdict(verdict, args.json, record_verdict(verdict, out))
 
 
-def _verify_phase(config: str):
+def _verify_phase(config: str, view: LiveView):
     def say(phase: str, data: dict) -> None:
         if phase == "planned":
             print(
                 f"legato: verify {config}: {data['world_size']} ranks, {data['steps']} steps, stop signal to rank "
                 f"{data['signal_rank']} after steps {data['at']}"
             )
-        else:
-            print(VERIFY_PHASES[phase])
+            return
+        print(VERIFY_PHASES[phase], flush=True)
+        # The reference's ETA covers the interrupted run's steps too: the whole verification.
+        view.begin_run(VERIFY_RUNS[phase], int(phase == "reference"))
 
     return say
 
@@ -345,20 +348,27 @@ def _verify_command(args: argparse.Namespace) -> int:
     out = fresh_directory(args.out, "command")
     out.mkdir(parents=True, exist_ok=True)
     print(f"legato: verify {args.run_command!r}: stop signal to rank {args.signal_rank} after steps {steps}")
-    verdict, why = verify_command(args.run_command, steps, out, args.signal_rank, phase=_command_phase)
+    view = LiveView()
+    phase = _command_phase(view)
+    verdict, why = verify_command(args.run_command, steps, out, args.signal_rank, phase=phase, progress=lambda p: view(Kind.PROGRESS, p))
     if verdict is None:
         print(f"legato: no verdict: {why}")
         return EXIT_FAILED
     return _report_verdict(verdict, args.json, record_verdict(verdict, out))
 
 
-def _command_phase(phase: str, data: dict) -> None:
-    """Each launch of `verify --command` as it starts: the phase, the attempt, and where its output goes."""
-    attempt = f", attempt {data['attempt']}" if "attempt" in data else ""
-    print(f"{VERIFY_PHASES[phase]}{attempt} (output: {data['log']})", flush=True)
+def _command_phase(view: LiveView):
+    def say(phase: str, data: dict) -> None:
+        """Each launch of `verify --command` as it starts: the phase, the attempt, and where its output goes."""
+        attempt = f", attempt {data['attempt']}" if "attempt" in data else ""
+        print(f"{VERIFY_PHASES[phase]}{attempt} (output: {data['log']})", flush=True)
+        view.begin_run(VERIFY_RUNS[phase] + attempt, int(phase == "reference"))
+
+    return say
 
 
 VERIFY_EVENTS = (Kind.ATTEMPT_STARTED, Kind.STOP_SIGNAL, Kind.RESUMED, Kind.FINISHED, Kind.FAILED)
+VERIFY_RUNS = {"reference": "reference", "interrupted": "interrupted", "again": "reference again"}
 VERIFY_PHASES = {
     "reference": "legato: 1/2 reference run, uninterrupted",
     "interrupted": "legato: 2/2 interrupted run",

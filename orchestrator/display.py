@@ -51,6 +51,14 @@ class LiveView:
         self._progress_shown = False
         self._last_plain = 0.0
         self._step_seen = 0
+        self._run = ""  # which of several runs the progress is of (a verification's reference, interrupted run...)
+        self._runs_after = 0  # runs of as many steps still to come after this one: the ETA covers them too
+
+    def begin_run(self, label: str, runs_after: int) -> None:
+        """A new run of several starts (its steps count from 0 again): name it on the live line, and have the ETA also
+        cover `runs_after` more runs of as many steps."""
+        self.attempts.clear()
+        self._step_seen, self._run, self._runs_after = 0, label, runs_after
 
     def __call__(self, kind: str, data: dict) -> None:
         if kind == Kind.PROGRESS:
@@ -155,14 +163,16 @@ class LiveView:
     def _progress(self, p: dict) -> None:
         if p["step"] < self._step_seen:
             return  # an older reading than what the events already told
-        n = self.attempt_of(p) or "?"
+        n = self.attempt_of(p)
         rate = p.get("steps_per_s")
         if not rate and not self.tty:
             return  # an attempt's first reading has no rate yet: a printed line says something or nothing
-        left = (p["total_steps"] - p["step"]) / rate if rate else None
+        left = (p["total_steps"] * (1 + self._runs_after) - p["step"]) / rate if rate else None
         loss = "-" if p.get("loss") is None else f"{p['loss']:.4f}"
         rate_text = f"{rate:.1f}" if rate else "-"
-        self._live(f"attempt {n} | step {p['step']}/{p['total_steps']} | loss {loss} | {rate_text} steps/s | ETA {_duration(left)}")
+        where = (f"{self._run} | " if self._run else "") + (f"attempt {n} | " if n else "")
+        whole = " (all runs)" if self._runs_after else ""
+        self._live(f"{where}step {p['step']}/{p['total_steps']} | loss {loss} | {rate_text} steps/s | ETA {_duration(left)}{whole}")
 
     def _live(self, text: str) -> None:
         """The live line: redrawn in place on a terminal, elsewhere printed at most every few seconds."""

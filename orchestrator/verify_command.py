@@ -25,14 +25,20 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
+from legato.orchestrator.status import read_progress
 from legato.orchestrator.verify import Phase, Verdict, compare_runs, diagnose, final_step, nondeterminism, unseeded_rngs
+from legato.paths import RunPaths
 from legato.session.policy import HASH_ENV
 
 PLACEHOLDER = "{run_dir}"
 CHAOS_VARS = ("LEGATO_CHAOS_SIGNAL_AT", "LEGATO_CHAOS_SIGNAL_RANK")
+PROGRESS_EVERY_S = 1.0  # how often a launch's progress file is read while it runs
+Progress = Callable[[dict], None]
 # How a script (not a config) makes its computation reproducible.
 SCRIPT_REMEDY = 'legato.seed_everything(seed, rank, mode="strict") before building the model'
 
@@ -51,44 +57,76 @@ def split_command(text: str) -> list[str]:
     return argv
 
 
-def launch(argv: list[str], run_dir: Path, log: Path, env: dict[str, str], timeout_s: float) -> int:
-    """Run `argv` once with the run directory in place of its placeholder, its output to `log`; the exit code."""
+def launch(
+    argv: list[str], run_dir: Path, log: Path, env: dict[str, str], timeout_s: float, progress: Progress = lambda reading: None
+) -> int:
+    """Run `argv` once with the run directory in place of its placeholder, its output to `log`; the exit code.
+    `progress` hears each new reading of the run's progress file while it runs."""
     run_dir.mkdir(parents=True, exist_ok=True)
     # Every step's state hash in the trajectories, so that a divergence is named at its first step and component.
     env = {**env, HASH_ENV: "1"}
+    deadline, seen, started = time.monotonic() + timeout_s, None, time.time()
     with log.open("w") as out:
-        proc = subprocess.run(
-            [a.replace(PLACEHOLDER, str(run_dir)) for a in argv], env=env, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s
-        )
-    return proc.returncode
+        proc = subprocess.Popen([a.replace(PLACEHOLDER, str(run_dir)) for a in argv], env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=min(PROGRESS_EVERY_S, max(0.0, deadline - time.monotonic())))
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        raise
+                reading = read_progress(run_dir) if _written_since(run_dir, started) else None  # not an earlier launch's
+                if reading is not None and reading != seen:
+                    seen = reading
+                    progress(reading)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
-def run_interrupted(argv: list[str], out: Path, steps: list[int], signal_rank: int, timeout_s: float, phase: Phase) -> int:
+def _written_since(run_dir: Path, started: float) -> bool:
+    try:
+        return RunPaths(run_dir).progress.stat().st_mtime >= started
+    except OSError:
+        return False
+
+
+def run_interrupted(
+    argv: list[str], out: Path, steps: list[int], signal_rank: int, timeout_s: float, phase: Phase, progress: Progress
+) -> int:
     """Launch until an exit other than 75; the last exit code."""
     env = dict(os.environ, LEGATO_CHAOS_SIGNAL_AT=",".join(str(s) for s in steps), LEGATO_CHAOS_SIGNAL_RANK=str(signal_rank))
     code = EXIT_STOPPED
     for attempt in range(1, len(steps) + 3):
         log = out / f"interrupted.attempt{attempt}.log"
         phase("interrupted", {"attempt": attempt, "log": str(log)})
-        code = launch(argv, out / "interrupted", log, env, timeout_s)
+        code = launch(argv, out / "interrupted", log, env, timeout_s, progress)
         if code != EXIT_STOPPED:
             break
     return code
 
 
 def verify_command(
-    text: str, steps: list[int], out: Path, signal_rank: int = 0, timeout_s: float = 3600, phase: Phase = lambda name, data: None
+    text: str,
+    steps: list[int],
+    out: Path,
+    signal_rank: int = 0,
+    timeout_s: float = 3600,
+    phase: Phase = lambda name, data: None,
+    progress: Progress = lambda reading: None,
 ) -> tuple[Verdict | None, str]:
     """The verdict for `text` interrupted after `steps`, or None and why no comparison was possible; `phase` hears each launch
-    as it starts: "reference", "interrupted" (its attempt) and "again", each with its log's path."""
+    as it starts: "reference", "interrupted" (its attempt) and "again", each with its log's path; `progress` each new
+    reading of the running launch's progress file."""
     argv = split_command(text)
     clean = {k: v for k, v in os.environ.items() if k not in CHAOS_VARS}
     phase("reference", {"log": str(out / "reference.log")})
-    code = launch(argv, out / "reference", out / "reference.log", clean, timeout_s)
+    code = launch(argv, out / "reference", out / "reference.log", clean, timeout_s, progress)
     if code != EXIT_OK:
         return None, f"the reference run exited {code} (see {out / 'reference.log'}); the command must train to its end first"
     refuse_outside(steps, final_step(out / "reference"))
-    code = run_interrupted(argv, out, steps, signal_rank, timeout_s, phase)
+    code = run_interrupted(argv, out, steps, signal_rank, timeout_s, phase, progress)
     verdict = compare_runs(out / "reference", out / "interrupted")
     if code == EXIT_OK and not verdict.resumes:
         raise UsageError(
@@ -106,7 +144,7 @@ def verify_command(
         # uninterrupted run tells that apart from a resume that went wrong.
         again = out / "again"
         phase("again", {"log": str(out / "again.log")})
-        launch(argv, again, out / "again.log", clean, timeout_s)
+        launch(argv, again, out / "again.log", clean, timeout_s, progress)
         verdict = _judge_against_again(verdict, out / "reference", out / "interrupted", again)
     return verdict, ""
 
