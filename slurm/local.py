@@ -2,21 +2,28 @@
 
 The job id is the controller's pid; its state is whether that pid is still
 submitit's controller; a requeue is the controller's own restart, asked for
-by a task's exit code. It must NEVER signal a pid it did not read from the
-run's ledger or the job id.
+by a task's exit code. The controller's own output goes to
+`RUN/submitit/controllers.log` (`RunPaths.controllers_log`), not the terminal it shares with `legato run`
+(a Ctrl-C there reaches it too, and its cleanup printed a KeyboardInterrupt
+traceback when `cancel` interrupted it again). It must NEVER signal a pid it
+did not read from the run's ledger or the job id.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
+import sys
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from legato.config import Config
 from legato.events import Kind
+from legato.paths import RunPaths
 from legato.slurm import submission
 from legato.slurm.backend import Backend, JobPlace, JobState
 from legato.system import processes
@@ -41,7 +48,8 @@ class LocalBackend(Backend):
     def submit(self, cfg: Config, task: Callable[[], Any], exclude: tuple[str, ...] = ()) -> str:
         """Start the job's controller on this machine (`exclude` names no node here and is ignored)."""
         _let_children_take_sigint()
-        return submission.submit(cfg, submission.local_executor(cfg, submission.job_folder(cfg)), task)
+        with _output_to(RunPaths(cfg.run_dir).controllers_log):
+            return submission.submit(cfg, submission.local_executor(cfg, submission.job_folder(cfg)), task)
 
     def identify(self, env: Any, ledger_events: Callable[[], list[dict]]) -> JobPlace:
         """The controller restarts tasks without telling them; the ledger counts its requeues."""
@@ -108,3 +116,25 @@ def _let_children_take_sigint() -> None:
     this process as it was, and a handled signal is back to its default in an exec'd child."""
     if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, _ignore)
+
+
+@contextlib.contextmanager
+def _output_to(path: Path) -> Iterator[None]:
+    """This process's stdout and stderr, as file descriptors, appended to `path` while it starts a child: the child keeps
+    them for its life, and this process has its own back on the way out."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    saved = [os.dup(1), os.dup(2)]
+    target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.dup2(target, 1)
+        os.dup2(target, 2)
+        yield
+    finally:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        for fd in (*saved, target):
+            os.close(fd)

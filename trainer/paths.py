@@ -16,6 +16,7 @@
       .activity/<job>.<attempt>    touched by a rank busy outside its steps (a validation): the hang watchdog's shared mark
       pace/<job>/<attempt>/rank<R>.jsonl   each rank's data waits and forward times, a window at a time (stragglers)
       submitit/<job>/              the tasks' submitit folders and logs
+      submitit/controllers.log     what a local job's controller itself printed (not the terminal's to see)
 
 Readers and writers in every package take their paths from `RunPaths`; no
 other module spells these names. It must stay free of I/O and heavy imports:
@@ -124,6 +125,10 @@ class RunPaths:
     @property
     def submitit(self) -> Path:
         return self.root / "submitit"
+
+    @property
+    def controllers_log(self) -> Path:
+        return self.submitit / "controllers.log"
 
     def task_log(self, job_id: str, rank: int, stream: str) -> Path:
         """submitit's log of one task: `stream` is "out" or "err"."""
