@@ -83,6 +83,7 @@ from legato.state.sharded import is_dtensor
 from legato.store.commit import Committed
 from legato.store.manifest import list_checkpoints
 from legato.store.manifest_schema import COMPILED_KEY, GPUS_KEY
+from legato.system import io_threads
 from legato.system.lifeline import die_with_launcher
 from legato.voice import refusing
 
@@ -166,7 +167,9 @@ class Session:
         # node in a process of its own; under `legato run` the job side does both.
         self.on_event = on_event or LedgerRecorder(self.run_dir, self.identity.tag)
         self._capture = None if on_event else start_for_script(self.run_dir, self.identity.job_id, self.identity.attempt - 1, os.environ)
-        # Started now, before any loader forks its workers, and kept until the loop ends (never a thread per step).
+        # Started now, before any loader forks its workers, and kept until the loop ends (never a thread per step);
+        # the checkpoint files' threads likewise, for the process's life (a thread ending beside a fork can hang the child).
+        io_threads.start()
         self._watchdog = Watchdog.start(
             hang, self._peers.gather, self.rank, self.run_dir, self.identity.job_id, self.identity.attempt, self.on_event
         )

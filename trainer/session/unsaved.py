@@ -25,7 +25,7 @@ import logging
 import sys
 import types
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait
 from typing import Any
 
 from legato.dist.peers import Peers
@@ -35,6 +35,7 @@ from legato.session.telemetry import Telemetry
 from legato.state.census import LOADER, Finding, describe, find_unsaved
 from legato.state.plain import Print, changed, fingerprints, short_name
 from legato.store.manifest_schema import UNREGISTERED_KEY
+from legato.system.io_threads import io_submit
 
 log = logging.getLogger(__name__)
 
@@ -84,11 +85,12 @@ class Census:
         if reason is None or not due or self.mode == "off":  # (no reason is never due)
             yield
             return
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="legato-census") as pool:
-            scanned = pool.submit(self._scan, frame)
-            yield  # a body that raises leaves once the scan is done (the pool waits for it): no thread outlives the step
-            mine = scanned.result()
-        self._settle(step, reason, mine)
+        scanned = io_submit(self._scan, frame)
+        try:
+            yield
+        finally:
+            wait([scanned])  # a body that raises leaves once the scan is done: nothing of it outlives the step
+        self._settle(step, reason, scanned.result())
 
     def early_look(self, step: int, frame: types.FrameType) -> None:
         """At the end of each of the attempt's first EARLY_LOOKS trained steps: look at plain objects; collective at the last."""

@@ -94,6 +94,8 @@ class AsyncCheckpointer:
         self.staging = Snapshot()
         self.in_flight: _InFlight | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="legato-checkpoint", initializer=_lower_priority)
+        # Its thread starts now, with the Session, not at the first checkpoint beside a loader's fork (legato.system.io_threads).
+        self._executor.submit(int).result()
 
     @property
     def busy(self) -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import io
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +25,7 @@ from torch.utils.serialization import config as serialization_config
 from legato.files import write_in_pieces
 from legato.state.trees import leaves
 from legato.store.manifest import HASH_KEY, region_record
+from legato.system.io_threads import io_map
 
 SEGMENT_MIN_BYTES = 4096  # smaller writes are hashed as part of the region around them
 
@@ -79,12 +79,11 @@ def _address(view: memoryview) -> int:
 def save_all(files: dict[Path, Any], known: dict[tuple[int, int], bytes]) -> list[dict]:
     """torch.save each state to its path, fsynced, hashing it on the way: {hash, bytes, segments} for the manifest, in order.
 
-    Each file in its own thread: the writes and fsyncs of different files overlap (the disk queues them and the file
-    system commits their journal entries together; each fsync alone waits for its own), while pickling takes the GIL
-    in turn.
+    Each file on one of the process's I/O threads (legato.system.io_threads): the writes and fsyncs of different files
+    overlap (the disk queues them and the file system commits their journal entries together; each fsync alone waits
+    for its own), while pickling takes the GIL in turn.
     """
-    with ThreadPoolExecutor(max_workers=max(1, len(files)), thread_name_prefix="legato-write") as pool:
-        return list(pool.map(lambda item: _save_hashed(item[1], item[0], known), files.items()))
+    return io_map(lambda item: _save_hashed(item[1], item[0], known), list(files.items()))
 
 
 def _save_hashed(state: Any, path: Path, known: dict[tuple[int, int], bytes]) -> dict:

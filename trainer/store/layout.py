@@ -23,7 +23,6 @@ module must never know the Session or touch the process group.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from legato.state.components import Component
 from legato.state.file_names import MODEL_FILE, RANK_FILE, SHARD_FILE, TRAIN_STATE_FILE
 from legato.state.trees import DESCEND, leaves, rebuilt
 from legato.store.filehash import load_file
+from legato.system.io_threads import io_map
 
 PER_RANK_SUFFIX = "_buffers"
 _SOLE_FILES = (MODEL_FILE,)  # files that hold one component's state dict as is (readable without legato)
@@ -171,8 +171,7 @@ def load(table: Iterable[Component], path: Path, rank: int, prefix: str = "") ->
     share_of = {name: share for name in globbed if (share := _share_index(name[len(prefix) :])) is not None}
     share_names = list(share_of)
     # The files are read in parallel: torch.load spends most of its time in reads and copies that release the GIL.
-    with ThreadPoolExecutor(max_workers=max(1, len(names) + len(share_names)), thread_name_prefix="legato-restore") as pool:
-        loaded = dict(zip([*names, *share_names], pool.map(lambda name: _load(path, name, prefix), [*names, *share_names])))
+    loaded = dict(zip([*names, *share_names], io_map(lambda name: _load(path, name, prefix), [*names, *share_names])))
     shares = {share_of[name]: loaded.pop(name) for name in share_names}
     contents = {name: _fill(loaded[name], shares, path) if shares else loaded[name] for name in names}
     states: dict[str, Any] = {}
