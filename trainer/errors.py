@@ -17,6 +17,7 @@ EXIT_USAGE = 2
 EXIT_RESUME_MISMATCH = 3
 EXIT_STOPPED = 75  # EX_TEMPFAIL: stopped at a committed checkpoint, run again to resume
 EXIT_HUNG = 124  # as timeout(1): the hang watchdog ended an attempt that made no progress; run again to resume
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: a `legato` command stopped by Ctrl-C, after the cleanup it owed
 
 
 class UsageError(Exception):
