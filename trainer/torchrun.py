@@ -29,7 +29,9 @@ them. Here the stop signals (USR2, those named in `LEGATO_STOP_SIGNALS`, and
 TERM) are blocked before anything starts: the ranks inherit the blocked mask,
 so one that arrives before a rank's Session exists waits for its handler, and
 the launcher takes them on a thread of its own (`sigwait`) and forwards each
-to every rank, then waits for their agreed checkpoint and exits 75. TERM is
+to every rank (one that comes before the agent has started any rank is held
+and sent as the ranks appear), then waits for their agreed checkpoint and
+exits 75. TERM is
 forwarded as the ranks' stop signal (the first of `LEGATO_STOP_SIGNALS`, else
 USR2): a time limit's TERM then ends in a checkpoint, not in a kill, and the
 ranks keep TERM blocked (the agent's own TERM to the ranks after a failure
@@ -60,6 +62,8 @@ log = logging.getLogger(__name__)
 UNSHARED_STORE = "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
 # Extra stop signals for the launcher to take and forward, comma-separated names (as a Session's StopPolicy names them).
 STOP_SIGNALS_ENV = "LEGATO_STOP_SIGNALS"
+# How often the forwarder looks for ranks while it holds a stop that came before any rank existed.
+HELD_POLL_S = 0.2
 
 
 # Rank exits that are answers, not failures (the agent SIGTERMs the other ranks as soon as one exits): the launcher's line.
@@ -86,28 +90,38 @@ def forward_stops(stops: list[signal.Signals]) -> threading.Thread:
     """Take the stop signals and TERM (blocked in every thread) on a daemon thread and send each to every child
     process, TERM as the first stop signal.
 
-    torchrun's agent runs in this process and starts the ranks as its children, so the children are the ranks.
+    torchrun's agent runs in this process and starts the ranks as its children, so the children are the ranks. A stop
+    that comes before the agent has started any rank (a preemption during a slow start) is kept and sent to the ranks
+    as soon as they appear: lost, the job would train on until the scheduler kills it.
     """
     taken = {*stops, signal.SIGTERM}
+    held: list[signal.Signals] = []
+
+    def send(sig: signal.Signals, ranks: list[int]) -> None:
+        for pid in ranks:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                continue
 
     def loop() -> None:
         while True:
-            got = signal.Signals(signal.sigwait(taken))
-            sig = stops[0] if got == signal.SIGTERM and got not in stops else got
+            got = signal.sigtimedwait(taken, HELD_POLL_S) if held else signal.sigwait(taken)
             ranks = children(os.getpid())
-            say(
-                log,
-                0,
-                "%s reached the launcher: sending %s to %d rank(s), which stop at the next agreed step",
-                got.name,
-                sig.name,
-                len(ranks),
-            )
-            for pid in ranks:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    continue
+            if got is None:  # only while a stop is held: have the ranks appeared?
+                if ranks:
+                    say(log, 0, "the ranks have started: sending them the %s that came before them", held[0].name)
+                    send(held.pop(), ranks)
+                continue
+            got = signal.Signals(got if isinstance(got, int) else got.si_signo)
+            sig = stops[0] if got == signal.SIGTERM and got not in stops else got
+            if not ranks:
+                say(log, 0, "%s reached the launcher before any rank started: it goes to the ranks as they start", got.name)
+                held[:] = [sig]
+                continue
+            news = "%s reached the launcher: sending %s to %d rank(s), which stop at the next agreed step"
+            say(log, 0, news, got.name, sig.name, len(ranks))
+            send(sig, ranks)
 
     thread = threading.Thread(target=loop, name="legato-stop-forwarder", daemon=True)
     thread.start()

@@ -3,7 +3,8 @@
 A user's ported nanoGPT loop (examples/port/nanogpt_legato.py) on 2 real ranks under real torchrun; steps are
 slowed from outside (LEGATO_CHAOS_STEP_SLEEP_S) so the signal lands mid-run. The signal goes to the launcher
 alone (`scancel --signal`, `B:`), to every process of the step (`--signal` without `B:`), to one rank, as TERM
-to the launcher (a time limit), and to every process before any rank has a Session. Each time the launcher
+to the launcher (a time limit), to every process before any rank has a Session, and to the launcher before torchrun
+has started any rank (a preemption during a slow start: kept, and sent as the ranks appear). Each time the launcher
 exits 75 with no rank left behind, and the next launch resumes verified and ends bit for bit where the
 uninterrupted run ends. A second launch into the run directory while the first trains (a job submitted twice) is
 refused on every rank having written nothing, and the first goes on unharmed.
@@ -60,35 +61,63 @@ TARGETS = {
 }
 
 
+def _blocks(pid: int, sig: signal.Signals) -> bool:
+    """Whether process `pid` has `sig` blocked (its SigBlk mask in /proc): the launcher takes stops from then on."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    mask = int(next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:")), 16)
+    return bool(mask >> (sig - 1) & 1)
+
+
+# When the signal comes: mid-run (after three steps), after torchrun started both ranks but before their Sessions
+# exist, or before torchrun has started any rank (the launcher is still importing torch).
+MID_RUN, BEFORE_THE_SESSION, BEFORE_THE_RANKS = "mid-run", "before-the-session", "before-the-ranks"
+
+
 @pytest.mark.parametrize(
-    ("target", "sig", "early"),
+    ("target", "sig", "when"),
     [
-        ("launcher", signal.SIGUSR2, False),
-        ("every process", signal.SIGUSR2, False),
-        ("one rank", signal.SIGUSR2, False),
-        ("launcher", signal.SIGTERM, False),
-        ("every process", signal.SIGUSR2, True),
+        ("launcher", signal.SIGUSR2, MID_RUN),
+        ("every process", signal.SIGUSR2, MID_RUN),
+        ("one rank", signal.SIGUSR2, MID_RUN),
+        ("launcher", signal.SIGTERM, MID_RUN),
+        ("every process", signal.SIGUSR2, BEFORE_THE_SESSION),
+        ("launcher", signal.SIGUSR2, BEFORE_THE_RANKS),
     ],
-    ids=["usr2-launcher", "usr2-every-process", "usr2-one-rank", "term-launcher", "usr2-every-process-before-the-session"],
+    ids=[
+        "usr2-launcher",
+        "usr2-every-process",
+        "usr2-one-rank",
+        "term-launcher",
+        "usr2-every-process-before-the-session",
+        "usr2-launcher-before-the-ranks",
+    ],
 )
 def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
-    tmp_path: Path, reference: Path, target: str, sig: signal.Signals, early: bool
+    tmp_path: Path, reference: Path, target: str, sig: signal.Signals, when: str
 ) -> None:
     out = tmp_path / "run"
     launcher = _launch(out, LEGATO_CHAOS_STEP_SLEEP_S="0.3")
     seen: set[int] = {launcher.pid}
+    early = when != MID_RUN
     try:
+        if when == BEFORE_THE_RANKS:
+            wait_for(lambda: _blocks(launcher.pid, sig), 60, "the launcher to take its stop signals")
+            assert not children(launcher.pid)
+            os.kill(launcher.pid, sig)
         wait_for(lambda: len(children(launcher.pid)) == 2, 120, "torchrun to start both ranks")
         if not early:
             wait_for(lambda: steps_done(out) >= 3, 180, "three trained steps")
         ranks = sorted(children(launcher.pid))
         seen |= set(process_tree(launcher.pid))
-        for pid in TARGETS[target](launcher.pid, ranks):
-            os.kill(pid, sig)
+        if when != BEFORE_THE_RANKS:
+            for pid in TARGETS[target](launcher.pid, ranks):
+                os.kill(pid, sig)
         _, stderr = launcher.communicate(timeout=240)
         assert launcher.returncode == 75, stderr[-3000:]
         assert "every rank stopped at a committed checkpoint" in stderr
         assert "Traceback" not in stderr
+        if when == BEFORE_THE_RANKS:
+            assert "before any rank started" in stderr and "sending them the SIGUSR2 that came before them" in stderr, stderr[-3000:]
         assert not [pid for pid in seen if alive(pid)], "a process of the stopped launch is still alive"
         assert (early or steps_done(out) > 0) and steps_done(out) < STEPS
     finally:
