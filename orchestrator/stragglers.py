@@ -3,10 +3,11 @@ data, or computes its forward longer, than the others, by how much, and how pers
 
 Each rank writes the medians of its windows of steps (a few seconds each) on its own; the ranks' windows are compared
 in order (the ranks step together, so the i-th window of each covers about the same steps). In a window a rank is
-slower when its median is at least SLOWER times the median of the other ranks' and at least FLOOR_MS more (a
-sub-millisecond forward is noise at any ratio); a rank is named when it was slower in at least PERSISTENT of the
-windows and in MIN_WINDOWS at least, so one hiccup (a checkpoint, the page cache) names nobody. This module must never
-write anything.
+slower when its median is at least SLOWER times the median of the other ranks', at least FLOOR_MS more (a
+sub-millisecond forward is noise at any ratio) and more by at least STEP_SHARE of its step (a 2 ms longer data wait
+in a 100 ms step costs nothing worth moving a job for, and a busy host's scheduling makes such gaps); a rank is named
+when it was slower in at least PERSISTENT of the windows and in MIN_WINDOWS at least, so one hiccup (a checkpoint,
+the page cache) names nobody. This module must never write anything.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from legato.paths import RunPaths
 
 SLOWER = 1.2
 FLOOR_MS = 1.0
+STEP_SHARE = 0.05
 PERSISTENT = 2 / 3
 MIN_WINDOWS = 2
 MEASURES = {"forward_ms": "forward", "data_ms": "data wait"}
@@ -80,8 +82,14 @@ def stragglers(pace: dict[int, list[dict]]) -> list[Straggler]:
                 typical = statistics.median(others)
                 mine.append(value)
                 theirs.append(typical)
-                slower += value >= SLOWER * typical and value - typical >= FLOOR_MS
+                slower += _slower(value, typical, lines[i].get("step_ms"))
             if slower >= MIN_WINDOWS and slower >= PERSISTENT * len(mine):
                 host = str(lines[-1].get("host", "?"))
                 named.append(Straggler(rank, host, measure, statistics.median(mine), statistics.median(theirs), slower, len(mine)))
     return named
+
+
+def _slower(value: float, typical: float, step_ms: float | None) -> bool:
+    """Whether one window's `value` is slower than the others' `typical` by the module docstring's three measures."""
+    excess = value - typical
+    return value >= SLOWER * typical and excess >= FLOOR_MS and excess >= STEP_SHARE * (step_ms or 0.0)

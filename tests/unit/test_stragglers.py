@@ -38,10 +38,13 @@ def test_a_slow_data_wait_is_named_as_such() -> None:
     assert (named.rank, named.measure) == (1, "data wait")
 
 
-def test_nobody_is_named_for_a_hiccup_noise_under_a_millisecond_or_one_window() -> None:
+def test_nobody_is_named_for_a_hiccup_noise_under_a_millisecond_or_a_share_of_the_step_or_one_window() -> None:
     assert stragglers({0: windows([20.0, 20.0, 20.0]), 1: windows([20.0, 40.0, 20.0])}) == []  # one window in three
     assert stragglers({0: windows([0.2, 0.2, 0.2]), 1: windows([0.9, 0.9, 0.9])}) == []  # 4.5x, but 0.7 ms
     assert stragglers({0: windows([20.0]), 1: windows([40.0])}) == []  # one window is not persistence
+    # +39% and 1.8 ms more data wait in 2 of 3 windows, as a loaded host made it in CI: under 5% of a 100 ms step
+    assert stragglers({0: windows([5.0] * 3, [6.6, 6.7, 4.0]), 1: windows([5.0] * 3, [4.8, 4.8, 4.8])}) == []
+    assert stragglers({0: windows([5.0] * 3, [9.9, 9.9, 4.0]), 1: windows([5.0] * 3, [4.8, 4.8, 4.8])})  # 5.1 ms: named
     assert stragglers({0: windows([20.0, 20.0])}) == []  # one rank: no one to compare with
 
 
