@@ -104,7 +104,7 @@ class StopAgreement:
         self._pending: tuple[dist.Work, torch.Tensor, int] | None = None
         self._closed = False
 
-    def boundary(self, step: int, stop_local: bool, checkpoint_due_local: bool, writing_local: bool = False, failed_local: bool = False,
+    def boundary(self, step: int, stop_local: bool, checkpoint_due_local: bool = False, writing_local: bool = False, failed_local: bool = False,
                  base_due_local: bool = False) -> Decision:
         """Called after every step; returns what the ranks agreed at the previous check."""
         if self._closed:

@@ -18,7 +18,7 @@ import time
 from enum import Enum
 from pathlib import Path
 
-from legato.dist.stop import StopAgreement, StopFlag
+from legato.dist.stop import Decision, StopFlag
 from legato.events import Kind
 from legato.session import replay
 from legato.session.resume import Resumer
@@ -42,8 +42,8 @@ class Outcome(Enum):
 class Replayer:
     """One rank's replay of the steps between a checkpoint's replay base and the checkpoint."""
 
-    def __init__(self, resumer: Resumer, agreement: StopAgreement, flag: StopFlag) -> None:
-        self.resumer, self.agreement, self.flag = resumer, agreement, flag
+    def __init__(self, resumer: Resumer, flag: StopFlag) -> None:
+        self.resumer, self.flag = resumer, flag
         self.check: replay.ReplayCheck | None = None
         self.base_restored = False  # agreed: every rank's base restored to its recorded digests
         self._target: tuple[Path, dict] | None = None
@@ -69,13 +69,18 @@ class Replayer:
         step = self.resumer.feed.position.step
         log.info("rank %d: replaying steps %d..%d from the replay base in %s", rank, step + 1, manifest["step"], path)
 
-    def step(self, step: int, record: dict | None, held_at: int | None) -> Outcome:
-        """Check replayed step `step`; at the checkpoint's step, judge the replay."""
+    def at_end(self, step: int) -> bool:
+        """Whether `step` is the checkpoint's: judged, not voted on (the checkpoint at it stands either way)."""
+        return self.check is not None and step == self.check.to_step
+
+    def step(self, step: int, record: dict | None, held_at: int | None, decision: Decision) -> Outcome:
+        """Check replayed step `step` and act on what the ranks agreed after it (`decision`); at the checkpoint's step,
+        judge the replay."""
         assert self.check is not None and record is not None
         self.check.check(record)
         if step == self.check.to_step:
             return self._finish(held_at)
-        if not self.agreement.boundary(step, self.flag.raised, False).stop:
+        if not decision.stop:
             return Outcome.RUNNING
         telemetry, rank = self.resumer.telemetry, self.resumer.peers.rank
         telemetry.stop_agreed(step, self.flag.received_at)

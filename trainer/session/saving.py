@@ -1,20 +1,21 @@
-"""Saving a run: when a checkpoint is due, and which driver writes it, with the replay base it carries.
+"""Saving a run: what the ranks' agreement at a step boundary means for this rank, which driver writes the checkpoint
+due, and the replay base it carries.
 
-At each step boundary the ranks agree (legato.dist.stop) whether to stop or checkpoint; a stop or the final step is
-written synchronously, a periodic one in the background when `checkpoint.async_` says so
-(legato.store.async_checkpoint, else legato.store.checkpoint). The replay base and the step records since it are
-legato.session.replay_base's; each checkpoint carries the base's share that proves it. A stop checkpoint under verify
-"error" that has a base writes the base only: its state at step N is held by its replay (the resume must replay
-B+1..N and the digests at N prove it), so the one checkpoint users wait on at the time limit writes the state once.
+At each step boundary the loop has the ranks agree (legato.dist.stop) whether to stop or checkpoint, this rank voting
+what `votes` says (its schedule's clock, legato.session.schedule; its replay base's; its background write's);
+`reason` reads the agreed decision. A stop or the final step is written synchronously, a periodic one in the
+background when `checkpoint.async_` says so (legato.store.async_checkpoint, else legato.store.checkpoint). The replay
+base and the step records since it are legato.session.replay_base's; each checkpoint carries the base's share that
+proves it. A stop checkpoint under verify "error" that has a base writes the base only: its state at step N is held by
+its replay (the resume must replay B+1..N and the digests at N prove it), so the one checkpoint users wait on at the
+time limit writes the state once.
 This module must never call back into the Session and never restore anything.
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import logging
-import statistics
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
@@ -23,14 +24,14 @@ from typing import Any
 
 import torch
 
-from legato.config import AUTO, CheckpointSection
+from legato.config import CheckpointSection
 from legato.dist.peers import Peers
-from legato.dist.stop import StopAgreement
+from legato.dist.stop import Decision
 from legato.events import Kind
-from legato.session import spacing
 from legato.session.losses import Loss
 from legato.session.position import Position
 from legato.session.replay_base import ReplayBase
+from legato.session.schedule import Schedule
 from legato.session.telemetry import Telemetry
 from legato.state import components as table
 from legato.state.components import Component
@@ -61,18 +62,13 @@ class Saver:
         background: bool,
         failures: Callable[[], tuple[int, float]] = lambda: (0, 0.0),
     ) -> None:
-        """`failures`: the unannounced failures the run's ledger records and the seconds since its first record, read
-        when `every_minutes: auto` chooses the interval (legato.session.spacing)."""
+        """`failures`: the run's unannounced failures, for `every_minutes: auto` (legato.session.schedule)."""
         self.root, self.peers, self.components, self.position = root, peers, components, position
         self.policy, self.telemetry, self.meta, self.kill = policy, telemetry, meta, kill
         self.background = AsyncCheckpointer(root, peers.rank, peers.world_size, peers.group, policy.keep_last, kill) if background else None
+        self.schedule = Schedule(policy, telemetry, peers.rank, failures)
         self.last_checkpoint: Committed | None = None
         self.unsaved_end = False  # the final checkpoint could not be written: the run is not done
-        self.last_save_time = time.monotonic()
-        self.failures, self.auto = failures, policy.every_minutes == AUTO
-        self.interval: spacing.Interval | None = None  # auto's interval, chosen at the attempt's first boundary
-        self._costs: collections.deque[float] = collections.deque(maxlen=spacing.COSTS_KEPT)  # auto: periodic ones, newest last
-        self._recorded: spacing.Interval | None = None  # the interval recorded last (auto)
         self.base = ReplayBase(policy, peers.rank)
         # Resharded from a stop checkpoint's replay base: the steps up to that checkpoint run again, and a checkpoint
         # among them would be older than the one that stands (never picked); none is written before it.
@@ -102,22 +98,23 @@ class Saver:
 
     # -- checkpoints ----------------------------------------------------------
 
-    def reason(self, agreement: StopAgreement, stop_local: bool, total_steps: int) -> str | None:
-        """Take part in this boundary's agreement; say why a checkpoint is due now, if one is."""
-        if self.auto and self.interval is None:
-            self._choose(None)  # once this attempt's start is in the ledger (a kill it follows, as `work_lost`)
-        step, every_s = self.position.step, self.interval_s
-        clock_due = every_s > 0 and time.monotonic() - self.last_save_time >= every_s
+    def votes(self) -> dict[str, bool]:
+        """This rank's side of a boundary's agreement (legato.dist.stop): a periodic checkpoint due by its clock, its
+        replay base overdue, its background checkpoint still writing or failed."""
         flags = self.background.flags() if self.background is not None else {}
-        decision = agreement.boundary(step, stop_local, clock_due, base_due_local=self.base.clock.overdue(), **flags)
+        return {"checkpoint_due_local": self.schedule.clock_due(), "base_due_local": self.base.clock.overdue(), **flags}
+
+    def reason(self, decision: Decision, total_steps: int) -> str | None:
+        """What the ranks agreed at this boundary (`decision`) means here: why a checkpoint is due now, if one is."""
         self.base.agreed(decision)
         if self.background is not None:
             self._committed(self.background.settle(decision), "periodic", background=True)
+        step = self.position.step
         if step == total_steps:
             return "final"
         if decision.stop:
             return "signal"
-        if decision.checkpoint_due or (self.policy.every_steps and step % self.policy.every_steps == 0):
+        if decision.checkpoint_due or self.schedule.due_by_steps(step):
             return "periodic"
         return None
 
@@ -159,26 +156,8 @@ class Saver:
                 if self.background is not None:
                     self._committed(self.background.finish(), "periodic", background=True)
                 self._save(reason, parts, components, seen)
-        if reason == "periodic" and self.auto:
-            self._costs.append(time.monotonic() - began)
-            self._choose(statistics.median(self._costs))
-
-    @property
-    def interval_s(self) -> float:
-        """Seconds between periodic checkpoints by the clock (0: none)."""
-        if self.interval is not None:
-            return self.interval.seconds
-        return 60 * float(self.policy.every_minutes)
-
-    def _choose(self, blocked_s: float | None) -> None:
-        """`every_minutes: auto`: choose the interval from what a periodic checkpoint blocks the loop (the median of the
-        newest few; None: none measured yet) and the failures the ledger records now; record it when it is new or moved."""
-        self.interval = spacing.choose(blocked_s, *self.failures())
-        if not spacing.worth_recording(self.interval, self._recorded):
-            return
-        self._recorded = self.interval
-        self.telemetry.emit(Kind.CHECKPOINT_INTERVAL, **dataclasses.asdict(self.interval))
-        log.info("rank %d: periodic checkpoints every %.1f minutes (every_minutes: auto)", self.peers.rank, self.interval.minutes)
+        if reason == "periodic":
+            self.schedule.blocked(time.monotonic() - began)
 
     def _hold(self, reason: str) -> None:
         """No checkpoint before the standing one (see `standing`); a stop leaves it to the next attempt."""
@@ -226,12 +205,12 @@ class Saver:
                 self.root, step, share, self.peers.world_size, self.peers.group, meta, self.policy.keep_last, self.kill
             )
         except NotWritten as exc:
-            self.last_save_time = time.monotonic()  # the next try after a full interval, not at every step
+            self.schedule.saved()  # the next try after a full interval, not at every step
             self._not_written(reason, exc)
             return
         if by_replay:
             committed = dataclasses.replace(committed, replays_from=self.base.step)
-        self.last_save_time = time.monotonic()
+        self.schedule.saved()
         log.info(
             "rank %d: %s checkpoint step %d committed in %.3fs, global hash %s",
             rank,
@@ -302,7 +281,7 @@ class Saver:
         base = self.base.deferred_share(at) if has_base else lambda: None
         holds = (staged, self.base.snapshot) if has_base and self.base.snapshot is not None else (staged,)
         self.background.start(Job(self.position.step, staged, files, base, self._meta("periodic"), holds, staged.copy_s))
-        self.last_save_time = time.monotonic()
+        self.schedule.saved()
 
     def _committed(self, committed: Committed | NotWritten | None, reason: str, background: bool = False) -> None:
         """Report a published checkpoint (rank 0 alone knows an asynchronous one's global hash), or one abandoned;

@@ -46,7 +46,7 @@ import torch
 
 from legato.dist.peers import Peers
 from legato.dist.reduction import restoring
-from legato.dist.stop import StopAgreement, StopFlag, agree_at_start, parse_signal
+from legato.dist.stop import NOTHING_AGREED, Decision, StopAgreement, StopFlag, agree_at_start, parse_signal
 from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_STOPPED, ResumeMismatchError, UsageError
 from legato.events import Kind
 from legato.ledger_file import read_records
@@ -208,7 +208,7 @@ class Session:
             carried,
             go_on_unverified=resume == GO_ON_UNVERIFIED,
         )
-        self._replayer = Replayer(self._resumer, self._agreement, self._flag)
+        self._replayer = Replayer(self._resumer, self._flag)
         background = checkpoint.async_ if checkpoint.async_ is not None else any(p.is_cuda for p in model.parameters())
         self._saving = Saver(
             self.checkpoint_root,
@@ -447,15 +447,18 @@ class Session:
         step, base = self.step, self._saving.base  # every step runs this: each lookup made once
         record = base.record_step(step, self._loss, self.model)
         self.chaos.slow_step()
-        if self._replayer.active:
+        replaying = self._replayer.active
+        if not replaying:
+            self.chaos.after_step(self.rank, step, self._flag.signals[0])
+        decision = self._agree(step, replaying)
+        if replaying:
             self._losses.settle()  # the replay compares this step's loss bits now
-            outcome = self._replayer.step(step, record, base.held.held_at)
+            outcome = self._replayer.step(step, record, base.held.held_at, decision)
             self.stopped = outcome is Outcome.STOPPED
             if outcome is Outcome.FELL_BACK:
                 self._saving.take_snapshot()
         else:
-            self.chaos.after_step(self.rank, step, self._flag.signals[0])
-            reason = self._saving.reason(self._agreement, self._flag.raised, self.total_steps)
+            reason = self._saving.reason(decision, self.total_steps)
             census = self._census.alongside(reason, step, sys._getframe()) if reason else contextlib.nullcontext()
             if reason:
                 self._watchdog.beat(CHECKPOINT)
@@ -469,6 +472,14 @@ class Session:
             self._saving.take_snapshot()
         self._watchdog.stepped(step, REPLAY if self._replayer.active else STEP)
         self._pace.stepped(step)
+
+    def _agree(self, step: int, replaying: bool) -> Decision:
+        """The one place the ranks vote at a step boundary: this rank's stop flag, and while training the Saver's votes (a
+        replay writes nothing, so it votes on the stop alone; its last step is judged, not voted on)."""
+        if replaying and self._replayer.at_end(step):
+            return NOTHING_AGREED
+        votes = {} if replaying else self._saving.votes()
+        return self._agreement.boundary(step, self._flag.raised, **votes)
 
     @contextlib.contextmanager
     def _lifetime(self) -> Iterator[None]:
