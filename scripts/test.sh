@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# Three workers on two cores. A fresh clone's whole suite took 46.7 min of tests on 2026-11-29 (57.3 min on 11-28; idle machine; the
+# Three workers on two cores. A fresh clone's whole suite took 55.5 min of tests on 2026-12-01 idle, 69.0 min beside two busy CPU loops (the
 # slowest: SLURM devcluster runs, the orphan campaign, 4- and 8-rank DDP runs). Earlier: 40.4 min with two workers (the
 # cores 62% busy), 39.4 min with three; with four (2026-11-28) the cores stayed 99% busy through the first 40 minutes, so the suite is
 # CPU-bound there and more workers buy nothing. Most of a rank's start is torch's import (1.4 s of CPU) and Dynamo's,
