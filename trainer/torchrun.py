@@ -95,7 +95,14 @@ def forward_stops(stops: list[signal.Signals]) -> threading.Thread:
     as soon as they appear: lost, the job would train on until the scheduler kills it.
     """
     taken = {*stops, signal.SIGTERM}
-    held: list[signal.Signals] = []
+    held: signal.Signals | None = None  # a stop that came before any rank existed
+
+    def next_stop() -> signal.Signals | None:
+        """The next stop signal taken; None when HELD_POLL_S passed while a stop is held (time to look for ranks)."""
+        if held is None:
+            return signal.Signals(signal.sigwait(taken))
+        info = signal.sigtimedwait(taken, HELD_POLL_S)
+        return None if info is None else signal.Signals(info.si_signo)
 
     def send(sig: signal.Signals, ranks: list[int]) -> None:
         for pid in ranks:
@@ -105,20 +112,22 @@ def forward_stops(stops: list[signal.Signals]) -> threading.Thread:
                 continue
 
     def loop() -> None:
+        nonlocal held
         while True:
-            got = signal.sigtimedwait(taken, HELD_POLL_S) if held else signal.sigwait(taken)
+            got = next_stop()
             ranks = children(os.getpid())
-            if got is None:  # only while a stop is held: have the ranks appeared?
-                if ranks:
-                    say(log, 0, "the ranks have started: sending them the %s that came before them", held[0].name)
-                    send(held.pop(), ranks)
+            if got is None:
+                if ranks and held is not None:
+                    say(log, 0, "the ranks have started: sending them the %s that came before them", held.name)
+                    send(held, ranks)
+                    held = None
                 continue
-            got = signal.Signals(got if isinstance(got, int) else got.si_signo)
             sig = stops[0] if got == signal.SIGTERM and got not in stops else got
             if not ranks:
                 say(log, 0, "%s reached the launcher before any rank started: it goes to the ranks as they start", got.name)
-                held[:] = [sig]
+                held = sig
                 continue
+            held = None  # this one reaches the ranks now
             news = "%s reached the launcher: sending %s to %d rank(s), which stop at the next agreed step"
             say(log, 0, news, got.name, sig.name, len(ranks))
             send(sig, ranks)

@@ -78,7 +78,7 @@ class Replayer:
         judge the replay."""
         assert self.check is not None and record is not None
         self.check.check(record)
-        if step == self.check.to_step:
+        if self.at_end(step):
             return self._finish(held_at)
         if not decision.stop:
             return Outcome.RUNNING
