@@ -99,7 +99,7 @@ def legato_sync(state: dict, root: Path, step: int) -> None:
 def legato_async(writer: AsyncCheckpointer, state: dict, step: int) -> tuple[float, float]:
     """(blocking seconds, total seconds until committed)."""
     start = time.perf_counter()
-    staged = writer.stage(step, state, {"rank0.pt": state}, set())
+    staged = writer.stage(step, state, lambda: ({"rank0.pt": state}, set()))
     writer.start(Job(step, staged, staged.files, lambda: None, {}, (staged,), staged.copy_s))
     blocking = time.perf_counter() - start
     writer.finish()
@@ -130,7 +130,7 @@ def step_cost(writer: AsyncCheckpointer, state: dict, step: int, device: torch.d
         return (time.perf_counter() - start) / n
 
     idle = steps(50)
-    staged = writer.stage(step, state, {"rank0.pt": state}, set())
+    staged = writer.stage(step, state, lambda: ({"rank0.pt": state}, set()))
     writer.start(Job(step, staged, staged.files, lambda: None, {}, (staged,), staged.copy_s))
     busy, count = 0.0, 0
     while writer.in_flight is not None and not writer.in_flight.future.done():

@@ -91,6 +91,7 @@ import legato
 from legato.files import write_in_pieces
 from legato.paths import CHECKPOINT_MANIFEST, RunPaths
 from legato.runtime.launch import free_port
+from legato.store.async_checkpoint import AsyncCheckpointer
 
 from peak_memory import PeakMemory
 
@@ -188,8 +189,8 @@ def checkpoint_steps(
             gaps.append(time.perf_counter() - start)
             break
         gaps.append(time.perf_counter() - start)
-        background = session._saving.background
-        flight = None if background is None else background.in_flight
+        writer = session._saving.periodic
+        flight = writer.in_flight if isinstance(writer, AsyncCheckpointer) else None
         if flight is not None and flight.job.step not in writes:
             writes[flight.job.step] = math.nan
             flight.future.add_done_callback(functools.partial(_stamp, writes, flight.job.step, flight.started + flight.job.blocking_s))
@@ -197,7 +198,7 @@ def checkpoint_steps(
                 flight.future.exception()
                 dist.barrier()  # no rank trains on beside another's write
         session.report(train_step(ddp, optimizer))
-        while background is not None and background.flags()["writing_local"]:
+        while writer.votes().get("writing_local"):
             time.sleep(0.01)
     steps = (
         [session.last_checkpoint.step]

@@ -21,8 +21,10 @@ import torch.nn.functional as F
 
 import legato
 from legato.store import commit
+from legato.store.async_checkpoint import AsyncCheckpointer
 from legato.store.manifest import list_checkpoints, read_manifest
 from legato.store.resumable import newest_usable
+from legato.store.writers import Synchronous
 
 
 def small_run(run_dir: Path, steps: int, policy: legato.CheckpointPolicy, on_step=None) -> legato.Session:
@@ -65,11 +67,11 @@ def test_in_flight_checkpoint_is_never_selected_counted_or_pruned_for_and_the_ne
     def look(session: legato.Session) -> None:
         root = session.checkpoint_root
         if session.step == 3:
-            if session._saving.background.in_flight is not None:
-                session._saving.background.in_flight.future.result(60)  # step 2's write is done: step 4's boundary commits it at the latest
-            finish = session._saving.background.finish
+            if session._saving.periodic.in_flight is not None:
+                session._saving.periodic.in_flight.future.result(60)  # step 2's write is done: step 4's boundary commits it at the latest
+            finish = session._saving.periodic.finish
             # Step 4's writer is held until step 6's checkpoint waits for it: then "in flight" is certain, not a race.
-            session._saving.background.finish = lambda: (release.set(), finish())[1]
+            session._saving.periodic.finish = lambda: (release.set(), finish())[1]
         if session.step in (4, 5):
             found = newest_usable(root)
             seen[session.step] = (
@@ -113,13 +115,13 @@ def test_unset_async_is_off_for_a_model_on_the_cpu(tmp_path: Path) -> None:
     here, where the two measured a tie; an explicit True still switches it on."""
     unset = legato.CheckpointPolicy(every_steps=3, hash_every_steps=1, agree_every_steps=1, replay_steps=0)
     assert unset.async_ is None
-    assert small_run(tmp_path / "unset", 3, unset)._saving.background is None
+    assert isinstance(small_run(tmp_path / "unset", 3, unset)._saving.periodic, Synchronous)
     on = legato.CheckpointPolicy(every_steps=3, hash_every_steps=1, agree_every_steps=1, replay_steps=0, async_=True)
-    assert small_run(tmp_path / "on", 3, on)._saving.background is not None
+    assert isinstance(small_run(tmp_path / "on", 3, on)._saving.periodic, AsyncCheckpointer)
 
 
 def test_the_writer_thread_runs_at_low_priority_and_the_training_thread_keeps_its_own(tmp_path: Path) -> None:
-    from legato.store.async_checkpoint import WRITER_NICE, AsyncCheckpointer
+    from legato.store.async_checkpoint import WRITER_NICE
 
     def nice() -> int:
         return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())

@@ -3,8 +3,9 @@ due, and the replay base it carries.
 
 At each step boundary the loop has the ranks agree (legato.dist.stop) whether to stop or checkpoint, this rank voting
 what `votes` says (its schedule's clock, legato.session.schedule; its replay base's; its background write's);
-`reason` reads the agreed decision. A stop or the final step is written synchronously, a periodic one in the
-background when `checkpoint.async_` says so (legato.store.async_checkpoint, else legato.store.checkpoint). The replay
+`reason` reads the agreed decision. A stop or the final step is written synchronously (legato.store.checkpoint), a
+periodic one through the run's periodic writer (legato.store.writers: in the background when `checkpoint.async_` says
+so, else synchronously too). The replay
 base and the step records since it are legato.session.replay_base's; each checkpoint carries the base's share that
 proves it. A stop checkpoint under verify "error" that has a base writes the base only: its state at step N is held by
 its replay (the resume must replay B+1..N and the digests at N prove it), so the one checkpoint users wait on at the
@@ -42,12 +43,13 @@ from legato.store import checkpoint as ckpt
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
 from legato.store.commit import Committed, KillPoint, NotWritten
 from legato.store.manifest import checkpoint_step, list_checkpoints
+from legato.store.writers import Outcome, Synchronous, Writer
 
 log = logging.getLogger(__name__)
 
 
 class Saver:
-    """One rank's checkpoint policy, its two drivers, and the replay base with the step records since it."""
+    """One rank's checkpoints (what an agreement means, the writes) and the replay base with the step records since it."""
 
     def __init__(
         self,
@@ -65,7 +67,9 @@ class Saver:
         """`failures`: the run's unannounced failures, for `every_minutes: auto` (legato.session.schedule)."""
         self.root, self.peers, self.components, self.position = root, peers, components, position
         self.policy, self.telemetry, self.meta, self.kill = policy, telemetry, meta, kill
-        self.background = AsyncCheckpointer(root, peers.rank, peers.world_size, peers.group, policy.keep_last, kill) if background else None
+        self.periodic: Writer = (
+            AsyncCheckpointer(root, peers.rank, peers.world_size, peers.group, policy.keep_last, kill) if background else Synchronous()
+        )
         self.schedule = Schedule(policy, telemetry, peers.rank, failures)
         self.last_checkpoint: Committed | None = None
         self.unsaved_end = False  # the final checkpoint could not be written: the run is not done
@@ -84,15 +88,13 @@ class Saver:
         self.base.clock.spacing = self.peers.most(self.base.clock.wanted(self.position.step, time.thread_time() - began))
 
     def _copy_base(self) -> None:
-        step, background = self.position.step, self.background
-        staging = background.staging if background is not None else None
-        if background is not None and staging is not None and staging.step == step and background.busy:
-            # This step's state is already staged for the checkpoint in flight: the staged copy becomes the replay base,
-            # and the old base's buffer is the next staging buffer.
-            background.staging = self.base.adopt(staging)
+        step = self.position.step
+        # This step's state already staged for the checkpoint in flight becomes the replay base, and the old base's
+        # buffer the next staging buffer.
+        if self.periodic.lend_staged(step, self.base.adopt):
             return
-        if background is not None and self.base.snapshot is not None:
-            background.release(self.base.snapshot)
+        if self.base.snapshot is not None:
+            self.periodic.release(self.base.snapshot)
         parts = table.capture(self.components)
         self.base.take(step, parts, *self._layout(parts))
 
@@ -101,14 +103,12 @@ class Saver:
     def votes(self) -> dict[str, bool]:
         """This rank's side of a boundary's agreement (legato.dist.stop): a periodic checkpoint due by its clock, its
         replay base overdue, its background checkpoint still writing or failed."""
-        flags = self.background.flags() if self.background is not None else {}
-        return {"checkpoint_due_local": self.schedule.clock_due(), "base_due_local": self.base.clock.overdue(), **flags}
+        return {"checkpoint_due_local": self.schedule.clock_due(), "base_due_local": self.base.clock.overdue(), **self.periodic.votes()}
 
     def reason(self, decision: Decision, total_steps: int) -> str | None:
         """What the ranks agreed at this boundary (`decision`) means here: why a checkpoint is due now, if one is."""
         self.base.agreed(decision)
-        if self.background is not None:
-            self._committed(self.background.settle(decision), "periodic", background=True)
+        self._committed(self.periodic.settle(decision), "periodic", background=True)
         step = self.position.step
         if step == total_steps:
             return "final"
@@ -130,14 +130,12 @@ class Saver:
             self.telemetry.progress(step, epoch, loss)
             return
         began = time.monotonic()
-        writer = self.background if reason == "periodic" else None
-        background = writer is not None
-        if writer is not None and writer.busy:
-            self._committed(writer.wait_for_previous(step), "periodic", background=True)
+        if reason == "periodic":
+            self._committed(self.periodic.make_room(step), "periodic", background=True)
         # One pass over the state serves both the trajectory hash and the checkpoint.
         parts = table.capture(self.components) if reason or hash_due else {}
         seen = Digests()
-        staged = self._stage(parts) if background and step >= self.standing else None
+        staged = self._stage(parts) if reason == "periodic" and step >= self.standing else None
         components = table.digests(parts, seen) if staged is None or hash_due else {}
         self.telemetry.record(step, epoch, loss, lr, components if hash_due else None)
         self.telemetry.progress(step, epoch, loss)
@@ -153,8 +151,7 @@ class Saver:
             elif staged is not None:
                 self._save_async(staged)
             else:
-                if self.background is not None:
-                    self._committed(self.background.finish(), "periodic", background=True)
+                self._committed(self.periodic.finish(), "periodic", background=True)
                 self._save(reason, parts, components, seen)
         if reason == "periodic":
             self.schedule.blocked(time.monotonic() - began)
@@ -181,9 +178,8 @@ class Saver:
         )
 
     def close(self) -> None:
-        """Leave: the background writer stops (a checkpoint in flight stays unpublished)."""
-        if self.background is not None:
-            self.background.close()
+        """Leave: the periodic writer stops (a checkpoint in flight stays unpublished)."""
+        self.periodic.close()
 
     def _meta(self, reason: str) -> dict[str, Any]:
         return {"reason": reason, "epoch": self.position.epoch, **self.meta, "threads": torch.get_num_threads()}
@@ -260,11 +256,14 @@ class Saver:
         replays to step N and proves it by the digests (under "warn" a divergent replay falls back to N's own files)."""
         return reason == "signal" and self.policy.verify != "warn" and self.base.holds_the_state_of(self.position.step)
 
-    def _stage(self, parts: dict[str, Any]) -> Snapshot:
-        """The blocking part of an asynchronous checkpoint: copy this rank's share into the reused staging buffer."""
-        assert self.background is not None
-        self.telemetry.sync()
-        return self.background.stage(self.position.step, parts, *self._layout(parts))
+    def _stage(self, parts: dict[str, Any]) -> Snapshot | None:
+        """The periodic writer's blocking part: its copy of this rank's share (None: it writes from the live state)."""
+
+        def files() -> tuple[dict[str, Any], set[str]]:
+            self.telemetry.sync()  # the copy reads what the device computed
+            return self._layout(parts)
+
+        return self.periodic.stage(self.position.step, parts, files)
 
     def _layout(self, parts: dict[str, Any]) -> tuple[dict[str, Any], set[str]]:
         """This rank's files of the live state `parts` (built here, where the live module is: per-rank buffer names), and
@@ -273,17 +272,16 @@ class Saver:
         return files, layout.for_everyone(files, self.peers.rank)
 
     def _save_async(self, staged: Snapshot) -> None:
-        """Hand the staged state to the background writer; it is committed at a later agreed boundary."""
-        assert self.background is not None
+        """Hand the staged state to the periodic writer; it is committed at a later agreed boundary."""
         files = dict(staged.files)
         base_files, at, has_base = self.base.for_checkpoint(self.position.step, "periodic")
         files.update(base_files)
         base = self.base.deferred_share(at) if has_base else lambda: None
         holds = (staged, self.base.snapshot) if has_base and self.base.snapshot is not None else (staged,)
-        self.background.start(Job(self.position.step, staged, files, base, self._meta("periodic"), holds, staged.copy_s))
+        self.periodic.start(Job(self.position.step, staged, files, base, self._meta("periodic"), holds, staged.copy_s))
         self.schedule.saved()
 
-    def _committed(self, committed: Committed | NotWritten | None, reason: str, background: bool = False) -> None:
+    def _committed(self, committed: Outcome, reason: str, background: bool = False) -> None:
         """Report a published checkpoint (rank 0 alone knows an asynchronous one's global hash), or one abandoned;
         `background`: written while the loop trained on."""
         if isinstance(committed, NotWritten):

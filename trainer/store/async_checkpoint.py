@@ -102,17 +102,18 @@ class AsyncCheckpointer:
         """Whether a checkpoint is in flight (agreed: the same on every rank at every step)."""
         return self.in_flight is not None
 
-    def flags(self) -> dict[str, bool]:
+    def votes(self) -> dict[str, bool]:
         """This rank's part of the next agreement: still writing, or failed."""
         if self.in_flight is None:
             return {"writing_local": False, "failed_local": False}
         future = self.in_flight.future
         return {"writing_local": not future.done(), "failed_local": future.done() and future.exception() is not None}
 
-    def stage(self, step: int, parts: dict[str, Any], files: dict[str, Any], for_everyone: set[str]) -> Snapshot:
-        """The blocking part: copy this rank's files of the live state into the reused staging buffer (`Snapshot.take`)."""
+    def stage(self, step: int, parts: dict[str, Any], files: Callable[[], tuple[dict[str, Any], set[str]]]) -> Snapshot:
+        """The blocking part: copy this rank's files of the live state (`files()`: what each file holds, and which hold
+        replicated state) into the reused staging buffer (`Snapshot.take`)."""
         assert self.in_flight is None, "stage() while a checkpoint is in flight"
-        self.staging.take(step, parts, files, for_everyone)
+        self.staging.take(step, parts, *files())
         return self.staging
 
     def start(self, job: Job) -> None:
@@ -120,6 +121,14 @@ class AsyncCheckpointer:
         tmp = commit.stage(self.root, job.step, self.rank, fresh=False)
         future = self._executor.submit(self._write, job, tmp)
         self.in_flight = _InFlight(job, tmp, future, time.perf_counter() - job.blocking_s)
+
+    def lend_staged(self, step: int, swap: Callable[[Snapshot], Snapshot]) -> bool:
+        """Whether the copy staged at `step` (read by the write in flight) went to `swap`, which gives back the buffer
+        to stage the next checkpoint into: the replay base taken at the step just staged shares the copy."""
+        if self.in_flight is None or self.staging.step != step:
+            return False
+        self.staging = swap(self.staging)
+        return True
 
     def release(self, buffer: Snapshot) -> None:
         """Before `buffer` is written to: wait until the worker no longer reads it."""
@@ -150,9 +159,10 @@ class AsyncCheckpointer:
             return self._abandon("a rank failed to write its files")
         return self._commit()
 
-    def wait_for_previous(self, step: int) -> Committed | NotWritten | None:
-        """Collective: a checkpoint is due while one is in flight; wait for that one (the disk sets the pace)."""
-        assert self.in_flight is not None
+    def make_room(self, step: int) -> Committed | NotWritten | None:
+        """Collective when one is in flight: a checkpoint is due at `step`; wait for that one (the disk sets the pace)."""
+        if self.in_flight is None:
+            return None
         log.warning(
             "rank %d: periodic checkpoint at step %d waits for the one of step %d, still being written (at most one in flight)",
             self.rank,
