@@ -9,7 +9,7 @@ Each attempt's span, from the end of the one before it (or the run's first recor
 - checkpoint: what its checkpoints blocked the loop (the `seconds` of every checkpoint not written in the background);
 - lost: the steps it trained past its last checkpoint and a kill threw away (the next attempt's `work_lost`), at its
   own mean step time (its replay's, when it was killed before it trained a step); an attempt that died is taken to
-  have ended that long after its last record;
+  have ended that long after its last record, and at the latest when the next attempt launched;
 - training: the rest, the steps that count.
 
 Goodput is training over the run's wall time, the sum of every bucket. The stop's margin (the time limit, when the
@@ -88,8 +88,11 @@ def run_start(events: Iterable[dict]) -> float | None:
     return next((e["time"] for e in events if e["event"] in RUN_START), None)
 
 
-def attempt_spent(clock: AttemptClock, since: float, lost_steps: int, steps_run: int) -> tuple[Spent, float]:
-    """One attempt's buckets from `since` (the end of the attempt before it, or the run's start), and its end."""
+def attempt_spent(
+    clock: AttemptClock, since: float, lost_steps: int, steps_run: int, next_launch: float | None = None
+) -> tuple[Spent, float]:
+    """One attempt's buckets from `since` (the end of the attempt before it, or the run's start), and its end: never
+    past `next_launch`, the next attempt's launch (a killed attempt's end is an estimate)."""
     spent = Spent(queued=max(0.0, clock.launched - since))
     layout = clock.first(Kind.BUCKET_LAYOUT)
     last = clock.last_time
@@ -105,6 +108,8 @@ def attempt_spent(clock: AttemptClock, since: float, lost_steps: int, steps_run:
     )
     stepping = max(0.0, last - layout["time"] - spent.replay - spent.checkpoint)
     spent.lost = _step_s(stepping, steps_run, replay) * lost_steps
+    if next_launch is not None:
+        spent.lost = min(spent.lost, max(0.0, next_launch - last))
     spent.training = stepping
     spent.margin_s = _margin(clock)
     return spent, last + spent.lost

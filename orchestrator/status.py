@@ -308,17 +308,22 @@ def _account_time(attempts: list[Attempt], events: list[dict], progress: dict | 
         by_key.setdefault((str(progress.get("job_id")), progress.get("restart")), []).append({**progress, "event": Kind.PROGRESS})
     total = Spent()
     since = goodput.run_start(events)
-    for attempt in attempts:
-        records = by_key.get(attempt.key, [])
-        started = next((r for r in records if r["event"] == Kind.ATTEMPT_STARTED), {})
-        clock = goodput.AttemptClock(float(started.get("launched_at") or attempt.started_at), records)
+    clocks = [_clock(attempt, by_key.get(attempt.key, [])) for attempt in attempts]
+    launches: list[float | None] = [clock.launched for clock in clocks[1:]] + [None]
+    for attempt, clock, next_launch in zip(attempts, clocks, launches):
         attempt.spent, since = goodput.attempt_spent(
-            clock, clock.launched if since is None else since, attempt.lost_steps, attempt.steps_run
+            clock, clock.launched if since is None else since, attempt.lost_steps, attempt.steps_run, next_launch
         )
         total.add(attempt.spent)
     margins = [a.spent.margin_s for a in attempts if a.spent.margin_s is not None]
     total.margin_s = min(margins) if margins else None  # the closest a stop came to its time limit
     return total
+
+
+def _clock(attempt: Attempt, records: list[dict]) -> goodput.AttemptClock:
+    """What an attempt's records say of its time, launched when rank 0's process started (else when it was recorded)."""
+    started = next((r for r in records if r["event"] == Kind.ATTEMPT_STARTED), {})
+    return goodput.AttemptClock(float(started.get("launched_at") or attempt.started_at), records)
 
 
 def _charge_lost_work(attempts: dict[tuple[str, int | None], Attempt], resuming: Attempt, steps: int) -> None:

@@ -44,7 +44,9 @@ def test_the_buckets_of_a_run_with_two_stops_and_a_kill_add_up_to_its_wall_time(
     run = tmp_path / "run"
     assert interrupted(run, 6, signal.SIGUSR2, (1,)) == [75, 75], stderr_tails(run)
     time.sleep(1)
-    assert interrupted(run, 16, signal.SIGKILL, (0, 1)) == [-signal.SIGKILL] * 2
+    # Killed halfway between the checkpoints of steps 16 and 20, so that it throws steps away (the poll sees the 18th
+    # line within a step; a kill that still lands on a checkpoint loses nothing, and the ledger then says so).
+    assert interrupted(run, 18, signal.SIGKILL, (0, 1)) == [-signal.SIGKILL] * 2
     logged = [json.loads(line)["step"] for line in (run / "trajectory" / "rank0.jsonl").read_text().splitlines()]
     newest = max(int(p.name.removeprefix("step_")) for p in (run / "checkpoints").glob("step_*"))
     time.sleep(1)
@@ -60,8 +62,12 @@ def test_the_buckets_of_a_run_with_two_stops_and_a_kill_add_up_to_its_wall_time(
         spent = a["spent"]
         assert abs(sum(spent[b] for b in BUCKETS) - spent["wall_s"]) <= ROUNDING_S, spent
         assert spent["starting"] > 0 and (spent["training"] > 0 or not a["steps_run"]), a  # a kill may come in the replay
-    # The test waited a second between launches; a process's start is known to a clock tick (10 ms).
-    assert all(a["spent"]["queued"] >= 0.98 for a in attempts[1:]), [a["spent"] for a in attempts]
+    # The test waited a second between launches; a process's start is known to a clock tick (10 ms). The killed
+    # attempt's end is its estimate (its lost steps at its mean step time, which a loaded machine's uneven steps can
+    # put past the kill, though never past the next launch): the line between its lost time and the next attempt's
+    # queue is that estimate's.
+    queued = [a["spent"]["queued"] for a in attempts]
+    assert queued[1] >= 0.98 and queued[2] + attempts[1]["spent"]["lost"] >= 0.98 and queued[3] >= 0.98, queued
     assert all(a["spent"]["replay"] > 0 for a in attempts[1:]), [a["spent"] for a in attempts]
     # The killed attempt's lost seconds: its lost steps at its step rate (its replay's when it trained none past it).
     killed, lost_steps = attempts[1], logged[-1] - newest
@@ -70,12 +76,14 @@ def test_the_buckets_of_a_run_with_two_stops_and_a_kill_add_up_to_its_wall_time(
         if killed["steps_run"]
         else killed["replay"]["seconds"] / killed["replay"]["steps"]
     )
-    assert abs(killed["spent"]["lost"] - rate_s * lost_steps) <= ROUNDING_S and (killed["spent"]["lost"] > 0) == (lost_steps > 0), killed
+    records = ledger(run)
+    launches = [e["launched_at"] for e in records if e["event"] == "attempt_started"]
+    killed_last = max(e["time"] for e in records if e.get("restart") == killed["restart"] and str(e.get("job_id")) == str(killed["job_id"]))
+    estimate = min(rate_s * lost_steps, launches[2] - killed_last)  # the next launch bounds it
+    assert abs(killed["spent"]["lost"] - estimate) <= ROUNDING_S and (killed["spent"]["lost"] > 0) == (lost_steps > 0), killed
     assert abs(total["wall_s"] - sum(a["spent"]["wall_s"] for a in attempts)) <= ROUNDING_S
 
-    records = ledger(run)
-    first_launch = next(e["launched_at"] for e in records if e["event"] == "attempt_started")
-    last = max(e["time"] for e in records)
+    first_launch, last = launches[0], max(e["time"] for e in records)
     # The killed attempt ended, by the estimate, its lost steps after its last record: the run's wall time is the span
     # from the first launch to the last record, give or take the rounding.
     assert abs(total["wall_s"] - (last - first_launch)) <= ROUNDING_S, (total, last - first_launch)
@@ -83,6 +91,6 @@ def test_the_buckets_of_a_run_with_two_stops_and_a_kill_add_up_to_its_wall_time(
     assert "goodput " in legato("status", str(run)).stdout
 
     # `legato plot` marks the span the kill threw away.
-    assert lost_spans(records) == [(newest, logged[-1])]
+    assert lost_spans(records) == ([(newest, logged[-1])] if lost_steps else [])
     plotted = legato("plot", str(run))
     assert plotted.returncode == 0 and (run / "loss.png").read_bytes()[:4] == b"\x89PNG", plotted.stderr

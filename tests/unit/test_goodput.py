@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from legato.orchestrator.display import goodput_line, status_table
+from legato.orchestrator.plot import lost_spans
 from legato.orchestrator.status import summarize
 
 TAG1 = {"job_id": "script", "restart": 0}
@@ -71,6 +72,24 @@ def test_every_bucket_of_a_killed_and_a_stopped_attempt() -> None:
     assert summary.spent.wall == first.wall + second.wall
     assert round(summary.spent.wall, 9) == 140.5 - 100.0  # from the first launch to the last record
     assert summary.spent.goodput == 25.0 / 40.5 and summary.spent.margin_s == 60.0
+
+
+def test_a_killed_attempt_is_taken_to_have_ended_at_the_latest_when_the_next_one_launched() -> None:
+    """Its 4 lost steps at its mean step time would end it 3.2 s after its last record (120); the next attempt launched
+    1 s after that record: the killed attempt lost 1 s, the next queued none, and the buckets still add up."""
+    events = ledger()
+    for e in events:
+        if e["event"] == "attempt_started" and e["restart"] == 1:
+            e["launched_at"] = 121.0
+    summary = summarize(Path("run"), events)
+    first, second = (a.spent for a in summary.attempts)
+    assert (first.lost, second.queued) == (1.0, 0.0)
+    assert round(summary.spent.wall, 9) == 140.5 - 100.0
+
+
+def test_legato_plot_marks_the_span_a_kill_threw_away_and_nothing_when_none_was() -> None:
+    assert lost_spans(ledger()) == [(20, 24)]
+    assert lost_spans([e for e in ledger() if e["event"] != "work_lost"]) == []
 
 
 def test_planted_fault_a_background_write_counted_as_blocking_would_eat_the_training() -> None:
