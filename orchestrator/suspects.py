@@ -10,16 +10,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from legato.events import Kind
+from legato.events import Kind, stuck_in_own_code
 from legato.orchestrator.status import summarize
 
 
 def suspect_nodes(run_dir: Path, session: list[dict], job_id: str) -> dict[str, str]:
-    """The nodes of job `job_id` under suspicion, each with why (host -> reason): the host a `hang` record names, and
-    the host of every rank `legato status` names persistently slower in that job's attempts."""
+    """The nodes of job `job_id` under suspicion, each with why (host -> reason): where a `hang` record's silent ranks
+    ran (ranks of other hosts that never answered), and the host it names unless that is only where the hang was
+    found (ranks were silent, and the named rank waited for them rather than in its own code); and the host of every
+    rank `legato status` names persistently slower in that job's attempts."""
     found: dict[str, str] = {}
     for e in session:
-        if e["event"] == Kind.HANG and str(e.get("job_id")) == str(job_id):
+        if e["event"] != Kind.HANG or str(e.get("job_id")) != str(job_id):
+            continue
+        for rank, host in (e.get("silent") or {}).items():
+            found.setdefault(host, f"rank {rank} there never answered when the job hung at step {e['step']}")
+        if not e.get("silent") or stuck_in_own_code(e):
             found.setdefault(e["host"], f"the job hung there at step {e['step']}")
     for attempt in summarize(run_dir, session).attempts:
         if attempt.job_id == str(job_id):

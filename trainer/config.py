@@ -101,7 +101,8 @@ class SlurmSection:
     max_requeues: int = option(10, minimum=0, maximum=100_000, doc="budget shared by requeues and resubmissions")
     exclude_suspect_nodes: bool = option(
         False,
-        doc="a resubmission also leaves out (--exclude) the node where the ended job hung or a rank was persistently slower",
+        doc="a resubmission also leaves out (--exclude) the node where the ended job hung (its silent ranks' nodes) or a rank was "
+        "persistently slower",
     )
     max_suspect_nodes: int = option(
         2, minimum=0, maximum=100_000, doc="most nodes exclude_suspect_nodes leaves out in one legato run session"

@@ -346,8 +346,8 @@ class CheckpointInterval(_Attempt):
 class Hang(_Attempt):
     """The fields of a `HANG` record: the rank that found it and its host, the step and phase it stood at, how long no rank
     had shown progress against the bound, its main thread's innermost frame and the script's own line, the processes of
-    its host found stopped, the folder of the stacks (relative to the run directory), and whether the same hang (step and
-    frame) ended an earlier attempt."""
+    its host found stopped, the ranks of other hosts that never answered (rank -> host), the folder of the stacks
+    (relative to the run directory), and whether the same hang (step and frame) ended an earlier attempt."""
 
     rank: int
     host: str
@@ -358,6 +358,7 @@ class Hang(_Attempt):
     frame: str
     user_frame: str | None
     stopped: list[str]
+    silent: dict[str, str]
     stacks: str
     repeated: bool
 

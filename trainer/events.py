@@ -86,8 +86,9 @@ class Kind(str, enum.Enum):
     # what (the measured checkpoint cost, the failures the ledger records), at the attempt's start and when it moves.
     CHECKPOINT_INTERVAL = "checkpoint_interval"
     # The hang watchdog of the rank that first found its attempt hung (no rank stepped, moved or computed for longer than
-    # the bound): where it stood, which processes were stopped, and where their stacks are. The attempt ends (exit 124)
-    # and resumes from its newest checkpoint, unless the same hang repeated (`repeated`): then the run fails naming it.
+    # the bound): where it stood, which processes were stopped, which ranks of other hosts never answered, and where the
+    # stacks are. The attempt ends (exit 124) and resumes from its newest checkpoint, unless the same hang repeated
+    # (`repeated`): then the run fails naming it.
     HANG = "hang"
     # The Session (rank 0), every few seconds: the live step and loss. Goes to progress.json, never the ledger.
     PROGRESS = "progress"
@@ -155,11 +156,19 @@ def loop_left_label(record: dict) -> str:
     return f"the script left the loop after step {record['step']} of {record['total_steps']} ({how}); {unsaved}"
 
 
+def stuck_in_own_code(summary: dict) -> bool:
+    """Whether a hang summary or record names a rank whose main thread is stuck in the user's own code (a deadlock, an
+    endless wait of its own) rather than waiting in a library for the others."""
+    return summary.get("user_frame") is not None and summary.get("user_frame") == summary.get("frame")
+
+
 def hang_label(record: dict) -> str:
     """How a `HANG` record is told everywhere (status, watch, the supervisor's reason): where the attempt stood, for how
     long nothing moved, where the main thread waited, who was stopped, and where the stacks are."""
     where = record.get("user_frame") or record.get("frame")
     stopped = f"; stopped: {', '.join(record['stopped'])}" if record.get("stopped") else ""
+    silent = record.get("silent") or {}
+    stopped += "".join(f"; no answer from rank {rank} on {host}" for rank, host in sorted(silent.items(), key=lambda item: int(item[0])))
     return (
         f"hung at step {record['step']} (phase: {record['phase']}): no rank made progress for {record['quiet_s']:.0f}s "
         f"(bound {record['bound_s']:.0f}s); rank {record['rank']} on {record['host']} waited in {where}{stopped}; "

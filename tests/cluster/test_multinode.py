@@ -192,6 +192,36 @@ def test_killed_rank_on_a_failed_node_is_resubmitted_without_that_node(cluster, 
     assert data["final_global_hash"] == reference.final_hash()
 
 
+def test_a_rank_stopped_on_one_node_is_found_hung_and_the_job_resubmitted_without_that_node(
+    cluster, tmp_path: Path, reference: LocalReference
+) -> None:
+    """A hang across nodes: rank 1 SIGSTOPped from outside, by pid, on its node. Rank 0's watchdog on the other node
+    finds the hang (floor shortened to 5 s) but cannot reach rank 1's processes: the record names rank 1 silent on its
+    node, the supervisor resubmits the hung job leaving that node out (slurm.exclude_suspect_nodes), and the run
+    resumes verified on the spare node and ends on the bits of an uninterrupted local run."""
+    run_dir = tmp_path / "run"
+    proc = start(TWO_NODE, run_dir, "slurm.exclude_suspect_nodes=true", "hang.floor_s=5", "hang.phase_s=60")
+    try:
+        wait_for(lambda: any(e["step"] >= 40 for e in events(run_dir, "checkpoint_committed")), timeout=240, what="a checkpoint at step 40")
+        hosts = {e["rank"]: e["host"] for e in events(run_dir, "rank_started")}
+        rank1 = next(e for e in events(run_dir, "rank_started") if e["rank"] == 1)
+        os.kill(rank1["pid"], signal.SIGSTOP)
+        out = finish(proc)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-4000:]
+    (hang,) = events(run_dir, "hang")
+    assert hang["host"] == hosts[0] and hang["silent"] == {"1": hosts[1]}, hang
+    assert f"no answer from rank 1 on {hosts[1]}" in out, out[-4000:]
+    resubmitted = events(run_dir, "resubmitted")[0]
+    assert resubmitted["excluded"] == [hosts[1]], resubmitted
+    assert resubmitted["suspect_nodes"] == {hosts[1]: f"rank 1 there never answered when the job hung at step {hang['step']}"}
+    data = status(run_dir)
+    first, second = data["attempts"]
+    assert first["ended"].startswith("hung at step") and hosts[1] not in second["hosts"] and second["verified"] is True
+    assert data["final_global_hash"] == reference.final_hash()
+
+
 def test_killed_slurmd_fails_the_node_and_the_job_resumes_on_the_others(cluster, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = start(TWO_NODE, run_dir, "train.steps=1000000")  # never done: the test cancels it once the resume is verified

@@ -1,15 +1,16 @@
 """Hangs nobody announces, planted from outside as the world sends them, found by the watchdog and resumed bitwise.
 
 A DDP-tutorial loop with a 2-worker DataLoader (tests/helpers/hang_loop.py), 2 ranks, gloo, the watchdog's bound
-shortened through LEGATO_HANG (a floor of 5 quiet seconds, 30 in a checkpoint): a rank SIGSTOPped mid-step (its peer then waits in a
-collective for a rank that stopped participating), a DataLoader worker SIGSTOPped under `python -m legato.torchrun`,
-a deadlock in the user's own code, and a rank 0 that computes alone while the other waits (activity, not a hang: the
-planted fault the watchdog must not take for one). Each hung attempt ends with exit 124, every process's stacks in
-RUN/hangs/<job>/<attempt>/ naming the stuck frame, one `hang` record, and no process left; the next launch resumes it
-verified, and the run ends on the bits of the uninterrupted run. The same hang again in the next attempt ends the run
-(exit 1, FAILED naming it) instead of a loop for ever. Under `legato run` the supervisor resubmits the hung job.
-After a SIGKILL between checkpoints, the steps the killed attempt logged past its newest checkpoint are counted, for
-that attempt, in a `work_lost` record and in `legato status`.
+shortened through LEGATO_HANG (a floor of 5 quiet seconds, 30 in a checkpoint): a rank SIGSTOPped mid-step (its peer
+then waits in a collective for a rank that stopped participating), a DataLoader worker SIGSTOPped under `python -m
+legato.torchrun`, a deadlock in the user's own code, a rank SIGSTOPped while the ranks write a checkpoint, and a
+rank 0 that computes alone while the other waits (activity, not a hang: the planted fault the watchdog must not take
+for one). Each hung attempt ends with exit 124, every process's stacks in RUN/hangs/<job>/<attempt>/ naming the
+stuck frame, one `hang` record, and no process left; the next launch resumes it verified, and the run ends on the
+bits of the uninterrupted run. The same hang again in the next attempt ends the run (exit 1, FAILED naming it)
+instead of a loop for ever. Under `legato run` the supervisor resubmits the hung job. After a SIGKILL between
+checkpoints, the steps the killed attempt logged past its newest checkpoint are counted, for that attempt, in a
+`work_lost` record and in `legato status`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,6 +90,43 @@ def test_a_rank_stopped_from_outside_is_found_its_stacks_written_and_the_run_res
     resumed = [e for e in ledger(run) if e["event"] == "resumed"]
     assert [e["match"] for e in resumed] == [True], resumed
     assert final_hash(run) == reference
+
+
+def test_a_rank_stopped_while_the_ranks_write_a_checkpoint_is_found_and_the_run_resumes_from_the_one_before(
+    tmp_path: Path,
+) -> None:
+    """64 MiB of state per rank, so that a checkpoint's write is long enough to be caught in the act: rank 1 is
+    SIGSTOPped as soon as the checkpoint of step 8 has its temporary directory (rank 0 creates it before any rank
+    writes). Rank 0 then waits in the checkpoint's collectives: the hang is found under the checkpoint phase's bound
+    (30 s here) and the stacks show rank 0 inside the checkpoint's write. Continued to answer for its stacks, rank 1
+    may complete the checkpoint's collectives before the watchdog ends it: step 8 is then published whole, else not at
+    all. The next launch resumes from the newest published checkpoint, verified, and ends on the bits of the
+    uninterrupted run."""
+    ballast = {"BALLAST_MB": "64", "STEPS": "16"}
+    reference, run = tmp_path / "reference", tmp_path / "run"
+    assert launch(reference, **ballast) == [0, 0], stderr_tails(reference)
+    writing = run / "checkpoints" / ".tmp_step_8"
+    with reaped(start_ranks(SCRIPT, run, 2, **HANG, **ballast)) as procs:
+        deadline = time.monotonic() + WAIT_S
+        while not writing.exists():  # looked at every 5 ms: the stop must land while the ranks write
+            assert time.monotonic() < deadline and all(p.poll() is None for p in procs), stderr_tails(run)
+            time.sleep(0.005)
+        os.kill(procs[1].pid, signal.SIGSTOP)
+        codes = [p.wait(timeout=WAIT_S) for p in procs]
+    # Rank 1 ends by the watchdog or its lost peer, as mid-step; or, continued mid-write to answer for its stacks while
+    # its threads run, it crashed answering (SIGSEGV, once in a whole suite's run): it was being ended either way.
+    assert codes[0] == 124 and codes[1] in (124, 1, -signal.SIGKILL, -signal.SIGSEGV), (codes, stderr_tails(run))
+
+    record = hang_record(run)
+    assert record["phase"] == "checkpoint" and record["bound_s"] == 30 and record["stopped"] == ["rank 1"], record
+    waited = (run / record["stacks"] / "rank0.txt").read_text()
+    assert "legato/store/checkpoint.py" in waited and "hang_loop.py" in waited, waited
+    newest = 8 if (run / "checkpoints" / "step_8" / "manifest.json").exists() else 4
+
+    assert launch(run, **ballast) == [0, 0], stderr_tails(run)
+    resumed = [e for e in ledger(run) if e["event"] == "resumed"]
+    assert [(e["step"], e["match"]) for e in resumed] == [(newest, True)], resumed
+    assert final_hash(run) == final_hash(reference)
 
 
 def test_a_stopped_dataloader_worker_under_legato_torchrun_ends_the_attempt_and_the_next_launch_resumes(

@@ -3,13 +3,14 @@
     python tests/helpers/hang_loop.py OUT_DIR     (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the launcher)
 
 STEPS (default 40) steps of a tiny DDP model, each sleeping STEP_SLEEP_S (default 0.1) so that a test can stop a
-process mid-run, a checkpoint every 4 steps. DEADLOCK_AT=N plants a deadlock in the user's own code: the loop takes a
-lock it already holds at step N on rank DEADLOCK_RANK (default 0), in attempts up to DEADLOCK_ATTEMPTS (default 1).
-VALIDATE_AT=N has rank 0 compute alone for VALIDATE_S seconds at step N (a validation) while the others wait in a
-barrier: activity, not a hang. START_DELAY_S sleeps before anything else (a start-up that outlasts a stop signal's
+process mid-run, a checkpoint every 4 steps. DEADLOCK_AT=N plants a deadlock in the user's own code: the loop takes
+a lock it already holds at step N on rank DEADLOCK_RANK (default 0), in attempts up to DEADLOCK_ATTEMPTS (default
+1). VALIDATE_AT=N has rank 0 compute alone for VALIDATE_S seconds at step N (a validation) while the others wait in
+a barrier: activity, not a hang. START_DELAY_S sleeps before anything else (a start-up that outlasts a stop signal's
 lead). EVERY_MINUTES (default 10) is checkpoint.every_minutes: a number, or `auto`. SLOW_RANK=R with SLOW_FORWARD_S
-makes rank R's forward pass that much slower (a straggler). Exits with the Session's code (the watchdog's 124 ends a
-hung attempt itself).
+makes rank R's forward pass that much slower (a straggler). BALLAST_MB adds that much state per rank that training
+never changes (an EMA copy's size, say), so that writing a checkpoint takes long enough to be caught in the act.
+Exits with the Session's code (the watchdog's 124 ends a hung attempt itself).
 """
 
 from __future__ import annotations
@@ -39,6 +40,20 @@ START_DELAY_S = float(os.environ.get("START_DELAY_S", "0"))
 EVERY_MINUTES = os.environ.get("EVERY_MINUTES", "10")
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))
 SLOW_FORWARD_S = float(os.environ.get("SLOW_FORWARD_S", "0"))
+BALLAST_MB = int(os.environ.get("BALLAST_MB", "0"))
+
+
+class Ballast:
+    """State a checkpoint writes and training never changes: BALLAST_MB of float32 per rank."""
+
+    def __init__(self, rank: int) -> None:
+        self.values = torch.full((BALLAST_MB * 2**18,), float(rank))
+
+    def state_dict(self) -> dict:
+        return {"values": self.values}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.values.copy_(state["values"])
 
 
 class Linear(torch.nn.Linear):
@@ -81,6 +96,7 @@ def main(out: Path) -> int:
         optimizer=optimizer,
         loader=loader,
         total_steps=STEPS,
+        extras={"ballast": Ballast(rank)} if BALLAST_MB else None,
         checkpoint=legato.CheckpointPolicy(every_steps=4, every_minutes=EVERY_MINUTES if EVERY_MINUTES == "auto" else float(EVERY_MINUTES)),
     )
     lock = threading.Lock()

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -85,6 +86,57 @@ def test_the_record_names_the_rank_stuck_in_its_own_code_not_the_ones_waiting_fo
     assert wd._culprit(waiting, [waiting])["rank"] == 1  # nobody in their own code: the recording rank
 
 
+def test_a_rank_of_another_host_that_never_answered_is_silent_unless_its_own_host_found_it_stopped() -> None:
+    peers = [wd.Peer(0, "n1", 10), wd.Peer(1, "n1", 11), wd.Peer(2, "n2", 12), wd.Peer(3, "n2", 13)]
+    assert wd._silent(peers, "n1", {0, 2}, []) == {"3": "n2"}
+    assert wd._silent(peers, "n1", {0, 2, 3}, []) == {}
+    assert wd._silent(peers, "n1", {0, 2}, ["rank 3"]) == {}  # rank 2 reached it: named stopped, not silent too
+    assert wd._silent(peers, "n1", {0}, []) == {"2": "n2", "3": "n2"}  # rank 1 shares this host: never silent
+
+
+def test_the_recording_rank_waits_for_the_ranks_of_other_hosts_until_its_deadline(tmp_path: Path) -> None:
+    """A rank that said it found the hang before the wait counts, so does one that says it during the wait (written by
+    a thread, as a rank of another host finds the hang a look later), and one that never does is left out once the
+    deadline passes, instead of the record waiting for a rank that cannot answer."""
+    peers = [wd.Peer(0, "this-host", 10), wd.Peer(1, "other-host", 11), wd.Peer(2, "other-host", 12), wd.Peer(3, "other-host", 13)]
+    dog = wd.Watchdog(HangPolicy(floor_s=5), 0, peers, tmp_path, "script", 1, lambda e: None)
+    dog.host = "this-host"
+    dog.folder.mkdir(parents=True)
+    for rank in (0, 1):
+        (dog.folder / f"rank{rank}{wd.FOUND_SUFFIX}").touch()
+    later = threading.Timer(0.3, (dog.folder / f"rank2{wd.FOUND_SUFFIX}").touch)
+    later.start()
+    try:
+        answered = dog._await_answers(time.monotonic() + 3)  # rank 3 never answers: the wait ends at the deadline
+    finally:
+        later.join()
+    assert answered == {0, 1, 2}
+    assert dog._await_answers(time.monotonic()) == {0, 1, 2}  # a deadline already passed: what is there, at once
+
+
+def test_the_recording_rank_waits_for_the_summary_of_a_rank_still_collecting_stacks(tmp_path: Path) -> None:
+    """Rank 1 found the hang and is collecting the stacks of a stopped DataLoader worker (continued while it answers,
+    so rank 0 found it running): the record must wait for rank 1's summary, the only one that names the worker
+    stopped. A rank that said nothing is not waited for, and the wait ends at its deadline."""
+    peers = [wd.Peer(0, "h", 10), wd.Peer(1, "h", 11), wd.Peer(2, "h", 12)]
+    dog = wd.Watchdog(HangPolicy(floor_s=5), 0, peers, tmp_path, "script", 1, lambda e: None)
+    dog.folder.mkdir(parents=True)
+    wd._first(dog.folder / "rank0.json", {"rank": 0, "stopped": []})
+    summary = {"rank": 1, "stopped": ["rank 1 worker 4321"]}
+    later = threading.Timer(0.5, wd._first, (dog.folder / "rank1.json", summary))
+    # Rank 2 said nothing: its summary, written long after rank 1's, must not be what the wait waited for.
+    much_later = threading.Timer(20, wd._first, (dog.folder / "rank2.json", {"rank": 2, "stopped": []}))
+    later.start()
+    much_later.start()
+    try:
+        summaries = dog._await_summaries({0, 1}, time.monotonic() + 60)
+    finally:
+        later.join()
+        much_later.cancel()
+    assert [s["stopped"] for s in summaries] == [[], ["rank 1 worker 4321"]]
+    assert [s["rank"] for s in dog._await_summaries({0, 1, 2}, time.monotonic() + 0.5)] == [0, 1]  # the deadline ends the wait
+
+
 def test_labels_say_where_the_run_hung_and_why_a_repeat_is_not_retried() -> None:
     record = {
         "rank": 0,
@@ -100,6 +152,7 @@ def test_labels_say_where_the_run_hung_and_why_a_repeat_is_not_retried() -> None
     }
     label = hang_label(record)
     assert "step 7" in label and "train.py:3 in main" in label and "stopped: rank 1" in label and "hangs/1/2/" in label
+    assert "no answer from rank 3 on n2" in hang_label({**record, "silent": {"3": "n2"}}) and "no answer" not in label
     assert repeated_hang_reason(record).startswith("the attempt hung at step 7") and "LEGATO_HANG" in repeated_hang_reason(record)
 
 

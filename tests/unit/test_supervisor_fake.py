@@ -121,6 +121,7 @@ HANG = {
     "frame": "train.py:40 in load",
     "user_frame": "train.py:40 in load",
     "stopped": [],
+    "silent": {},
     "stacks": "hangs/101/1",
     "repeated": False,
 }
@@ -182,6 +183,24 @@ def test_with_the_setting_a_resubmission_leaves_out_the_node_that_hung_and_a_slo
         "n3": "rank 1 on n3 is slower: forward 35.0 ms against 20.0 ms for the others (+75%), in 3 of 3 windows",
     }
     assert "leaving out node n2: the job hung there at step 12" in (LiveView().event_line(resubmitted) or "")
+
+
+def test_a_hang_whose_rank_on_another_node_never_answered_leaves_out_that_node_not_the_recorders(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "slurm.nodes=2", "slurm.tasks_per_node=1", "slurm.exclude_suspect_nodes=true")
+    # Rank 0 found it on n1, waiting in a collective (not in its own code) for rank 1 on n2, which never answered.
+    waited = {**HANG, "host": "n1", "frame": "torch/distributed/distributed_c10d.py:9 in all_reduce", "user_frame": None}
+    first = [running(0, ("n1", "n2"), {**waited, "silent": {"1": "n2"}}), ended("FAILED")]
+    code, fake, ledger = _supervise(cfg, first, [running(0, ("n1", "n3")), ended("COMPLETED", FINISHED)])
+    assert code == EXIT_OK and fake.submitted == [("101", ()), ("102", ("n2",))]
+    (resubmitted,) = _events(ledger, "resubmitted")
+    assert resubmitted["suspect_nodes"] == {"n2": "rank 1 there never answered when the job hung at step 12"}
+
+
+def test_a_rank_stuck_in_its_own_code_keeps_its_node_under_suspicion_beside_the_silent_ones(tmp_path: Path) -> None:
+    cfg = _config(tmp_path, "slurm.nodes=3", "slurm.tasks_per_node=1", "slurm.exclude_suspect_nodes=true")
+    first = [running(0, ("n1", "n2", "n3"), {**HANG, "host": "n1", "silent": {"2": "n3"}}), ended("FAILED")]
+    code, fake, ledger = _supervise(cfg, first, [running(0, ("n2", "n4", "n5")), ended("COMPLETED", FINISHED)])
+    assert code == EXIT_OK and fake.submitted == [("101", ()), ("102", ("n1", "n3"))]
 
 
 def test_suspects_stay_within_the_budget_and_are_kept_without_the_setting(tmp_path: Path) -> None:

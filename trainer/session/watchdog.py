@@ -46,7 +46,7 @@ from pathlib import Path
 from types import FrameType
 
 from legato.errors import EXIT_FAILED, EXIT_HUNG
-from legato.events import Kind
+from legato.events import Kind, stuck_in_own_code
 from legato.paths import RunPaths
 from legato.session.policy import HangPolicy
 from legato.system import stacks
@@ -61,8 +61,18 @@ STEP_WINDOW = 64  # the step times the bound looks back over
 # on a lock uses none, and a computing thread gets far more even on a machine shared by a few busy processes.
 BUSY_SHARE = 0.1
 RECORD_FILE = "hang.json"  # created once per attempt, by the rank that records the hang
+FOUND_SUFFIX = ".found"  # rank<R>.found: rank R found the hang (an empty file, written before its stacks)
 ENDING_WAIT_S = 120.0  # how long the loop's end waits for a hang being recorded to end the process
 RECORD_GRACE_S = 1.0  # how long the recording rank waits for the others' summaries
+# A rank of another host that has not said it found the hang this many looks (plus the grace) after this rank found it
+# is silent: healthy ranks find it within a look or two of each other (each looks on its own schedule).
+ANSWER_LOOKS = 2
+# How long each rank that found the hang waits, before it records it, for the summaries of the others that found it:
+# a rank collects the stacks of every process of its host it reaches first (its workers and its neighbours', at most
+# stacks.ANSWER_WAIT_S apiece, and only a stopped one takes that long); four of those is room for a stopped rank and
+# a few stopped workers.
+SUMMARY_WAIT_S = 4 * stacks.ANSWER_WAIT_S
+ANSWER_POLL_S = 0.2  # how often the recording rank looks again for a rank of another host
 STACK_FRAMES = 12  # of the main thread's innermost frames, compared between looks
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -150,8 +160,13 @@ class Watchdog:
             return self.policy.phase_s
         return max(self.policy.floor_s, self.policy.step_factor * max(self._steps))
 
+    @property
+    def look_s(self) -> float:
+        """How often the thread looks for activity."""
+        return min(10.0, max(0.5, self.policy.floor_s / 10))
+
     def _watch(self) -> None:
-        every = min(10.0, max(0.5, self.policy.floor_s / 10))
+        every = self.look_s
         seen = (self._mark, self._signature(), self._cpu_s())
         local_active = time.time()
         while not self._stopping.wait(every):
@@ -177,9 +192,14 @@ class Watchdog:
         its CPU time says it runs."""
         frame = sys._current_frames().get(self._ident)
         found: list[tuple[int, int, int]] = []
-        while frame is not None and len(found) < STACK_FRAMES:
-            found.append((id(frame.f_code), frame.f_lineno, frame.f_lasti))
-            frame = frame.f_back
+        try:
+            while frame is not None and len(found) < STACK_FRAMES:
+                found.append((id(frame.f_code), frame.f_lineno, frame.f_lasti))
+                frame = frame.f_back
+        except AttributeError:
+            # Seen once (CPython 3.11, an in-process run under torch.compile): a frame's f_back read from this thread
+            # gave another object. A stack that cannot be read counts as one that moved; the thread must not die.
+            return (time.monotonic(),)
         return tuple(found)
 
     def _cpu_s(self) -> float:
@@ -208,23 +228,29 @@ class Watchdog:
     def _end(self, phase: str, quiet: float, bound: float) -> None:
         """Write the stacks this rank can reach, record the hang (first rank only), and end this process."""
         self._ending.set()
+        found_at = time.monotonic()
         self.folder.mkdir(parents=True, exist_ok=True)
+        # Said before the stacks, which can take a while: the recording rank counts the ranks that found the hang.
+        with contextlib.suppress(OSError):
+            (self.folder / f"rank{self.rank}{FOUND_SUFFIX}").touch()
         # Where the rank stands now: once a stopped peer is continued to answer, the training may move on for a moment.
         step, (frame, user_frame) = self._step, _frames(sys._current_frames().get(self._ident))
         stopped = self._write_stacks(step)
         repeated = self._repeated(step, frame)
         mine = {"rank": self.rank, "host": self.host, "step": step, "frame": frame, "user_frame": user_frame, "stopped": stopped}
         _first(self.folder / f"rank{self.rank}.json", mine)
-        # The other ranks find the hang within one look of this one: their summaries name what this rank cannot see
-        # (a stopped worker another rank reached first, the rank whose own code holds everyone).
-        time.sleep(RECORD_GRACE_S)
-        named = _culprit(mine, self._summaries())
+        time.sleep(RECORD_GRACE_S)  # the other ranks' summaries arrive
+        answered = self._await_answers(found_at + RECORD_GRACE_S + ANSWER_LOOKS * self.look_s)
+        summaries = self._await_summaries(answered, time.monotonic() + SUMMARY_WAIT_S)
+        named = _culprit(mine, summaries)
+        all_stopped = sorted({name for summary in summaries for name in summary.get("stopped", [])} | set(stopped))
         record = {
             **named,
             "phase": phase,
             "quiet_s": round(quiet, 1),
             "bound_s": round(bound, 1),
-            "stopped": sorted({name for summary in self._summaries() for name in summary.get("stopped", [])} | set(stopped)),
+            "stopped": all_stopped,
+            "silent": _silent(self.peers, self.host, answered, all_stopped),
             "stacks": str(self.folder.relative_to(self.run_dir)),
             "repeated": repeated,
         }
@@ -248,6 +274,29 @@ class Watchdog:
                 handler.flush()
         self._end_processes(stopped)
         os._exit(code)
+
+    def _await_answers(self, deadline: float) -> set[int]:
+        """The ranks that said they found the hang, once every rank of another host did or `deadline` (monotonic) passed."""
+        remote = {peer.rank for peer in self.peers if peer.host != self.host}
+        answered = self._answered()
+        while remote - answered and time.monotonic() < deadline:
+            time.sleep(ANSWER_POLL_S)
+            answered = self._answered()
+        return answered
+
+    def _await_summaries(self, answered: set[int], deadline: float) -> list[dict]:
+        """The summaries of the ranks that said they found the hang, once each wrote its own or `deadline` (monotonic)
+        passed. A rank writes its summary after the stacks it collects, and a stopped process it collects is continued
+        while it answers: another rank looking then finds it running, so only the collector's summary names it stopped."""
+        summaries = self._summaries()
+        while answered - {s["rank"] for s in summaries} and time.monotonic() < deadline:
+            time.sleep(ANSWER_POLL_S)
+            summaries = self._summaries()
+        return summaries
+
+    def _answered(self) -> set[int]:
+        names = (path.name.removeprefix("rank").removesuffix(FOUND_SUFFIX) for path in self.folder.glob(f"rank*{FOUND_SUFFIX}"))
+        return {int(name) for name in names if name.isdigit()}
 
     def _summaries(self) -> list[dict]:
         """The summaries the ranks of this attempt wrote so far (rank, host, step, frames, stopped)."""
@@ -308,9 +357,19 @@ def _culprit(mine: dict, summaries: list[dict]) -> dict:
     """The rank the record names: one whose main thread is stuck in the user's own code (a deadlock, an endless wait of
     its own) rather than waiting in a library for the others, else this rank."""
     for summary in [mine, *summaries]:
-        if summary.get("user_frame") and summary.get("user_frame") == summary.get("frame"):
+        if stuck_in_own_code(summary):
             return {k: summary.get(k) for k in ("rank", "host", "step", "frame", "user_frame")}
     return {k: mine[k] for k in ("rank", "host", "step", "frame", "user_frame")}
+
+
+def _silent(peers: list[Peer], host: str, answered: set[int], stopped: list[str]) -> dict[str, str]:
+    """The ranks of other hosts than `host` that never said they found the hang (rank -> their host): stopped, frozen or
+    cut off where no rank could look. A rank another rank of its host found stopped is in `stopped` instead."""
+    return {
+        str(peer.rank): peer.host
+        for peer in peers
+        if peer.host != host and peer.rank not in answered and f"rank {peer.rank}" not in stopped
+    }
 
 
 def _write_other(path: Path, name: str, pid: int) -> None:
