@@ -12,7 +12,9 @@ The tests sit in three layers, one folder each; a test's folder says what it sta
 
 tests/helpers holds the training scripts that e2e tests run by path (and unit tests import): byo_loops.py,
 replay_loops.py, ddp_attempts.py. Test modules import this file's helpers as `from conftest import ...`, so a
-test module's name is unique across the layers (pytest imports them by base name).
+test module's name is unique across the layers (pytest imports them by base name). A run that several tests read
+unchanged (a reference, a run stopped once) is trained once per suite through the `shared_runs` fixture
+(helpers/shared_runs.py); a test that changes such a run works on its own copy.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import warm
+from helpers.shared_runs import SharedRuns, run_key, shared_root
 
 from legato.runtime.launch import free_port
 
@@ -294,6 +297,17 @@ def no_process_left_behind(tmp_path: Path, request: pytest.FixtureRequest):
             if _started_by(pid, request.node.nodeid):
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory: pytest.TempPathFactory) -> SharedRuns:
+    """Runs built once per pytest session, whichever worker asks first (helpers/shared_runs.py); read-only."""
+    return SharedRuns(shared_root(tmp_path_factory.getbasetemp()))
+
+
+def gpt_reference(shared_runs: SharedRuns, *sets: str) -> Path:
+    """The uninterrupted 2-rank tiny GPT run of FAST_GPT and `sets` (shared: read it, copy it to change it)."""
+    return shared_runs.get(run_key("gpt_reference", *sets), lambda run_dir: run_to_completion(TINY_GPT, run_dir, *FAST_GPT, *sets))
 
 
 @pytest.fixture(scope="session")

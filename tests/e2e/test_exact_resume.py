@@ -9,20 +9,16 @@ command then resumes, with its state hash verified.
 from __future__ import annotations
 
 import pytest
-from conftest import FAST_GPT, MLP, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion
+from conftest import FAST_GPT, MLP, TINY_GPT, assert_bitwise_equal, gpt_reference, manifest, resumed_steps, run_to_completion
+from helpers.shared_runs import SharedRuns
 
 STEPS = 30
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """Uninterrupted runs, one per worker count, made once."""
-    refs = {}
-    for workers in (0, 2):
-        run_dir = tmp_path_factory.mktemp(f"reference_w{workers}")
-        run_to_completion(TINY_GPT, run_dir, *FAST_GPT, f"train.num_workers={workers}")
-        refs[workers] = run_dir
-    return refs
+@pytest.fixture
+def references(shared_runs: SharedRuns) -> dict:
+    """Uninterrupted runs, one per worker count, made once per suite (2 workers: the config's own, as other modules run it)."""
+    return {0: gpt_reference(shared_runs, "train.num_workers=0"), 2: gpt_reference(shared_runs)}
 
 
 def stop_scenarios(steps_per_epoch: int) -> dict[str, list[int]]:

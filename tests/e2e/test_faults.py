@@ -18,30 +18,35 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
+from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, gpt_reference, manifest, resumed_steps, run_to_completion, run_trainer
+from helpers.shared_runs import SharedRuns, run_key
 
 from legato.store.manifest import manifest_checksum
 
 STEPS = 30
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("reference")
-    run_to_completion(TINY_GPT, run_dir, *FAST_GPT)
-    return run_dir
+@pytest.fixture
+def reference(shared_runs: SharedRuns) -> Path:
+    return gpt_reference(shared_runs)
 
 
-def stop_once(run_dir: Path, at: int, *sets: str) -> None:
-    first = run_trainer(TINY_GPT, run_dir, *FAST_GPT, f"chaos.signal_at_steps=[{at - 1}]", *sets)
-    assert first.returncode == 75, first.stderr[-2000:]
+def stop_once(shared_runs: SharedRuns, run_dir: Path, at: int, *sets: str) -> None:
+    """`run_dir` becomes a copy of the run stopped at a checkpoint after step `at` (trained once per suite for these
+    settings: the tests damage or resume their own copy)."""
+
+    def build(into: Path) -> None:
+        first = run_trainer(TINY_GPT, into, *FAST_GPT, f"chaos.signal_at_steps=[{at - 1}]", *sets)
+        assert first.returncode == 75, first.stderr[-2000:]
+
+    shared_runs.copy_of(run_key("stop_once", str(at), *sets), build, run_dir)
 
 
 @pytest.mark.slow
 # rng.torch is caught in-process by test_session_table and named by test_verify; these two need real processes.
 @pytest.mark.parametrize("component", ["rng.python", "rng.numpy"])
-def test_restore_check_names_an_unrestored_rng_component(tmp_path: Path, component: str) -> None:
-    stop_once(tmp_path, 9)
+def test_restore_check_names_an_unrestored_rng_component(shared_runs: SharedRuns, tmp_path: Path, component: str) -> None:
+    stop_once(shared_runs, tmp_path, 9)
     resumed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, f"chaos.skip_restore=[{component}]")
     assert resumed.returncode == 3
     assert f"Differing components: rank 0: {component}; rank 1: {component}." in resumed.stderr
@@ -51,10 +56,10 @@ def test_restore_check_names_an_unrestored_rng_component(tmp_path: Path, compone
 
 
 @pytest.mark.slow
-def test_verify_warn_mode_continues_past_a_mismatch(tmp_path: Path) -> None:
+def test_verify_warn_mode_continues_past_a_mismatch(shared_runs: SharedRuns, tmp_path: Path) -> None:
     # Stopped under "warn" too, so that the checkpoint holds its own state to continue from (a stop under "error" holds
     # it only by its replay, and a mismatch then refuses under "warn" as well: tests/e2e/test_stop_checkpoint.py).
-    stop_once(tmp_path, 9, "checkpoint.verify=warn")
+    stop_once(shared_runs, tmp_path, 9, "checkpoint.verify=warn")
     resumed = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, "chaos.skip_restore=[rng.torch]", "checkpoint.verify=warn")
     assert resumed.returncode == 0
     assert "Continuing unverified by checkpoint.verify: warn: continued unverified at step 9: " in resumed.stderr
@@ -66,8 +71,8 @@ def test_verify_warn_mode_continues_past_a_mismatch(tmp_path: Path) -> None:
 @pytest.mark.slow
 # The stop checkpoint at 13 holds its state by its replay: its files are its replay base's (step 12), under replay_.
 @pytest.mark.parametrize("victim", ["replay_rank1.pt", "replay_model.pt", "manifest.json"])
-def test_flipped_byte_falls_back_to_the_previous_checkpoint(reference: Path, tmp_path: Path, victim: str) -> None:
-    stop_once(tmp_path, 13, "checkpoint.every_steps=5")
+def test_flipped_byte_falls_back_to_the_previous_checkpoint(shared_runs: SharedRuns, reference: Path, tmp_path: Path, victim: str) -> None:
+    stop_once(shared_runs, tmp_path, 13, "checkpoint.every_steps=5")
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_10", "step_13", "step_5"]
     target = tmp_path / "checkpoints" / "step_13" / victim
     data = bytearray(target.read_bytes())
@@ -146,8 +151,8 @@ def test_missing_entrypoint_module(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_checkpoint_from_another_world_size_is_refused_and_kept(tmp_path: Path) -> None:
-    stop_once(tmp_path, 4)
+def test_checkpoint_from_another_world_size_is_refused_and_kept(shared_runs: SharedRuns, tmp_path: Path) -> None:
+    stop_once(shared_runs, tmp_path, 4)
     before = (tmp_path / "checkpoints" / "step_4" / "manifest.json").read_bytes()
     proc = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, nproc=1)
     assert_usage_error(proc, "written by 2 ranks", "this run has 1")
@@ -155,8 +160,8 @@ def test_checkpoint_from_another_world_size_is_refused_and_kept(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_checkpoint_from_another_torch_version_is_refused(tmp_path: Path) -> None:
-    stop_once(tmp_path, 4)
+def test_checkpoint_from_another_torch_version_is_refused(shared_runs: SharedRuns, tmp_path: Path) -> None:
+    stop_once(shared_runs, tmp_path, 4)
     path = tmp_path / "checkpoints" / "step_4" / "manifest.json"
     data = json.loads(path.read_text())
     data["torch_version"] = "1.13.1"
@@ -166,16 +171,16 @@ def test_checkpoint_from_another_torch_version_is_refused(tmp_path: Path) -> Non
 
 
 @pytest.mark.slow
-def test_run_dir_of_another_training_config_is_refused(tmp_path: Path) -> None:
-    stop_once(tmp_path, 4)
+def test_run_dir_of_another_training_config_is_refused(shared_runs: SharedRuns, tmp_path: Path) -> None:
+    stop_once(shared_runs, tmp_path, 4)
     proc = run_trainer(TINY_GPT, tmp_path, *FAST_GPT, "train.lr=0.5")
     assert_usage_error(proc, "belongs to another training config", "train.lr")
     assert manifest(tmp_path, 4)["step"] == 4
 
 
 @pytest.mark.slow
-def test_no_verifiable_checkpoint_refuses_to_start_over(tmp_path: Path) -> None:
-    stop_once(tmp_path, 4)
+def test_no_verifiable_checkpoint_refuses_to_start_over(shared_runs: SharedRuns, tmp_path: Path) -> None:
+    stop_once(shared_runs, tmp_path, 4)
     shard = tmp_path / "checkpoints" / "step_4" / "replay_rank0.pt"  # a stop checkpoint holds its replay base (step 0) only
     shard.write_bytes(shard.read_bytes()[:-10])
     proc = run_trainer(TINY_GPT, tmp_path, *FAST_GPT)

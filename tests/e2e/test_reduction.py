@@ -13,13 +13,15 @@ under torch.compile.
 from __future__ import annotations
 
 import json
-import subprocess
+import os
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import FAST_GPT, NEEDS_CXX, ROOT, TINY_GPT, assert_bitwise_equal, manifest, run_ranks, run_trainer
+from helpers import warm
+from helpers.shared_runs import SharedRuns, run_key
 from test_verify import verify
 
 from legato.runtime.launch import free_port
@@ -34,7 +36,8 @@ def reducer_experiment(tmp_path: Path, world: int) -> dict:
     cmd = [sys.executable, str(ROOT / "tests" / "helpers" / "ddp_attempts.py")]
     # stderr to files read after the wait, never pipes: a rank whose pipe fills blocks, and its peers with it.
     logs = [tmp_path / f"rank{rank}.stderr" for rank in range(world)]
-    procs = [subprocess.Popen([*cmd, str(rank), str(world), port, str(out)], stderr=logs[rank].open("w")) for rank in range(world)]
+    env = dict(os.environ, PYTHONHASHSEED="0", PYTHONWARNINGS="ignore")  # as every rank the suite starts warm
+    procs = [warm.start([*cmd, str(rank), str(world), port, str(out)], env, stderr=logs[rank].open("w")) for rank in range(world)]
     try:
         for p in procs:
             p.wait(timeout=300)
@@ -110,22 +113,30 @@ def launch_loop(out: Path, world: int, *args: str, **env: str) -> list[int]:
     return [p.returncode for p in procs]
 
 
+def plain_digests(shared_runs: SharedRuns, world: int, *args: str) -> dict[int, str]:
+    """The plain loop's digests at `world` ranks with `args`: one run per suite, whichever test asks first."""
+
+    def build(out: Path) -> None:
+        assert launch_loop(out, world, *args) == [0] * world
+
+    return digests(shared_runs.get(run_key("plain_vs_legato", str(world), *args), build))
+
+
 @pytest.mark.parametrize("world", [2, 3, 4, 8])
-def test_uninterrupted_legato_run_is_bitwise_the_plain_ddp_loop(tmp_path: Path, world: int) -> None:
-    assert launch_loop(tmp_path / "plain", world) == [0] * world
+def test_uninterrupted_legato_run_is_bitwise_the_plain_ddp_loop(shared_runs: SharedRuns, tmp_path: Path, world: int) -> None:
+    plain = plain_digests(shared_runs, world)
     assert launch_loop(tmp_path / "legato", world, "--legato") == [0] * world
-    assert digests(tmp_path / "legato") == digests(tmp_path / "plain") and len(digests(tmp_path / "plain")) == 8
+    assert digests(tmp_path / "legato") == plain and len(plain) == 8
     buckets = torch.load(tmp_path / "legato" / "checkpoints" / "step_8" / "train_state.pt", weights_only=True)["buckets"]["buckets"]
     assert len(buckets) >= 3, buckets  # several gradient buckets, in DDP's own gradient-ready order
 
 
 @pytest.mark.parametrize("replay", ["0", "2"])
-def test_four_ranks_multi_bucket_resumed_twice_is_bitwise_the_plain_ddp_loop(tmp_path: Path, replay: str) -> None:
+def test_four_ranks_multi_bucket_resumed_twice_is_bitwise_the_plain_ddp_loop(shared_runs: SharedRuns, tmp_path: Path, replay: str) -> None:
     """Replay off: the restored layout alone; replay 2: the replay base's layout (the run's, two steps back)."""
-    assert launch_loop(tmp_path / "plain", 4) == [0] * 4
     codes = [launch_loop(tmp_path / "resumed", 4, "--legato", "--replay-steps", replay, **STOPS)[0] for _ in range(3)]
     assert codes == [75, 75, 0]
-    assert digests(tmp_path / "resumed") == digests(tmp_path / "plain")
+    assert digests(tmp_path / "resumed") == plain_digests(shared_runs, 4)
 
 
 @NEEDS_CXX

@@ -13,7 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import FAST_GPT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
+from conftest import FAST_GPT, TINY_GPT, assert_bitwise_equal, gpt_reference, manifest, resumed_steps, run_to_completion, run_trainer
+from helpers.shared_runs import SharedRuns
 
 pytestmark = pytest.mark.slow
 
@@ -21,11 +22,9 @@ STEPS = 30
 EVERY = "checkpoint.every_steps=5"
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    run_dir = tmp_path_factory.mktemp("reference")
-    run_to_completion(TINY_GPT, run_dir, *FAST_GPT)
-    return run_dir
+@pytest.fixture
+def reference(shared_runs: SharedRuns) -> Path:
+    return gpt_reference(shared_runs)
 
 
 def plant(share: Path, info: dict, fault: str) -> str:

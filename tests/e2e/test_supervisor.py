@@ -9,21 +9,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import FAST_GPT, ROOT, TINY_GPT, manifest, run_trainer
+from conftest import ROOT, gpt_reference, manifest
 from helpers.cli import ledger, legato, run_args, status, wait_for
+from helpers.shared_runs import SharedRuns
 
 pytestmark = pytest.mark.slow
 
 
-def reference_hash(tmp_path: Path, *sets: str) -> str:
+def reference_hash(shared_runs: SharedRuns, *sets: str) -> str:
     """The final global hash of an uninterrupted `python -m legato` run of the same settings."""
-    ref = tmp_path / "reference"
-    proc = run_trainer(TINY_GPT, ref, *FAST_GPT, *sets)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return manifest(ref)["global_hash"]
+    return manifest(gpt_reference(shared_runs, *sets))["global_hash"]
 
 
-def test_two_signals_three_attempts_every_resume_verified(tmp_path: Path) -> None:
+def test_two_signals_three_attempts_every_resume_verified(shared_runs: SharedRuns, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     proc = legato(*run_args(run_dir, "chaos.signal_rank=1", "chaos.signal_at_steps=[7,19]"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -48,7 +46,7 @@ def test_two_signals_three_attempts_every_resume_verified(tmp_path: Path) -> Non
     assert "signal checkpoint at step 8 committed in" in proc.stdout
     assert "(the state of step 4 and 4 steps to replay from it; " in proc.stdout, proc.stdout[-3000:]
     assert [a["ended"] for a in attempts] == ["requeued", "requeued", "finished"]
-    assert data["final_global_hash"] == reference_hash(tmp_path)
+    assert data["final_global_hash"] == reference_hash(shared_runs)
 
     table = legato("status", str(run_dir)).stdout
     assert "FINISHED" in table and table.count("replay ✓ 4 steps") == 2 and table.count("✓") == 4
@@ -56,7 +54,7 @@ def test_two_signals_three_attempts_every_resume_verified(tmp_path: Path) -> Non
     assert "_1_log.err <==" in logs and "chaos: rank 1 sends itself SIGUSR2 after step 7" in logs
 
 
-def test_hard_kill_resubmits_and_resumes_from_last_periodic_checkpoint(tmp_path: Path) -> None:
+def test_hard_kill_resubmits_and_resumes_from_last_periodic_checkpoint(shared_runs: SharedRuns, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     sets = ("train.steps=400", "checkpoint.every_steps=25")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
@@ -93,7 +91,7 @@ def test_hard_kill_resubmits_and_resumes_from_last_periodic_checkpoint(tmp_path:
     assert second["resumed_from_step"] % 25 == 0 and second["resumed_from_step"] >= killed_after
     assert second["verified"] is True
     assert data["resubmissions"] == 1
-    assert data["final_global_hash"] == reference_hash(tmp_path, *sets)
+    assert data["final_global_hash"] == reference_hash(shared_runs, *sets)
 
 
 def test_requeue_budget_stops_a_job_that_would_requeue_forever(tmp_path: Path) -> None:
@@ -109,7 +107,7 @@ def test_requeue_budget_stops_a_job_that_would_requeue_forever(tmp_path: Path) -
     assert manifest(run_dir)["step"] == 11
 
 
-def test_detach_watch_and_preemption_by_the_supervisor(tmp_path: Path) -> None:
+def test_detach_watch_and_preemption_by_the_supervisor(shared_runs: SharedRuns, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # An attempt spends about 2 s starting up; on a busy machine it may train only a few steps before the
     # next preemption, so the requeue budget is set high enough never to be what ends this run.
@@ -129,7 +127,7 @@ def test_detach_watch_and_preemption_by_the_supervisor(tmp_path: Path) -> None:
     assert data["finished"] and data["all_resumes_verified"]
     assert len(data["attempts"]) >= 2
     assert any(e["event"] == "preempt_sent" for e in ledger(run_dir))
-    assert data["final_global_hash"] == reference_hash(tmp_path, "train.steps=300")
+    assert data["final_global_hash"] == reference_hash(shared_runs, "train.steps=300")
 
 
 @pytest.mark.parametrize("sigint", ["default", "ignored"])
