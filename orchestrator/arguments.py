@@ -73,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--out", metavar="DIR", help="where the runs go (default runs/verify/<name>-<time>)")
     verify.add_argument("--json", action="store_true", help="print the verdict as JSON")
     verify.add_argument(
+        "--reference",
+        metavar="DIR",
+        help="compare against the finished reference/ of an earlier verify of this config instead of training it again",
+    )
+    verify.add_argument(
         "--command",
         dest="run_command",
         metavar="CMD",

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from legato.config import KEEP_LAST_MAX, Config, config_from_dict
+from legato.config import KEEP_LAST_MAX, Config, config_from_dict, load_config, training_identity
 from legato.errors import UsageError
 from legato.events import Kind
 from legato.orchestrator.ledger import Ledger
@@ -30,10 +30,12 @@ from legato.paths import RunPaths
 from legato.store.manifest import checkpoint_step, list_checkpoints, read_manifest_file
 from legato.store.resumable import newest_usable
 from legato.store.trajectory import read_trajectory
+from legato.treediff import changed_leaves
 
 RNG_WORDS = {"rng.python": "python's", "rng.numpy": "numpy's", "rng.torch": "torch's CPU", "rng.gen.loader": "the data loader's"}
 
-# How a verification tells which of its runs starts: the phase ("reference", "interrupted", "again") and its details.
+# How a verification tells which of its runs starts: the phase ("reference" or "reused", "interrupted", "again") and its
+# details.
 Phase = Callable[[str, dict], None]
 
 
@@ -66,6 +68,7 @@ class Verdict:
     unpinned_layouts: list[dict] = field(default_factory=list)  # attempts that reduced with DDP's own bucket layout
     # RNG components left out of the comparison: a script's unseeded global RNGs, different in any two of its runs
     unseeded: list[str] = field(default_factory=list)
+    reference: str | None = None  # the reference run compared against, where it is not the verification's own reference/
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -104,6 +107,54 @@ def plan_runs(cfg: Config, out: Path, steps: list[int]) -> tuple[Config, Config]
     interrupted["run"]["dir"] = str(out / "interrupted")
     interrupted["chaos"].update(signal_at_steps=steps, signal_rank=cfg.chaos.signal_rank % cfg.world_size)
     return config_from_dict(reference, "verify"), config_from_dict(interrupted, "verify")
+
+
+def reused_reference(path: Path, planned: Config) -> Path:
+    """`path` as the reference of this verification, instead of training it again: the finished, never resumed
+    reference run of an earlier `legato verify` of the same training (`training_identity`), checkpoint settings
+    (every step hashed and kept, as `plan_runs` sets them) and fault injection (none: all of `chaos` but the rank a
+    signal would go to). A UsageError naming what differs otherwise."""
+    path = path.resolve()
+    captured = RunPaths(path).config
+    if not captured.is_file():
+        raise UsageError(
+            f"--reference {path} holds no captured config: pass the reference/ folder an earlier legato verify of this config wrote."
+        )
+    saved = load_config(captured)
+    differ = [key for key, _, _ in changed_leaves(training_identity(saved), training_identity(planned))]
+    differ += [f"checkpoint.{key}" for key, _, _ in changed_leaves(saved.to_dict()["checkpoint"], planned.to_dict()["checkpoint"])]
+    chaos = changed_leaves(_unsignalled(saved.to_dict()["chaos"]), _unsignalled(planned.to_dict()["chaos"]))
+    differ += [f"chaos.{key}" for key, _, _ in chaos]
+    if differ:
+        raise UsageError(
+            f"--reference {path} was trained with other settings ({', '.join(differ)} differ from this verification's "
+            "reference): pass the reference/ folder of a verify of this same config and --set values, or leave --reference "
+            "out to train one."
+        )
+    events = Ledger(path).read()
+    if any(e.get("event") == Kind.RESUMED for e in events):
+        raise UsageError(
+            f"--reference {path} was interrupted and resumed: a reference trains in one attempt; pass a verify's reference/ folder."
+        )
+    if not any(e.get("event") == Kind.FINISHED for e in events):
+        raise UsageError(
+            f"--reference {path} has not finished: a reference must have trained every step; leave --reference out to train one."
+        )
+    return path
+
+
+def _unsignalled(chaos: dict) -> dict:
+    """A chaos section without `signal_rank`: a reference gets no signal, so the rank one would go to never acts."""
+    return {k: v for k, v in chaos.items() if k != "signal_rank"}
+
+
+def stale_reference(reference: Path, d: Divergence) -> str:
+    """Why an interrupted run parts from a reused reference before any resume: not the resume."""
+    return (
+        f"the interrupted run already differs from the reused reference {reference} at step {d.step} (rank {d.rank}), before any "
+        "resume: that reference was trained under another torch, thread count or CPU, or the computation is not "
+        "deterministic. Verify again without --reference to tell which."
+    )
 
 
 def compare_runs(reference: Path, run: Path, unseeded: list[str] | None = None) -> Verdict:
@@ -328,7 +379,8 @@ def plot_verdict(png: Path, runs: dict[str, Path], verdict: Verdict) -> Path | N
 
 def record_verdict(verdict: Verdict, out: Path) -> Path | None:
     """Write out/loss.png (reference against interrupted) and out/verdict.json; the PNG's path, or None without matplotlib."""
-    png = plot_verdict(out / "loss.png", {"reference": out / "reference", "interrupted": out / "interrupted"}, verdict)
+    reference = Path(verdict.reference) if verdict.reference else out / "reference"
+    png = plot_verdict(out / "loss.png", {"reference": reference, "interrupted": out / "interrupted"}, verdict)
     (out / "verdict.json").write_text(json.dumps(verdict.to_json(), indent=2) + "\n")
     return png
 

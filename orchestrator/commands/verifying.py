@@ -24,6 +24,8 @@ from legato.paths import RunPaths
 
 def cmd_verify(args: argparse.Namespace) -> int:
     """`legato verify`: prove a config (or `--run-command`) resumes bit for bit, or `--compare` two finished runs."""
+    if args.reference is not None and (args.compare or args.run_command is not None):
+        raise UsageError("--reference goes with a CONFIG: with --compare name both runs, with --command leave it out.")
     if args.compare:
         reference, run = (Path(p) for p in args.compare)
         for path in (reference, run):
@@ -39,7 +41,8 @@ def cmd_verify(args: argparse.Namespace) -> int:
     steps = interruption_steps(cfg.train.steps, _parse_steps(args.interrupt_at), args.interruptions, args.seed)
     out = fresh_directory(args.out, cfg.run.name)
     view = LiveView(events=VERIFY_EVENTS)
-    verdict = verify_config(cfg, steps, out, _verify_phase(args.config, view), view)
+    reuse = Path(args.reference) if args.reference is not None else None
+    verdict = verify_config(cfg, steps, out, _verify_phase(args.config, view), view, reuse)
     if verdict is None:
         return EXIT_USAGE
     return _report_verdict(verdict, args.json, record_verdict(verdict, out))
@@ -52,6 +55,9 @@ def _verify_phase(config: str, view: LiveView):
                 f"legato: verify {config}: {data['world_size']} ranks, {data['steps']} steps, stop signal to rank "
                 f"{data['signal_rank']} after steps {data['at']}"
             )
+            return
+        if phase == "reused":
+            print(f"legato: 1/2 reference run: reusing {data['dir']}", flush=True)
             return
         print(VERIFY_PHASES[phase], flush=True)
         # The reference's ETA covers the interrupted run's steps too: the whole verification.
