@@ -136,6 +136,13 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--kill-wait", type=int, default=Settings.kill_wait_s, metavar="S", help="SIGTERM to SIGKILL delay (default %(default)s)"
     )
+    dev.add_argument(
+        "--preempt-grace",
+        type=int,
+        default=Settings.preempt_grace_s,
+        metavar="S",
+        help="how long a job preempted by one in the `urgent` partition has between its SIGTERM and its requeue (default %(default)s)",
+    )
     dev.add_argument("--no-accounting", action="store_true", help="no slurmdbd/MariaDB: sacct will not work")
 
     train = sub.add_parser("train", help="run the trainer locally without a scheduler, resuming after every stop until done")

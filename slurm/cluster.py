@@ -120,18 +120,32 @@ class SlurmBackend(Backend):
 
 
 def slurm_state(job_id: str) -> str:
-    """The job's state from sacct, or from scontrol/squeue when accounting does not know it; else UNKNOWN."""
+    """The job's state from sacct, or from scontrol/squeue when accounting does not know it; else UNKNOWN.
+
+    sacct's PREEMPTED is the ended instance of a job that PreemptMode=REQUEUE puts back in the queue: the controller's
+    own state says whether it was requeued (PENDING) or cancelled."""
     out = processes.output(["sacct", "-j", job_id, "-X", "-n", "-P", "-o", "State"])
     if out:
-        return out.splitlines()[-1].split()[0].rstrip("+")
-    out = processes.output(["scontrol", "show", "job", job_id, "-o"])
-    for token in (out or "").split():
-        if token.startswith("JobState="):
-            return token.split("=", 1)[1]
+        name = out.splitlines()[-1].split()[0].rstrip("+")
+        if name == "PREEMPTED":
+            return _controller_state(job_id) or name
+        return name
+    controller = _controller_state(job_id)
+    if controller:
+        return controller
     out = processes.output(["squeue", "-h", "-j", job_id, "-o", "%T"])
     if out:
         return out.split()[0]
     return "UNKNOWN"
+
+
+def _controller_state(job_id: str) -> str | None:
+    """`scontrol show job`'s JobState, None when the controller does not know the job."""
+    out = processes.output(["scontrol", "show", "job", job_id, "-o"])
+    for token in (out or "").split():
+        if token.startswith("JobState="):
+            return token.split("=", 1)[1]
+    return None
 
 
 def pending_reason(job_id: str) -> str | None:

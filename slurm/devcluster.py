@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from legato.errors import UsageError
-from legato.slurm.slurmconf import Settings, node_line, slurm_conf
+from legato.slurm.slurmconf import PARTITION, Settings, node_line, slurm_conf
 from legato.system import processes
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,8 @@ def up(settings: Settings, say=print) -> list[Daemon]:
     _require_root()
     recorded, previous = _load_state(), _load_settings()
     running = [d for d in recorded if d.alive()]
-    if running and previous == settings and _cluster_ready(settings.accounting):
+    # Same settings and the slurm.conf this version writes (one written by an older legato may lack a partition).
+    if running and previous == settings and _conf_is(_slurm_conf_text(settings)) and _cluster_ready(settings.accounting):
         say("already up (same settings); nothing to do")
         return running
     stop_daemons(running, say)
@@ -103,8 +104,9 @@ def down(say=print) -> None:
 def status() -> tuple[list[Daemon], str | None]:
     """The recorded daemons and `sinfo`'s view of the node (None when the controller does not answer)."""
     daemons = _load_state()
-    info = processes.output(["sinfo", "-N", "-h", "-o", "%N %T %c CPUs %m MB"]) if any(d.alive() for d in daemons) else None
-    return daemons, info
+    if not any(d.alive() for d in daemons):
+        return daemons, None
+    return daemons, processes.output(["sinfo", "-N", "-h", "-p", PARTITION, "-o", "%N %T %c CPUs %m MB"])
 
 
 # -- install ---------------------------------------------------------------
@@ -203,6 +205,18 @@ def _write_slurmdbd_conf() -> None:
 
 
 def _write_slurm_conf(settings: Settings) -> None:
+    SLURM_ETC.mkdir(parents=True, exist_ok=True)
+    (SLURM_ETC / "slurm.conf").write_text(_slurm_conf_text(settings))
+
+
+def _conf_is(text: str) -> bool:
+    try:
+        return (SLURM_ETC / "slurm.conf").read_text() == text
+    except OSError:
+        return False
+
+
+def _slurm_conf_text(settings: Settings) -> str:
     files = {
         "StateSaveLocation": "/var/spool/slurmctld",
         "SlurmdSpoolDir": "/var/spool/slurmd",
@@ -211,13 +225,11 @@ def _write_slurm_conf(settings: Settings) -> None:
         "SlurmctldLogFile": "/var/log/slurm/slurmctld.log",
         "SlurmdLogFile": "/var/log/slurm/slurmd.log",
     }
-    text = slurm_conf(settings, CLUSTER, socket.gethostname().split(".")[0], [node_line()], files)
-    SLURM_ETC.mkdir(parents=True, exist_ok=True)
-    (SLURM_ETC / "slurm.conf").write_text(text)
+    return slurm_conf(settings, CLUSTER, socket.gethostname().split(".")[0], [node_line()], files)
 
 
 def _node_state() -> str | None:
-    out = processes.output(["sinfo", "-h", "-o", "%T"])
+    out = processes.output(["sinfo", "-h", "-p", PARTITION, "-o", "%T"])
     return out.split()[0].rstrip("*~#") if out else None
 
 

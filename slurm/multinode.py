@@ -32,7 +32,7 @@ from pathlib import Path
 from legato.errors import UsageError
 from legato.slurm import netns
 from legato.slurm.devcluster import Daemon, install_packages, stop_daemons
-from legato.slurm.slurmconf import Settings, node_line, slurm_conf
+from legato.slurm.slurmconf import PARTITION, Settings, node_line, slurm_conf
 from legato.system import processes
 
 log = logging.getLogger(__name__)
@@ -291,13 +291,13 @@ def _start(name: str, cmd: list[str]) -> Daemon:
 
 
 def _sinfo() -> str | None:
-    return _client_output(["sinfo", "-N", "-h", "-o", "%N %T %c CPUs %m MB"]) if SLURM_CONF.exists() else None
+    return _client_output(["sinfo", "-N", "-h", "-p", PARTITION, "-o", "%N %T %c CPUs %m MB"]) if SLURM_CONF.exists() else None
 
 
 def _ready(nodes: int) -> bool:
     if not SLURM_CONF.exists():
         return False
-    out = _client_output(["sinfo", "-N", "-h", "-o", "%N %T"])
+    out = _client_output(["sinfo", "-N", "-h", "-p", PARTITION, "-o", "%N %T"])
     states = [line.split()[1].rstrip("*~#") for line in (out or "").splitlines() if len(line.split()) == 2]
     return len(states) == nodes and all(s in ("idle", "mixed", "allocated") for s in states)
 

@@ -16,15 +16,21 @@ from legato.errors import UsageError
 from legato.system import processes
 
 PARTITION = "debug"
+# A second partition over the same nodes whose jobs preempt the default one's: `sbatch -p urgent` on a busy node sends
+# the jobs in the way SLURM's preemption (SIGCONT and SIGTERM to their steps' tasks, then their end time GraceTime
+# later, then a requeue), as a production cluster with preemptible partitions does.
+URGENT_PARTITION = "urgent"
 
 
 @dataclass(frozen=True)
 class Settings:
-    """Fast defaults: a requeued job is eligible cred_expire + 1 s after its requeue."""
+    """Fast defaults: a requeued job is eligible cred_expire + 1 s after its requeue; a preempted job's tasks get
+    SIGTERM and preempt_grace_s (the default partition's GraceTime) to stop before SLURM ends and requeues it."""
 
     cred_expire_s: int = 10
     sched_interval_s: int = 5
     kill_wait_s: int = 10
+    preempt_grace_s: int = 90
     accounting: bool = True
 
 
@@ -63,11 +69,14 @@ def slurm_conf(
         f"SchedulerParameters=sched_interval={settings.sched_interval_s},bf_interval={settings.sched_interval_s}",
         f"KillWait={settings.kill_wait_s}",
         "MinJobAge=3600",
+        "PreemptType=preempt/partition_prio",
+        "PreemptMode=REQUEUE",
         *extra,
         *(f"{key}={path}" for key, path in files.items()),
         *accounting,
         *node_lines,
-        f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP",
+        f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP PriorityTier=1 GraceTime={settings.preempt_grace_s}",
+        f"PartitionName={URGENT_PARTITION} Nodes=ALL MaxTime=INFINITE State=UP PriorityTier=2 PreemptMode=OFF",
     ]
     return "\n".join(lines) + "\n"
 

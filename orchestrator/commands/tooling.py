@@ -52,13 +52,22 @@ def cmd_devcluster(args: argparse.Namespace) -> int:
         devcluster.down(say)
         return EXIT_OK
     if args.action == "up":
-        settings = Settings(args.cred_expire, args.sched_interval, args.kill_wait, not args.no_accounting)
-        devcluster.up(settings, say)
+        devcluster.up(_settings(args, accounting=not args.no_accounting), say)
     daemons, info = devcluster.status()
     for d in daemons:
         say(f"{d.name:<10} pid {d.pid:<8} {'running' if d.alive() else 'NOT running'}  (log {d.log})")
     say(f"node: {info}" if info else "the controller does not answer")
     return EXIT_OK if info else EXIT_FAILED
+
+
+def _settings(args: argparse.Namespace, accounting: bool) -> Settings:
+    return Settings(
+        cred_expire_s=args.cred_expire,
+        sched_interval_s=args.sched_interval,
+        kill_wait_s=args.kill_wait,
+        preempt_grace_s=args.preempt_grace,
+        accounting=accounting,
+    )
 
 
 def _multinode(args: argparse.Namespace, say) -> int:
@@ -70,7 +79,7 @@ def _multinode(args: argparse.Namespace, say) -> int:
             raise UsageError("legato devcluster up --nodes needs a node count, for example --nodes 2.")
         if not args.no_accounting:
             say("the multi-node cluster runs without accounting (no sacct); legato reads job states from scontrol")
-        multinode.up(args.nodes, Settings(args.cred_expire, args.sched_interval, args.kill_wait, False), say)
+        multinode.up(args.nodes, _settings(args, accounting=False), say)
     daemons, info = multinode.status()
     for d in daemons:
         say(f"{d.name:<18} pid {d.pid:<8} {'running' if d.alive() else 'NOT running'}  (log {d.log})")

@@ -21,9 +21,12 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, manifest, run_trainer
 from helpers.cli import ledger, legato, status, wait_for
+from helpers.launches import reaped, start_ranks, stderr_tails, steps_done
 from helpers.port import PORT, UNSEEDED, assert_same_run, launch
+from helpers.shared_runs import SharedRuns, run_key
 
 from legato.runtime.launch import free_port
+from legato.system.processes import children
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
@@ -360,16 +363,18 @@ def _wait_finished(job_id: str, timeout: float) -> str:
     raise AssertionError(f"job {job_id} did not finish in {timeout} s: {show}")
 
 
-# The scheduler's own time-limit signal, no planted stop. SLURM checks time limits every 30 s, so with --time=2 and
-# --signal=...@60 the signal comes 60 to 90 s into an attempt (the smallest limit that leaves the first attempt time to
-# start and train, and the second time to finish before its own signal). The first attempt's steps are slowed from
-# outside (4 s a step, bits unchanged) so that 25 steps outlast the signal; the requeued attempt runs at full speed.
+# The scheduler's own time-limit signal, no planted stop. SLURM checks time limits only every 30 s and may send the
+# signal early: with --time=2 and --signal=...@60 it once came about 40 s into an attempt, before a suite-loaded machine had
+# started the ranks (the attempt then rightly ends the job: it committed nothing). --time=3 sends it 100 to 150 s in,
+# leaving the first attempt time to start and train, and the second time to finish before its own signal. The first
+# attempt's steps are slowed from outside (7 s a step, bits unchanged) so that 25 steps outlast the signal; the
+# requeued attempt runs at full speed.
 SIGNAL_JOB_HEAD = """#!/bin/bash
 #SBATCH --job-name=legato-signal --nodes=1 --ntasks=1 --cpus-per-task=2 --requeue --open-mode=append
-#SBATCH --time=2 --signal={signal}@60 --output={out} --chdir={root}
+#SBATCH --time=3 --signal={signal}@60 --output={out} --chdir={root}
 export PYTHONWARNINGS=ignore
 attempt=${{SLURM_RESTART_COUNT:-0}}
-if [ "$attempt" = 0 ]; then export LEGATO_CHAOS_STEP_SLEEP_S=4; fi
+if [ "$attempt" = 0 ]; then export LEGATO_CHAOS_STEP_SLEEP_S=7; fi
 launch=({python} -m legato.torchrun --max-restarts 0 --nproc-per-node 2 --master-port {port} {script} {run_dir})
 requeue=({python} -m legato.orchestrator.cli requeue {run_dir})
 """
@@ -391,14 +396,28 @@ exec "${requeue[@]}" --exit-code $rc
 """
 
 
+def _torchrun_reference(shared_runs: SharedRuns) -> Path:
+    """The nanoGPT port run to its end by `python -m legato.torchrun` (2 ranks), no stop (shared: read it only)."""
+
+    def build(run_dir: Path) -> None:
+        command = [sys.executable, "-m", "legato.torchrun", "--max-restarts", "0", "--nproc-per-node", "2"]
+        command += ["--master-port", str(free_port()), str(PORT / "nanogpt_legato.py"), str(run_dir)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return shared_runs.get(run_key("nanogpt_port_torchrun_reference"), build)
+
+
 @pytest.mark.parametrize(("signal_option", "body"), [("USR2", SRUN_STEP), ("B:USR2", BATCH_SHELL)], ids=["srun-step", "batch-shell"])
 def test_slurms_own_time_limit_signal_stops_a_launcher_job_that_requeues_and_resumes_exactly(
-    cluster, tmp_path: Path, signal_option: str, body: str
+    cluster, shared_runs: SharedRuns, tmp_path: Path, signal_option: str, body: str
 ) -> None:
     """`python -m legato.torchrun` (2 ranks) in a user's sbatch script with the relaunch pattern: SLURM's
     `--signal=USR2@60` (every process of the srun step) or `--signal=B:USR2@60` (the batch shell, whose trap forwards
     it) stops the job at an agreed, committed checkpoint; exit 75, `scontrol requeue`, and the requeued job resumes
     verified and ends bit for bit where an uninterrupted launch ends."""
+    # The reference trains before the job is submitted, so that the job's start-up does not share the cores with it.
+    reference = _torchrun_reference(shared_runs)
     run_dir, out = tmp_path / "run", tmp_path / "slurm.out"
     values = {"out": out, "root": ROOT, "python": sys.executable, "script": PORT / "nanogpt_legato.py", "run_dir": run_dir}
     script = tmp_path / "job.sh"
@@ -406,28 +425,7 @@ def test_slurms_own_time_limit_signal_stops_a_launcher_job_that_requeues_and_res
     script.write_text(head + body + REQUEUE)
     job_id = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True, check=True).stdout.strip()
     try:
-        reference = tmp_path / "reference"
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "legato.torchrun",
-                "--max-restarts",
-                "0",
-                "--nproc-per-node",
-                "2",
-                "--master-port",
-                str(free_port()),
-                str(PORT / "nanogpt_legato.py"),
-                str(reference),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env=dict(os.environ, PYTHONWARNINGS="ignore"),
-        )
-        assert done.returncode == 0, done.stderr[-3000:]
-        show = _wait_finished(job_id, timeout=420)
+        show = _wait_finished(job_id, timeout=480)
     finally:
         subprocess.run(["scancel", job_id], capture_output=True)
     log = out.read_text()
@@ -443,6 +441,117 @@ def test_slurms_own_time_limit_signal_stops_a_launcher_job_that_requeues_and_res
     resumed = [line for line in log.splitlines() if line.startswith("legato: rank 0: resumed at step")]
     assert resumed and all("verified" in line for line in resumed), log[-3000:]
     assert_same_run(reference, run_dir, 25, UNSEEDED)
+
+
+# A job script shaped like the README's, preempted as a production cluster preempts (PreemptMode=REQUEUE, GraceTime on
+# the partition): an exclusive job submitted to the devcluster's `urgent` partition needs the node, so slurmctld sends SIGCONT and
+# SIGTERM to every task of the running job's srun step (the launcher, the ranks, their workers; not srun, not the batch
+# shell) and gives it GraceTime before it ends and requeues it. The first attempt's steps are slowed from outside
+# (4 s a step, bits unchanged) so that the preemption finds it training.
+PREEMPTED_JOB = """#!/bin/bash
+#SBATCH --job-name=legato-preempted --nodes=1 --ntasks=1 --cpus-per-task=2 --requeue --open-mode=append
+#SBATCH --output={out} --chdir={root}
+export PYTHONWARNINGS=ignore
+[ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && export LEGATO_RESUME=required || export LEGATO_CHAOS_STEP_SLEEP_S=4
+trap 'echo "batch shell: SIGTERM (preemption); the ranks checkpoint first"' TERM
+srun {python} -m legato.torchrun --max-restarts 0 --nproc-per-node 2 --master-port {port} {script} {run_dir}
+rc=$?
+echo "attempt ${{SLURM_RESTART_COUNT:-0}} exited $rc"
+exec {python} -m legato.orchestrator.cli requeue {run_dir} --exit-code $rc
+"""
+
+
+def test_preemption_by_a_higher_priority_job_stops_at_a_checkpoint_and_the_job_resumes_exactly(cluster, tmp_path: Path) -> None:
+    """SIGTERM as preemption sends it, from slurmctld: the launcher takes the SIGTERM its step's tasks get and sends
+    the ranks their stop signal, every rank stops at one agreed, committed checkpoint within the grace time (exit 75),
+    `legato requeue` requeues the job, the urgent job runs on the freed node, and the requeued job resumes verified
+    and ends bit for bit where an uninterrupted launch ends."""
+    run_dir, out, reference = tmp_path / "run", tmp_path / "slurm.out", tmp_path / "reference"
+    if subprocess.run(["scontrol", "show", "partition", "urgent"], capture_output=True).returncode != 0:
+        pytest.fail("the running devcluster has no `urgent` partition (an older legato started it): `legato devcluster up`")
+    # The reference first: nothing else competes for the cores while the preempted ranks checkpoint within the grace.
+    assert [p.returncode for p in launch(PORT / "nanogpt_legato.py", reference)] == [0, 0]
+    job_id = submit(PREEMPTED_JOB, tmp_path, PORT / "nanogpt_legato.py")
+    urgent = None
+    try:
+        wait_for(lambda: step_reached(run_dir, 2), timeout=240, what="the first attempt's step 2")
+        urgent = subprocess.run(
+            ["sbatch", "--parsable", "-p", "urgent", "--exclusive", "-o", str(tmp_path / "urgent.out"), "--wrap", "echo urgent job ran"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        show = _wait_finished(job_id, timeout=420)
+        urgent_show = _wait_finished(urgent, timeout=60)
+    finally:
+        subprocess.run(["scancel", job_id, *([urgent] if urgent else [])], capture_output=True)
+    log = out.read_text()
+    assert "JobState=COMPLETED" in urgent_show and "urgent job ran" in (tmp_path / "urgent.out").read_text(), urgent_show
+    assert "JobState=COMPLETED" in show and "Restarts=0" not in show, show + log[-3000:]
+    attempts = [line for line in log.splitlines() if line.startswith("attempt ")]
+    assert attempts[0] == "attempt 0 exited 75" and attempts[-1] == f"attempt {len(attempts) - 1} exited 0", log[-3000:]
+    assert "TERM reached the launcher: sending SIGUSR2" in log, log[-3000:]
+    assert "every rank stopped at a committed checkpoint (exit 75)" in log and "Traceback" not in log, log[-3000:]
+    resumed = [line for line in log.splitlines() if line.startswith("legato: rank 0: resumed at step")]
+    assert resumed and all("verified" in line for line in resumed), log[-3000:]
+    assert_same_run(reference, run_dir, 25, UNSEEDED)
+
+
+# A job script shaped like the README's, with a hang nobody announces: one rank SIGSTOPped from outside mid-run. The watchdog's bound is
+# shortened (a floor of 5 quiet seconds) and the steps slowed a little (0.3 s, bits unchanged) so that it finds the
+# first attempt still training.
+HUNG_JOB = """#!/bin/bash
+#SBATCH --job-name=legato-hung --nodes=1 --ntasks=1 --cpus-per-task=2 --requeue --open-mode=append
+#SBATCH --output={out} --chdir={root}
+export PYTHONWARNINGS=ignore LEGATO_HANG=floor_s=5,phase_s=60 STEP_SLEEP_S=0.3
+srun {python} -m legato.torchrun --max-restarts 0 --nproc-per-node 2 --master-port {port} {script} {run_dir}
+rc=$?
+echo "attempt ${{SLURM_RESTART_COUNT:-0}} exited $rc"
+exec {python} -m legato.orchestrator.cli requeue {run_dir} --exit-code $rc
+"""
+
+
+def test_a_hung_rank_in_a_job_script_ends_the_attempt_and_the_requeued_job_resumes_exactly(cluster, tmp_path: Path) -> None:
+    """The job-script path's hang: a rank SIGSTOPped from outside by pid, the watchdog ends the attempt (every rank's
+    stacks, a `hang` record naming it, exit 124 through the launcher), `legato requeue` requeues the hung job, and the
+    next run of the same job resumes verified and ends on the bits of an uninterrupted launch."""
+    run_dir, out, script = tmp_path / "run", tmp_path / "slurm.out", ROOT / "tests" / "helpers" / "hang_loop.py"
+    job_id = submit(HUNG_JOB, tmp_path, script)
+    try:
+        wait_for(lambda: steps_done(run_dir) >= 6, timeout=240, what="the first attempt's sixth step")
+        launcher = wait_for(lambda: _launcher_of(run_dir), timeout=60, what="the job's launcher")
+        stopped = children(launcher)[-1]
+        environ = dict(item.partition(b"=")[::2] for item in Path(f"/proc/{stopped}/environ").read_bytes().split(b"\0"))
+        os.kill(stopped, signal.SIGSTOP)
+        reference = tmp_path / "reference"
+        with reaped(start_ranks(script, reference, 2)) as procs:
+            assert [p.wait(timeout=300) for p in procs] == [0, 0], stderr_tails(reference)
+        show = _wait_finished(job_id, timeout=420)
+    finally:
+        subprocess.run(["scancel", job_id], capture_output=True)
+    log = out.read_text()
+    assert "JobState=COMPLETED" in show and "Restarts=1" in show, show + log[-3000:]
+    assert "attempt 0 exited 124" in log and "attempt 1 exited 0" in log and "hung (exit 124)" in log, log[-3000:]
+    (hang,) = [e for e in ledger(run_dir) if e["event"] == "hang"]
+    assert hang["stopped"] == [f"rank {environ[b'RANK'].decode()}"], hang
+    assert (run_dir / hang["stacks"] / "rank0.txt").is_file() and (run_dir / hang["stacks"] / "rank1.txt").is_file(), hang
+    resumed = [e for e in ledger(run_dir) if e["event"] == "resumed"]
+    assert [e["match"] for e in resumed] == [True], resumed
+    finished = [e for e in ledger(run_dir) if e["event"] == "finished"]
+    reference_finished = [e for e in ledger(reference) if e["event"] == "finished"]
+    assert finished[-1]["final_global_hash"] == reference_finished[-1]["final_global_hash"]
+
+
+def _launcher_of(run_dir: Path) -> int | None:
+    """The pid of the `python -m legato.torchrun` writing into `run_dir`, once it has started both ranks."""
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"legato.torchrun" in argv and str(run_dir).encode() in argv and len(children(int(entry.name))) == 2:
+            return int(entry.name)
+    return None
 
 
 def test_the_job_script_legato_init_writes_runs_stops_requeues_and_finishes_as_written(cluster, tmp_path: Path) -> None:
