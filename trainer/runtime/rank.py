@@ -7,7 +7,7 @@ import sys
 from legato.config import load_config
 from legato.errors import EXIT_USAGE, UsageError
 from legato.runtime.job import run_rank
-from legato.runtime.launch import parse_args
+from legato.runtime.launch_args import parse_args
 from legato.runtime.rank_env import RankEnv
 from legato.system.lifeline import die_with_launcher
 
