@@ -66,14 +66,16 @@ def test_sigkill_inside_the_background_write_leaves_the_previous_checkpoint(refe
 
 
 def _rank_pid(launcher: int, rank: int) -> int | None:
-    """The pid of one rank among the launcher's children (RANK in its environment)."""
+    """The pid of one rank among the launcher's children: by its name (a rank the launcher forked shows the launcher's
+    command line and environment in /proc), else by RANK in the environment it was started with."""
     for task in Path(f"/proc/{launcher}/task").iterdir():
         for child in (task / "children").read_text().split():
             try:
+                name = Path(f"/proc/{child}/comm").read_text().strip()
                 env = Path(f"/proc/{child}/environ").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if f"RANK={rank}".encode() in env:
+            if name == f"legato-rank{rank}" or f"RANK={rank}".encode() in env:
                 return int(child)
     return None
 

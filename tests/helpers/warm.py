@@ -34,18 +34,21 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
+from legato.system.forking import ForkedProcess
+
 # Read at interpreter or torch start-up: a rank whose value differs from the server's starts cold.
 READ_AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA", "CUBLAS", "LD_")
 SERVER_ENV = {"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "ignore"}  # what the suite gives every rank it starts by path
 _POLL_S = 0.05
 
 
-class WarmRank:
-    """A rank forked by the warm server, handled as a `subprocess.Popen` is (pid, poll, wait, send_signal, kill)."""
+class WarmRank(ForkedProcess):
+    """A rank forked by the warm server, handled as a `subprocess.Popen` is (pid, poll, wait, send_signal, kill). Not
+    this process's child: its exit code comes from the server, which reaps it."""
 
     def __init__(self, args: list[str], pid: int, conn: socket.socket) -> None:
-        self.args, self.pid, self._conn = args, pid, conn
-        self.returncode: int | None = None
+        super().__init__(pid, args)
+        self._conn = conn
 
     def poll(self) -> int | None:
         return self._status(0)
@@ -55,14 +58,6 @@ class WarmRank:
         if code is None:
             raise subprocess.TimeoutExpired(self.args, timeout or 0)
         return code
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)

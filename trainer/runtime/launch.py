@@ -6,14 +6,18 @@ committed checkpoint (run the same command again to resume), 124 ended by the
 hang watchdog (run it again to resume), 2 bad input.
 When one rank fails, the others are killed rather than left in a collective;
 when the launcher dies (even by SIGKILL), its ranks die with it: each rank is
-armed to die with the launcher before it execs (legato.system.lifeline), and
-leads a process group of its own (its DataLoader workers join it) that the
+armed to die with the launcher before one line of it runs (legato.system.lifeline),
+and leads a process group of its own (its DataLoader workers join it) that the
 launcher's exit path, whatever it is, kills whole.
+On Linux the launcher imports what every rank imports (torch, the trainer, what
+DDP imports as it wraps a model) once, and forks the ranks from itself
+(legato.system.forking), where each would import it again: about 3 s of CPU per
+rank on a small machine. It first runs itself again in place with the ranks'
+PYTHONHASHSEED, which an interpreter reads only as it starts.
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import random
@@ -28,14 +32,17 @@ from pathlib import Path
 from legato.config import load_config
 from legato.errors import EXIT_FAILED, EXIT_HUNG, EXIT_OK, EXIT_STOPPED, EXIT_USAGE, UsageError
 from legato.paths import RunPaths
-from legato.quiet_args import Parser
 from legato.runtime.entrypoint import check_entrypoint
+from legato.runtime.launch_args import parse_args
 from legato.store.manifest import check_tree
+from legato.system.forking import ForkedProcess, fork_run, is_parent, name_this_process
 from legato.system.launch_env import determinism_environ
 from legato.system.lifeline import LAUNCHER_PID, armed_child
 from legato.system.signals import parse_signal
 
 POLL_S = 0.05
+FORKS = sys.platform.startswith("linux")  # ranks forked warm (see `_starter`); elsewhere each starts a fresh interpreter
+Rank = subprocess.Popen | ForkedProcess
 LOWEST_RENDEZVOUS_PORT = 10000  # above the well-known and most registered services' ports
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
 KILL_GRACE_S = 5.0
@@ -70,17 +77,10 @@ def _ephemeral_low() -> int:
         return 32768
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The local launcher's command line: CONFIG, `--nproc` and `--set KEY=VALUE` overrides."""
-    parser = Parser(prog="python -m legato", description="Run the legato trainer locally on N processes.")
-    parser.add_argument("config", help="YAML config, e.g. configs/tiny_gpt.yaml")
-    parser.add_argument("--nproc", type=int, default=None, help="number of ranks (default: local.tasks from the config)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     """`python -m legato`: check the config, then run its ranks locally; the exit code."""
+    if argv is None:
+        _with_the_ranks_hash_seed()
     args = parse_args(sys.argv[1:] if argv is None else argv)
     # --nproc N is local.tasks=N: every rank then validates the config against the world size it runs in.
     overrides = [*args.overrides, f"local.tasks={args.nproc}"] if args.nproc is not None else list(args.overrides)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signal.Signals) -> int:
     """Start `nproc` rank processes of `config`, forwarding `stop_signal` to them; the job's exit code (a failed rank stops the rest)."""
     port = free_port()
-    procs: list[subprocess.Popen] = []
+    procs: list[Rank] = []
     received: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
@@ -113,19 +113,78 @@ def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signa
     # the signal while ranks are still being started, so one that came then is sent again to every rank after.
     signal.pthread_sigmask(signal.SIG_BLOCK, {stop_signal})
     previous = signal.signal(stop_signal, forward)
-    prepare = _group_leader(armed_child())
+    launcher = os.getpid()
     try:
+        start = _starter(_rank_command(config, overrides), _group_leader(armed_child()), stop_signal)
         for rank in range(nproc):
-            procs.append(subprocess.Popen(_rank_command(config, overrides), env=_rank_env(rank, nproc, port), preexec_fn=prepare))
+            procs.append(start(_rank_env(rank, nproc, port)))
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
         if received:
             forward(received[0], None)
         return _wait(procs)
     finally:
-        # Whatever ends the launcher short of SIGKILL (an exception, Ctrl-C) ends every rank and worker with it.
-        _kill_groups(procs)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
-        signal.signal(stop_signal, previous)
+        # A forked rank leaves through here on its way to its exit: the launcher's cleanup is the launcher's alone.
+        if is_parent(launcher):
+            # Whatever ends the launcher short of SIGKILL (an exception, Ctrl-C) ends every rank and worker with it.
+            _kill_groups(procs)
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
+            signal.signal(stop_signal, previous)
+
+
+def _with_the_ranks_hash_seed() -> None:
+    """Run this launcher again, in place (same pid), with the ranks' PYTHONHASHSEED if it lacks it: the seed is read
+    only as an interpreter starts, and a rank forked from this process keeps this process's."""
+    if not FORKS or _has_the_ranks_hash_seed():
+        return
+    seed = determinism_environ(os.environ)["PYTHONHASHSEED"]
+    os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], {**os.environ, "PYTHONHASHSEED": seed})
+
+
+def _has_the_ranks_hash_seed() -> bool:
+    """Whether this interpreter started with the PYTHONHASHSEED its ranks get (the one setting a fork cannot give them)."""
+    return os.environ.get("PYTHONHASHSEED") == determinism_environ(os.environ)["PYTHONHASHSEED"]
+
+
+def _starter(command: list[str], prepare: Callable[[], None], stop_signal: signal.Signals) -> Callable[[dict[str, str]], Rank]:
+    """How this launcher starts a rank with its environment: forked from this process once it imported what every rank
+    imports, where this process started as the ranks' interpreter would (their PYTHONHASHSEED); else `command` in a
+    fresh interpreter. Either way the rank leads its own process group and dies with the launcher (`prepare`)."""
+    if not FORKS or not _has_the_ranks_hash_seed():
+        return lambda env: subprocess.Popen(command, env=env, preexec_fn=prepare)
+    rank_main, rank_file = _preloaded_rank()
+
+    def start(env: dict[str, str]) -> Rank:
+        def become() -> None:
+            prepare()
+            name_this_process(f"legato-rank{env['RANK']}")  # its command line is the launcher's: `ps -o pid,comm` tells them apart
+            os.environ.clear()
+            os.environ.update(env)
+            sys.argv = [rank_file, *command[3:]]  # as `python -m legato.runtime.rank ...` sets it
+            _fresh_numpy_seed()
+
+        return fork_run(command, become, rank_main, default_handlers=[stop_signal])
+
+    return start
+
+
+def _preloaded_rank() -> tuple[Callable[[], int], str]:
+    """The rank's entry and its file, once this process imported what each rank would import again: torch, legato's
+    trainer, and what DistributedDataParallel imports as it wraps a model (3 s of CPU a rank on a small machine).
+    None of these imports starts a Python thread: the forks copy no thread but the one that forks."""
+    import torch._dynamo  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    from legato.runtime import rank
+
+    return rank.main, str(rank.__file__)
+
+
+def _fresh_numpy_seed() -> None:
+    """numpy's global generator drawn from the OS, as a fresh interpreter's is (Python's `random` reseeds itself after a
+    fork; torch's default generator starts from its fixed seed either way, and nothing here drew from it)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def _group_leader(arm: Callable[[], None] | None) -> Callable[[], None]:
@@ -163,7 +222,7 @@ def _rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     return env
 
 
-def _wait(procs: list[subprocess.Popen]) -> int:
+def _wait(procs: list[Rank]) -> int:
     """Wait for every rank; if one fails, stop the rest. Returns the job's exit code."""
     while True:
         codes = [p.poll() for p in procs]
@@ -192,7 +251,7 @@ def _job_code(codes: list[int]) -> int:
     return EXIT_FAILED
 
 
-def _kill_all(procs: list[subprocess.Popen]) -> None:
+def _kill_all(procs: list[Rank]) -> None:
     """After a rank failed: give the others a moment to end by themselves, then kill each with its workers."""
     deadline = time.monotonic() + KILL_GRACE_S
     for p in procs:
@@ -203,7 +262,7 @@ def _kill_all(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def _kill_groups(procs: list[subprocess.Popen]) -> None:
+def _kill_groups(procs: list[Rank]) -> None:
     """Kill every rank's process group (the rank and whatever it started), then reap the ranks."""
     for p in procs:
         _kill_group(p)
@@ -211,7 +270,7 @@ def _kill_groups(procs: list[subprocess.Popen]) -> None:
         p.wait()
 
 
-def _kill_group(p: subprocess.Popen) -> None:
+def _kill_group(p: Rank) -> None:
     # A rank leads its group, so the group's id is its pid; a group that is already empty is no error.
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(p.pid, signal.SIGKILL)

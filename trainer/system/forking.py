@@ -1,0 +1,95 @@
+"""A child process forked from this one and handled as a `subprocess.Popen` is (pid, poll, wait, send_signal).
+
+The local launcher forks its ranks after importing, once, what every rank imports (legato.runtime.launch), where a
+`Popen` of a fresh interpreter would import it again in each. What a fork cannot give the child is what an exec
+gives it: the environment read at interpreter start, `sys.argv`, signal handlers reset to their defaults. The caller
+makes those right in `become` (which runs first in the child), and `fork_run` resets the one handler the caller
+names. The child never returns into its parent's code: it runs `run` and leaves through `SystemExit`, which
+unwinds to the interpreter's own exit (atexit hooks, non-daemon threads, finalization: what a `sys.exit` in a fresh
+interpreter does) through the parent's frames; a caller's `finally` that must run only in the parent checks
+`is_parent`. This module must never fork with Python threads of its own running, nor import anything of legato's
+above the system layer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+
+_WAIT_POLL_S = 0.05
+PR_SET_NAME = 15
+# Looked up here, in the parent: between fork and the child's first line nothing dlopens or dlsyms.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+
+
+class ForkedProcess:
+    """A forked child, with `subprocess.Popen`'s API for what the launcher uses."""
+
+    def __init__(self, pid: int, args: Sequence[str]) -> None:
+        self.pid, self.args = pid, list(args)
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        """The exit code once the child ended (negative: the signal that killed it), else None; reaps it."""
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if timeout is None:
+            if self.returncode is None:
+                _, status = os.waitpid(self.pid, 0)
+                self.returncode = os.waitstatus_to_exitcode(status)
+            return self.returncode
+        deadline = time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(self.args, timeout)
+            time.sleep(_WAIT_POLL_S)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def name_this_process(name: str) -> None:
+    """Name this process (its `comm`, at most 15 bytes: what `ps -o comm`, `top` and `pgrep` show): a forked child
+    otherwise shows its parent's name and command line. A no-op elsewhere than Linux."""
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def is_parent(pid: int) -> bool:
+    """Whether this process is the one whose pid was `pid` when it forked (False in a forked child)."""
+    return os.getpid() == pid
+
+
+def fork_run(
+    args: Sequence[str], become: Callable[[], None], run: Callable[[], int], default_handlers: Sequence[signal.Signals] = ()
+) -> ForkedProcess:
+    """Fork a child that resets `default_handlers` to SIG_DFL (as an exec would), calls `become`, then `run`, and
+    exits with what `run` returned; in the parent, the child as a ForkedProcess (`args`: what it is, for messages).
+    Standard streams are flushed first, so that nothing buffered before the fork is written twice."""
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    pid = os.fork()
+    if pid:
+        return ForkedProcess(pid, args)
+    for sig in default_handlers:
+        signal.signal(sig, signal.SIG_DFL)
+    become()
+    raise SystemExit(run())
