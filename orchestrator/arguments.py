@@ -119,30 +119,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="the multi-node cluster: N slurmd nodes, each its own network namespace, hostname and munge (with down/status: N may be "
         "omitted)",
     )
-    dev.add_argument(
-        "--cred-expire",
-        type=int,
-        default=Settings.cred_expire_s,
-        metavar="S",
-        help="credential expiry; a requeued job waits S+1 s (default %(default)s)",
-    )
-    dev.add_argument(
-        "--sched-interval",
-        type=int,
-        default=Settings.sched_interval_s,
-        metavar="S",
-        help="scheduler and backfill interval (default %(default)s)",
-    )
-    dev.add_argument(
-        "--kill-wait", type=int, default=Settings.kill_wait_s, metavar="S", help="SIGTERM to SIGKILL delay (default %(default)s)"
-    )
-    dev.add_argument(
-        "--preempt-grace",
-        type=int,
-        default=Settings.preempt_grace_s,
-        metavar="S",
-        help="how long a job preempted by one in the `urgent` partition has between its SIGTERM and its requeue (default %(default)s)",
-    )
+    # The cluster's timings, in seconds (legato.slurm.slurmconf.Settings holds each default).
+    for flag, default, what in (
+        ("--cred-expire", Settings.cred_expire_s, "credential expiry; a requeued job waits S+1 s"),
+        ("--sched-interval", Settings.sched_interval_s, "scheduler and backfill interval"),
+        ("--kill-wait", Settings.kill_wait_s, "SIGTERM to SIGKILL delay"),
+        (
+            "--preempt-grace",
+            Settings.preempt_grace_s,
+            "how long a job preempted by one in the `urgent` partition has between its SIGTERM and its requeue",
+        ),
+    ):
+        dev.add_argument(flag, type=int, default=default, metavar="S", help=f"{what} (default %(default)s)")
     dev.add_argument("--no-accounting", action="store_true", help="no slurmdbd/MariaDB: sacct will not work")
 
     train = sub.add_parser("train", help="run the trainer locally without a scheduler, resuming after every stop until done")
