@@ -320,16 +320,21 @@ def _mtime(path: Path) -> float:
 
 def kill_and_look(launcher: subprocess.Popen, token: str) -> tuple[int, set[int]]:
     """SIGKILL the launcher by pid from outside; how many processes of the run lived just before, and which of them
-    1 s later are still alive without a SIGKILL pending (those that have one are waited for until they are gone)."""
+    are still alive without a SIGKILL pending 1 s after none of them has one (those that have one are waited for until
+    they are gone). Each death reaches the next process down only once that one's parent is gone (launcher, rank,
+    DataLoader worker): on a machine loaded with busy loops a dying rank took over a second to end, and its worker's
+    parent-death signal came only then."""
     before = marked(token)
     os.kill(launcher.pid, signal.SIGKILL)
     launcher.wait(timeout=30)
+    deadline = time.monotonic() + 120
     time.sleep(1)
     left = marked(token)
-    running = {pid for pid in left if not dying(pid)}
-    if not running:
-        wait_until(lambda: not marked(token), 120, f"the processes with SIGKILL pending to end: {[described(p) for p in left]}")
-    return len(before), running
+    while any(dying(pid) for pid in left):
+        assert time.monotonic() < deadline, f"the processes with SIGKILL pending to end: {[described(p) for p in left]}"
+        time.sleep(1)
+        left = marked(token)
+    return len(before), left
 
 
 LAUNCHER_WITH_A_CHILD = """
