@@ -3,8 +3,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# Three workers on two cores. A fresh clone's whole suite took 51.9 min of tests on 2026-12-02 idle, the cores 98-99% busy (56.7 that morning, before `python -m legato` forked its ranks; 69.0 beside two busy CPU loops on 2026-12-01; the
-# slowest: SLURM devcluster runs, the orphan campaign, 4- and 8-rank DDP runs). Earlier: 40.4 min with two workers (the
+# Three workers on two cores. A fresh clone's whole suite took 61.1 min of tests on 2026-12-02 (CPU-bound throughout),
+# 69.1 min beside two busy CPU loops. The SLURM tests run one after another on one worker (one cluster at a time): 33.4
+# min of that run, the floor under the suite's time whatever the CPU savings elsewhere. Earlier: 40.4 min with two workers (the
 # cores 62% busy), 39.4 min with three; with four (2026-11-28) the cores stayed 99% busy through the first 40 minutes, so the suite is
 # CPU-bound there and more workers buy nothing. Most of a rank's start is torch's import (1.4 s of CPU) and Dynamo's,
 # which DDP and fully_shard import as they wrap a model (1.3 s): 2.6 of a median rank's 3.6 s of CPU. Ranks a test
