@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from filelock import FileLock
+
 from legato.errors import UsageError
 from legato.slurm.slurmconf import PARTITION, Settings, node_line, slurm_conf
 from legato.system import processes
@@ -37,6 +39,8 @@ BINARIES = ("munged", "slurmctld", "slurmd", "slurmdbd", "mariadbd", "sbatch", "
 DB_NAME, DB_USER, DB_PASS = "slurm_acct_db", "slurm", "legato-devcluster"
 CLUSTER = "legato"
 READY_TIMEOUT_S = 120.0
+INSTALL_LOCK = Path("/run/legato-devcluster-install.lock")  # held while apt-get installs (root-only, as devcluster is)
+APT_LOCK_WAIT_S = 600
 
 
 @dataclass(frozen=True)
@@ -118,14 +122,23 @@ def _require_root() -> None:
 
 
 def install_packages(say, packages: tuple[str, ...] = PACKAGES, binaries: tuple[str, ...] = BINARIES) -> None:
-    """Install the Debian `packages` (apt-get) unless every one of `binaries` is on PATH already."""
+    """Install the Debian `packages` (apt-get) unless every one of `binaries` is on PATH already. One install at a
+    time: the one-node and the multi-node cluster may come up at once (the test suite starts both together), and a
+    second apt-get beside a running one fails on dpkg's lock instead of waiting for it."""
     if all(shutil.which(b) for b in binaries):
         return
     if not shutil.which("apt-get"):
         raise UsageError("legato devcluster needs Debian's apt-get to install SLURM, munge and MariaDB, and this machine has none.")
+    with FileLock(INSTALL_LOCK):
+        if not all(shutil.which(b) for b in binaries):  # another devcluster may have installed them while this one waited
+            _apt_install(say, packages)
+
+
+def _apt_install(say, packages: tuple[str, ...]) -> None:
     say(f"installing {' '.join(packages)} (apt-get)...")
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    # An apt-get of anybody else's (unattended-upgrades) is waited for, not failed on.
+    install = ["apt-get", "-o", f"DPkg::Lock::Timeout={APT_LOCK_WAIT_S}", "install", "-y", "-q", "--no-install-recommends", *packages]
     if subprocess.run(install, env=env, capture_output=True).returncode != 0:
         subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=False)
         proc = subprocess.run(install, env=env, capture_output=True, text=True)
