@@ -4,12 +4,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # Three workers on two cores. A fresh clone's whole suite took 61.1 min of tests on 2026-12-02 (CPU-bound throughout),
-# 69.1 min beside two busy CPU loops. The SLURM tests run one after another on one worker (one cluster at a time): 33.4
-# min of that run, the floor under the suite's time whatever the CPU savings elsewhere. Earlier: 40.4 min with two workers (the
+# 69.1 min beside two busy CPU loops. The tests of each SLURM cluster run one after another on one worker, the one-node
+# and the multi-node cluster's side by side on two: the one-node chain (31.5 min alone on 2026-12-02 before its runs were
+# shortened) is the floor under the suite's time whatever the CPU savings elsewhere, half of it waiting on SLURM's
+# minute-grained time limits. Earlier: 40.4 min with two workers (the
 # cores 62% busy), 39.4 min with three; with four (2026-11-28) the cores stayed 99% busy through the first 40 minutes, so the suite is
 # CPU-bound there and more workers buy nothing. Most of a rank's start is torch's import (1.4 s of CPU) and Dynamo's,
 # which DDP and fully_shard import as they wrap a model (1.3 s): 2.6 of a median rank's 3.6 s of CPU. Ranks a test
-# starts by script path fork warm from a server that paid it once (tests/helpers/warm.py), as `python -m legato`'s ranks fork from their launcher. tests/conftest.py keeps the SLURM tests, and each
+# starts by script path fork warm from a server that paid it once (tests/helpers/warm.py), as `python -m legato`'s ranks fork from their launcher. tests/conftest.py keeps each SLURM module, and each
 # module that builds a module fixture, on one worker, and orders the tests longest first; --no-loadscope-reorder keeps
 # that order (xdist would otherwise hand out the groups with the most tests first, leaving the long single tests for
 # the end).

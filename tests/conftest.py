@@ -75,17 +75,16 @@ def _builds_module_fixtures(item: pytest.Item) -> bool:
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     """Marks each test with its layer, from its folder (`-m unit`, `-m "not cluster"`). For `pytest -n N --dist
-    loadgroup` (scripts/test.sh): every test on the real SLURM clusters runs on one worker (one cluster at a time),
-    and the tests of a module that builds a module fixture (a reference run) on one worker, so that it is built once;
-    the group is keyed by the module's path, as two folders may hold modules of one name. Every other test goes to
-    whichever worker is free: a module of long tests no longer keeps one worker busy while the other idles."""
+    loadgroup` (scripts/test.sh): the tests of a module that builds a module fixture (a reference run, or a SLURM
+    cluster) run on one worker, so that it is built once; the group is keyed by the module's path, as two folders may
+    hold modules of one name. So the one-node and the multi-node cluster (own ports, configs and state, made to
+    coexist) serve their modules side by side on two workers, each module's jobs one at a time. Every other test goes
+    to whichever worker is free: a module of long tests no longer keeps one worker busy while the other idles."""
     path = item.nodeid.split("::")[0]
     layer = next((part for part in Path(path).parts if part in LAYERS), None)
     if layer:
         item.add_marker(getattr(pytest.mark, layer))
-    if item.get_closest_marker("slurm"):
-        item.add_marker(pytest.mark.xdist_group("slurm"))
-    elif _builds_module_fixtures(item):
+    if item.get_closest_marker("slurm") or _builds_module_fixtures(item):
         item.add_marker(pytest.mark.xdist_group(path))
 
 

@@ -31,7 +31,9 @@ from legato.system.processes import children
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 SLURM_GPT = ROOT / "configs" / "tiny_gpt_slurm.yaml"
-SHORT = ("train.steps=1500", "slurm.time_min=10")  # no time limit in sight: only the test interrupts
+# No time limit in sight (only the test interrupts), and steps past the third periodic checkpoint (every 250): an
+# interruption after the first still leaves most of the run to resume.
+SHORT = ("train.steps=800", "slurm.time_min=10")
 FSDP2_GPT = ROOT / "configs" / "tiny_gpt_fsdp2.yaml"
 # The FSDP2 config's training as it stands (bfloat16 parameters, 2 micro-batches, activation checkpointing), in few
 # steps with a periodic checkpoint, one torch thread per rank on both sides of the comparison, no planted stops.
@@ -105,10 +107,10 @@ def sacct_history(job_id: str) -> list[str]:
 
 def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, tmp_path_factory) -> None:
     run_dir = tmp_path / "run"
-    # A two-minute limit: the signal comes 60 to 90 s into each attempt. Sleeping 60 ms a step makes 2000 steps
-    # outlast one attempt on any machine, and a fast one needs only two or three.
-    steps = "train.steps=2000"
-    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", steps, "--set", "chaos.step_sleep_s=0.06", timeout=1500)
+    # A two-minute limit: the signal comes 60 to 90 s into each attempt. Sleeping 125 ms a step makes 800 steps (100 s
+    # of sleep alone) outlast one attempt on any machine, and a loaded one needs three or four.
+    steps = "train.steps=800"
+    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", steps, "--set", "chaos.step_sleep_s=0.125", timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     data = status(run_dir)
     attempts = data["attempts"]
@@ -128,7 +130,7 @@ def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, tmp_pat
 def test_preemption_signal_at_an_arbitrary_moment(cluster, tmp_path: Path, short_reference: str) -> None:
     run_dir = tmp_path / "run"
     proc = start(run_dir, *SHORT)
-    at = random.Random(os.getpid()).randrange(50, 700)
+    at = random.Random(os.getpid()).randrange(50, 400)
     wait_for(
         lambda: (json.loads((run_dir / "progress.json").read_text())["step"] >= at) if (run_dir / "progress.json").exists() else False,
         timeout=180,
