@@ -4,7 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # Three workers on two cores. A fresh clone's whole suite took 61.1 min of tests on 2026-12-02 (CPU-bound throughout),
-# 69.1 min beside two busy CPU loops. The tests of each SLURM cluster run one after another on one worker, the one-node
+# 69.1 min beside two busy CPU loops, 84.4 min on a slower VM (3e028a9; torch's import 2.8x slower; the cores 94% busy,
+# 62% of their CPU in the suite's 1,674 cold-started Python processes, by BSD process accounting). The tests of each SLURM cluster run one after another on one worker, the one-node
 # and the multi-node cluster's side by side on two: the one-node chain (31.5 min alone on 2026-12-02 before its runs were
 # shortened) is the floor under the suite's time whatever the CPU savings elsewhere, half of it waiting on SLURM's
 # minute-grained time limits. Earlier: 40.4 min with two workers (the
