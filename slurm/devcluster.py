@@ -125,13 +125,17 @@ def install_packages(say, packages: tuple[str, ...] = PACKAGES, binaries: tuple[
     """Install the Debian `packages` (apt-get) unless every one of `binaries` is on PATH already. One install at a
     time: the one-node and the multi-node cluster may come up at once (the test suite starts both together), and a
     second apt-get beside a running one fails on dpkg's lock instead of waiting for it."""
-    if all(shutil.which(b) for b in binaries):
+    if _installed(binaries):
         return
     if not shutil.which("apt-get"):
         raise UsageError("legato devcluster needs Debian's apt-get to install SLURM, munge and MariaDB, and this machine has none.")
     with FileLock(INSTALL_LOCK):
-        if not all(shutil.which(b) for b in binaries):  # another devcluster may have installed them while this one waited
+        if not _installed(binaries):  # another devcluster may have installed them while this one waited
             _apt_install(say, packages)
+
+
+def _installed(binaries: tuple[str, ...]) -> bool:
+    return all(shutil.which(b) for b in binaries)
 
 
 def _apt_install(say, packages: tuple[str, ...]) -> None:
