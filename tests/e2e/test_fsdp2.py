@@ -93,7 +93,9 @@ def test_a_changed_shard_is_skipped_and_an_unrestored_sharded_optimizer_is_named
     # verify "warn": the stop checkpoint holds its own shards (under "error" it refers to step 8's state as its replay base).
     stopped = run_trainer(FSDP2_GPT, faulted, *sets, "chaos.signal_at_steps=[8]", "checkpoint.async=true", "checkpoint.verify=warn")
     assert stopped.returncode == 75, stopped.stderr[-3000:]
-    assert sorted(p.name for p in (faulted / "checkpoints").iterdir()) == ["step_4", "step_8", "step_9"]
+    # Seen once on CI under load: step_4 missing (not reproduced since); the ranks' checkpoint lines say what happened to it.
+    said = "\n".join(line for line in stopped.stderr.splitlines() if "checkpoint" in line)
+    assert sorted(p.name for p in (faulted / "checkpoints").iterdir()) == ["step_4", "step_8", "step_9"], said
     shutil.copytree(faulted, unrestored)
 
     flip_byte(faulted / "checkpoints" / "step_9" / "optimizer.shard1.pt")
