@@ -4,24 +4,32 @@ asks them, on one rank with no process group (world size 1) and no Session.
 
 from __future__ import annotations
 
+import errno
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from legato.dist.stop import Decision
 from legato.state.snapshot import Snapshot
 from legato.store.async_checkpoint import AsyncCheckpointer, Job
-from legato.store.commit import Committed
+from legato.store.commit import Committed, NotWritten
 from legato.store.manifest import list_checkpoints
 from legato.store.writers import Synchronous, Writer
 
 
-def periodic_checkpoint(writer: Writer, step: int, weight: torch.Tensor) -> Snapshot | None:
-    """A periodic checkpoint due at `step`, as the Session hands it to its writer: make room, stage, start."""
+def periodic_checkpoint(
+    writer: Writer, step: int, weight: torch.Tensor, replay: Callable[[], dict | None] = lambda: None
+) -> Snapshot | None:
+    """A periodic checkpoint due at `step`, as the Session hands it to its writer: make room, stage, start. `replay`: the
+    replay base share the worker builds first (a test plants a failure there)."""
     assert writer.make_room(step) is None  # nothing in flight before it
     staged = writer.stage(step, {"model": {"w": weight}}, lambda: ({"model.pt": {"w": weight}}, set()))
     if staged is not None:
-        writer.start(Job(step, staged, dict(staged.files), lambda: None, {"reason": "periodic"}, (staged,), staged.copy_s))
+        writer.start(Job(step, staged, dict(staged.files), replay, {"reason": "periodic"}, (staged,), staged.copy_s))
     return staged
 
 
@@ -68,5 +76,46 @@ def test_the_background_writer_lends_only_the_copy_staged_at_the_base_step(tmp_p
         assert writer.lend_staged(2, swap) is True and lent == [staged] and writer.staging is spare
         assert isinstance(writer.finish(), Committed)
         assert writer.lend_staged(2, swap) is False  # committed: nothing in flight to share
+    finally:
+        writer.close()
+
+
+def test_a_failed_background_write_is_abandoned_only_once_no_rank_writes_and_a_full_disk_is_named(tmp_path: Path) -> None:
+    writer = AsyncCheckpointer(tmp_path, 0, 1, None, keep_last=2, kill=None)
+    go = threading.Event()
+
+    def disk_full() -> None:
+        go.wait(timeout=60)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    try:
+        periodic_checkpoint(writer, 2, torch.arange(4.0), replay=disk_full)
+        # Some rank failed while another still writes: the directory stays until every worker is done with it.
+        assert writer.settle(Decision(stop=False, checkpoint_due=False, writing=True, failed=True, checked_at=3)) is None
+        assert (tmp_path / ".tmp_step_2").is_dir() and writer.busy
+        go.set()
+        for _ in range(6000):  # the worker fails as soon as it is let go; bounded at a minute
+            if writer.votes()["failed_local"]:
+                break
+            time.sleep(0.01)
+        outcome = writer.settle(Decision(stop=False, checkpoint_due=False, failed=True, checked_at=4))
+        assert isinstance(outcome, NotWritten) and outcome.errors == {0: "[Errno 28] No space left on device"}, outcome
+        assert "free space" in outcome.fix and not (tmp_path / ".tmp_step_2").exists() and not writer.busy
+    finally:
+        go.set()
+        writer.close()
+
+
+def test_a_bug_in_the_background_writer_is_raised_not_reported_as_a_full_disk(tmp_path: Path) -> None:
+    writer = AsyncCheckpointer(tmp_path, 0, 1, None, keep_last=2, kill=None)
+
+    def bug() -> None:
+        raise KeyError("a record the replay share expected")
+
+    try:
+        periodic_checkpoint(writer, 2, torch.arange(4.0), replay=bug)
+        with pytest.raises(KeyError, match="a record the replay share expected"):
+            writer.finish()
+        assert list_checkpoints(tmp_path) == [] and not (tmp_path / ".tmp_step_2").exists()
     finally:
         writer.close()

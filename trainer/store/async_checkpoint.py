@@ -140,10 +140,10 @@ class AsyncCheckpointer:
         durable (NotWritten: abandoned, a rank failed to write or rank 0 to publish; None: nothing to commit yet)."""
         if self.in_flight is None or decision.checked_at is None or decision.checked_at <= self.in_flight.job.step:
             return None  # that agreement was started before this checkpoint
+        if decision.writing:
+            return None  # even after a failure: the leader removes the directory only once no rank writes into it
         if decision.failed:
             return self._abandon("a rank failed to write its files")
-        if decision.writing:
-            return None
         return self._commit()
 
     def finish(self) -> Committed | NotWritten | None:
@@ -236,13 +236,20 @@ class AsyncCheckpointer:
         return commit.committed(self.root, step, reports, ghash, seconds)
 
     def _abandon(self, why: str) -> NotWritten:
+        """Collective, once every rank's worker is done: drop the checkpoint in flight. A worker's error that the disk did
+        not cause is a bug, raised here as the synchronous driver raises it, not reported as a full disk."""
         flight, self.in_flight = self.in_flight, None
         assert flight is not None
         log.error("rank %d: checkpoint step %d abandoned (%s); the previous checkpoint stands", self.rank, flight.job.step, why)
-        error = flight.future.exception()  # never remove a directory the worker still writes into
-        if self.rank == 0:
+        error = flight.future.exception()
+        if self.rank == commit.LEADER:
             shutil.rmtree(flight.tmp, ignore_errors=True)
-        return NotWritten(flight.job.step, {} if error is None else {self.rank: str(commit.write_error(error) or error)}, self.root)
+        if error is None:
+            return NotWritten(flight.job.step, {}, self.root)
+        written = commit.write_error(error)
+        if written is None:
+            raise error
+        return NotWritten(flight.job.step, {self.rank: str(written)}, self.root)
 
 
 def _lower_priority() -> None:
