@@ -185,7 +185,7 @@ def test_rank_0_computing_alone_while_the_other_waits_is_not_a_hang(tmp_path: Pa
 
 def test_legato_run_resubmits_a_hung_job_and_the_run_ends_verified_on_the_uninterrupted_bits(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    sets = ("train.steps=400", "checkpoint.every_steps=25", "hang.floor_s=5", "hang.phase_s=30")
+    sets = ("train.steps=200", "checkpoint.every_steps=25", "hang.floor_s=5", "hang.phase_s=30")
     supervisor = subprocess.Popen(
         [sys.executable, "-m", "legato.orchestrator.cli", *run_args(run_dir, *sets)],
         cwd=ROOT,

@@ -56,7 +56,7 @@ def test_two_signals_three_attempts_every_resume_verified(shared_runs: SharedRun
 
 def test_hard_kill_resubmits_and_resumes_from_last_periodic_checkpoint(shared_runs: SharedRuns, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    sets = ("train.steps=400", "checkpoint.every_steps=25")
+    sets = ("train.steps=200", "checkpoint.every_steps=25")
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     supervisor = subprocess.Popen(
         [sys.executable, "-m", "legato.orchestrator.cli", *run_args(run_dir, *sets)],
