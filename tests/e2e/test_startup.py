@@ -127,7 +127,7 @@ def test_a_dead_rank_after_a_checkpoint_is_resubmitted_and_resumed(tmp_path: Pat
     (tmp_path / "legato_hang_at_exit.py").write_text(HANG_AT_EXIT)
     run_dir = tmp_path / "run"
     args = run_args(
-        run_dir, "train.steps=400", "checkpoint.every_steps=25", "repro.enabled=false", "train.entrypoint=legato_hang_at_exit:main"
+        run_dir, "train.steps=200", "checkpoint.every_steps=25", "repro.enabled=false", "train.entrypoint=legato_hang_at_exit:main"
     )
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(tmp_path))
     supervisor = subprocess.Popen(
