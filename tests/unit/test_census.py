@@ -365,7 +365,8 @@ def test_a_resume_names_unsaved_state_before_it_restores_and_leaves_no_scan_runn
     )
     run(session, model, optimizer)
     kinds = [e["event"] for e in events if e["event"] in ("unsaved_state", "resumed")]
-    assert kinds == ["unsaved_state", "resumed"] and session.resumed is not None and session.resumed.match
+    # Failed once in a whole unit run (2026-12-02), not since: the events say which part.
+    assert kinds == ["unsaved_state", "resumed"] and session.resumed is not None and session.resumed.match, events
     assert scanning() == []
     del ema
 
