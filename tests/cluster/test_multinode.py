@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, manifest
 from helpers.cli import ledger, wait_for
+from helpers.slurm_packages import install_both_clusters_packages
 
 from legato.slurm.multinode import STATE_DIR, Node, client_env
 
@@ -58,6 +59,8 @@ def cluster() -> None:
         and legato("devcluster", "status", "--nodes").returncode == 0
         and f"legato-n{NODES} " in legato("devcluster", "status", "--nodes").stdout
     )
+    if problem is None and not already_up:
+        problem = install_both_clusters_packages()
     if problem is None and not already_up:
         proc = legato("devcluster", "up", "--nodes", str(NODES), timeout=900)
         if proc.returncode != 0:

@@ -24,6 +24,7 @@ from helpers.cli import ledger, legato, status, wait_for
 from helpers.launches import reaped, start_ranks, stderr_tails, steps_done
 from helpers.port import PORT, UNSEEDED, assert_same_run, launch
 from helpers.shared_runs import SharedRuns, run_key
+from helpers.slurm_packages import install_both_clusters_packages
 
 from legato.runtime.launch import free_port
 from legato.system.processes import children
@@ -48,6 +49,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> None:
     elif not shutil.which("apt-get") and not shutil.which("slurmctld"):
         problem = "no apt-get to install SLURM"
     already_up = problem is None and legato("devcluster", "status").returncode == 0
+    if problem is None and not already_up:
+        problem = install_both_clusters_packages()
     if problem is None and not already_up:
         # From a private TMPDIR (0700, as a SLURM job's own often is): the daemons, MariaDB's mysql user among them,
         # must not inherit it.
