@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, manifest, resumed_steps, run_to_completion, run_trainer
+from helpers.launches import reaped, start_ranks, stderr_tails
 
 STEPS = 30
+STOP_ONCE = ROOT / "tests" / "helpers" / "stop_once.py"
 ASYNC = ("checkpoint.async=true", "checkpoint.every_steps=4", "checkpoint.keep_last=100")
 
 
@@ -106,3 +108,19 @@ def test_external_sigkill_of_one_rank_during_a_background_write(reference: Path,
     attempts = run_to_completion(TINY_GPT, tmp_path, *FAST_GPT, *ASYNC)
     assert len(resumed_steps(attempts)) == 1
     assert_bitwise_equal(reference, tmp_path, STEPS)
+
+
+@pytest.mark.slow
+def test_a_bug_in_one_ranks_background_writer_ends_every_rank_naming_it_never_as_a_full_disk(tmp_path: Path) -> None:
+    """tests/helpers/stop_once.py, periodic checkpoints every 4 steps in the background; rank 1's writer raises a planted
+    KeyError as it writes step 8's files. Both ranks abandon step 8 at the same agreed step and exchange why: rank 1
+    raises its own error with its traceback, rank 0 an error naming rank 1's. No rank waits for the other, none blames
+    the disk, and step 4 stands."""
+    with reaped(start_ranks(STOP_ONCE, tmp_path, 2, ASYNC="1", EVERY_STEPS="4", WRITER_BUG="1:8")) as procs:
+        codes = [p.wait(timeout=300) for p in procs]
+    rank0, rank1 = ((tmp_path / f"rank{rank}.stderr").read_text() for rank in range(2))
+    assert codes == [1, 1], stderr_tails(tmp_path)
+    assert "KeyError: 'planted'" in rank1, rank1[-3000:]
+    assert "a background writer failed with an error of its own (rank 1: KeyError('planted'))" in rank0, rank0[-3000:]
+    assert "free space" not in rank0 + rank1
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_4"]

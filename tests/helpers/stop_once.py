@@ -11,7 +11,9 @@ a replay base every 4 steps, the trajectory hashed every step. Settings by envir
   this process, so a replay of the steps before a stop checkpoint diverges;
 - ASYNC=1: periodic checkpoints written in the background (CheckpointPolicy(async_=True));
 - DIVERGE=1: planted fault, each rank scales its own (already averaged) gradients by 1 + rank / 8 before the step,
-  so the ranks' "replicated" parameters differ from the first step on.
+  so the ranks' "replicated" parameters differ from the first step on;
+- WRITER_BUG=R:N: planted fault, rank R's background writer raises KeyError("planted") as it writes checkpoint N (a
+  bug in the writer, not the disk).
 
 A refusal (UsageError) is, as in any script, one paragraph on stderr and exit 2; a failed resume verification exits 3.
 """
@@ -22,6 +24,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -33,9 +36,26 @@ import legato
 STEPS, SAMPLES, WIDTH = 24, 192, 512
 
 
+def plant_writer_bug(rank: int, spec: str) -> None:
+    """WRITER_BUG: wrap the background writer so that rank R's write of checkpoint N raises a bug's error."""
+    from legato.store.async_checkpoint import AsyncCheckpointer
+
+    bug_rank, step = (int(part) for part in spec.split(":"))
+    write = AsyncCheckpointer._write
+
+    def planted(self: AsyncCheckpointer, job: Any, tmp: Path) -> None:
+        if rank == bug_rank and job.step == step:
+            raise KeyError("planted")
+        write(self, job, tmp)
+
+    AsyncCheckpointer._write = planted  # type: ignore[method-assign]
+
+
 def main(out: Path) -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    if "WRITER_BUG" in os.environ:
+        plant_writer_bug(rank, os.environ["WRITER_BUG"])
     legato.seed_everything(3, rank=rank, mode="fast")
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH))

@@ -236,20 +236,39 @@ class AsyncCheckpointer:
         return commit.committed(self.root, step, reports, ghash, seconds)
 
     def _abandon(self, why: str) -> NotWritten:
-        """Collective, once every rank's worker is done: drop the checkpoint in flight. A worker's error that the disk did
-        not cause is a bug, raised here as the synchronous driver raises it, not reported as a full disk."""
+        """Collective, once every rank's worker is done: drop the checkpoint in flight. The ranks exchange what their
+        workers met, so each names every rank's write error; an error the disk did not cause is a bug, raised on every
+        rank (its own on the rank that met it) as the synchronous driver raises it, never reported as a full disk."""
         flight, self.in_flight = self.in_flight, None
         assert flight is not None
-        log.error("rank %d: checkpoint step %d abandoned (%s); the previous checkpoint stands", self.rank, flight.job.step, why)
+        step = flight.job.step
+        log.error("rank %d: checkpoint step %d abandoned (%s); the previous checkpoint stands", self.rank, step, why)
         error = flight.future.exception()
+        outcomes = self._gather(_outcome(error))
         if self.rank == commit.LEADER:
             shutil.rmtree(flight.tmp, ignore_errors=True)
-        if error is None:
-            return NotWritten(flight.job.step, {}, self.root)
-        written = commit.write_error(error)
-        if written is None:
+        bugs = "; ".join(f"rank {rank}: {o['error']}" for rank, o in enumerate(outcomes) if o is not None and o["bug"])
+        if error is not None and commit.write_error(error) is None:
             raise error
-        return NotWritten(flight.job.step, {self.rank: str(written)}, self.root)
+        if bugs:
+            raise RuntimeError(f"checkpoint step {step}: a background writer failed with an error of its own ({bugs}); its log has it")
+        return NotWritten(step, {rank: o["error"] for rank, o in enumerate(outcomes) if o is not None}, self.root)
+
+    def _gather(self, outcome: dict | None) -> list[dict | None]:
+        """Collective: every rank's outcome, in rank order."""
+        if self.group is None:
+            return [outcome]
+        outcomes: list[dict | None] = [None] * self.world_size
+        dist.all_gather_object(outcomes, outcome, group=self.group)
+        return outcomes
+
+
+def _outcome(error: BaseException | None) -> dict | None:
+    """What a rank's worker met, for the others: nothing, the OSError the disk gave it, or a bug."""
+    if error is None:
+        return None
+    written = commit.write_error(error)
+    return {"bug": False, "error": str(written)} if written is not None else {"bug": True, "error": repr(error)}
 
 
 def _lower_priority() -> None:

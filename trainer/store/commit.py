@@ -92,8 +92,9 @@ class NotWritten(Exception):
 
     def __init__(self, step: int, errors: dict[int, str], root: Path) -> None:
         self.step, self.errors = step, errors
-        # An asynchronous checkpoint's ranks agree only that one failed: each knows its own error alone.
-        detail = "; ".join(f"rank {rank}: {error}" for rank, error in sorted(errors.items())) or "another rank's files failed"
+        # Every rank knows every failing rank's error: the synchronous ranks' reports carry them, the asynchronous ranks
+        # exchange them as they abandon the checkpoint, and the leader broadcasts its own.
+        detail = "; ".join(f"rank {rank}: {error}" for rank, error in sorted(errors.items()))
         codes = {int(code) for error in errors.values() for code in _ERRNO.findall(error)}
         state, self.fix = _cause(codes, root)
         super().__init__(f"checkpoint step {step} could not be written ({detail}); its partial files are removed, and {state}")
