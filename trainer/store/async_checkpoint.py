@@ -247,12 +247,12 @@ class AsyncCheckpointer:
         outcomes = self._gather(_outcome(error))
         if self.rank == commit.LEADER:
             shutil.rmtree(flight.tmp, ignore_errors=True)
-        bugs = "; ".join(f"rank {rank}: {o['error']}" for rank, o in enumerate(outcomes) if o is not None and o["bug"])
+        bugs = "; ".join(f"rank {rank}: {o['text']}" for rank, o in enumerate(outcomes) if o is not None and o["bug"])
         if error is not None and commit.write_error(error) is None:
             raise error
         if bugs:
             raise RuntimeError(f"checkpoint step {step}: a background writer failed with an error of its own ({bugs}); its log has it")
-        return NotWritten(step, {rank: o["error"] for rank, o in enumerate(outcomes) if o is not None}, self.root)
+        return NotWritten(step, {rank: o["text"] for rank, o in enumerate(outcomes) if o is not None}, self.root)
 
     def _gather(self, outcome: dict | None) -> list[dict | None]:
         """Collective: every rank's outcome, in rank order."""
@@ -268,7 +268,7 @@ def _outcome(error: BaseException | None) -> dict | None:
     if error is None:
         return None
     written = commit.write_error(error)
-    return {"bug": False, "error": str(written)} if written is not None else {"bug": True, "error": repr(error)}
+    return {"bug": False, "text": str(written)} if written is not None else {"bug": True, "text": repr(error)}
 
 
 def _lower_priority() -> None:
