@@ -244,31 +244,24 @@ class AsyncCheckpointer:
         step = flight.job.step
         log.error("rank %d: checkpoint step %d abandoned (%s); the previous checkpoint stands", self.rank, step, why)
         error = flight.future.exception()
-        outcomes = self._gather(_outcome(error))
+        mine = _outcome(self.rank, error)
+        outcomes = commit.agree(mine, self.world_size, self.group)
         if self.rank == commit.LEADER:
             shutil.rmtree(flight.tmp, ignore_errors=True)
-        bugs = "; ".join(f"rank {rank}: {o['text']}" for rank, o in enumerate(outcomes) if o is not None and o["bug"])
-        if error is not None and commit.write_error(error) is None:
+        if error is not None and mine["bug"]:
             raise error
+        bugs = "; ".join(f"rank {o['rank']}: {o['text']}" for o in outcomes if o["bug"])
         if bugs:
             raise RuntimeError(f"checkpoint step {step}: a background writer failed with an error of its own ({bugs}); its log has it")
-        return NotWritten(step, {rank: o["text"] for rank, o in enumerate(outcomes) if o is not None}, self.root)
-
-    def _gather(self, outcome: dict | None) -> list[dict | None]:
-        """Collective: every rank's outcome, in rank order."""
-        if self.group is None:
-            return [outcome]
-        outcomes: list[dict | None] = [None] * self.world_size
-        dist.all_gather_object(outcomes, outcome, group=self.group)
-        return outcomes
+        return NotWritten(step, {o["rank"]: o["text"] for o in outcomes if o["text"] is not None}, self.root)
 
 
-def _outcome(error: BaseException | None) -> dict | None:
-    """What a rank's worker met, for the others: nothing, the OSError the disk gave it, or a bug."""
+def _outcome(rank: int, error: BaseException | None) -> dict:
+    """What a rank's worker met, for the others: nothing (text None), the OSError the disk gave it, or a bug."""
     if error is None:
-        return None
+        return {"rank": rank, "bug": False, "text": None}
     written = commit.write_error(error)
-    return {"bug": False, "text": str(written)} if written is not None else {"bug": True, "text": repr(error)}
+    return {"rank": rank, "bug": written is None, "text": repr(error) if written is None else str(written)}
 
 
 def _lower_priority() -> None:
