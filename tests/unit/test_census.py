@@ -97,6 +97,23 @@ def test_every_kind_planted_is_found_where_it_lives() -> None:
     assert found([model, optimizer, ema, manual, second, scheduler, scaler, trainer]) == {}
 
 
+class Unprintable:
+    """A dict key that fails when formatted: the census must name what it keys without calling its repr."""
+
+    def __repr__(self) -> str:
+        raise AssertionError("the census formatted a dict key")
+
+
+def test_objects_under_keys_that_are_not_literals_are_named_by_the_key_type_never_its_repr() -> None:
+    """An optimizer's state is keyed by parameters: formatting each one at every census was most of its cost."""
+    model = net()
+    optimizer = torch.optim.Adam(model.parameters())
+    fit_step(model, optimizer, torch.randn(4, 3), torch.randn(4, 1))
+    by_key = {Unprintable(): torch.optim.SGD(net().parameters(), lr=0.1)}
+    assert found([model, optimizer]) == {"by_key[<Unprintable #0>]": ("optimizer", "torch.optim.sgd.SGD")}
+    assert found([model, optimizer, by_key]) == {}
+
+
 def test_a_loader_with_persistent_workers_drawing_from_the_global_rng_is_named() -> None:
     """Only a loader that draws its workers' seed from the global RNG once, at its first iteration; none starts a worker here."""
     from torchdata.stateful_dataloader import StatefulDataLoader

@@ -107,3 +107,15 @@ def test_attributes_refuse_what_is_not_plain_data_and_names_it_lacks() -> None:
         legato.attributes(Saver(torch.nn.Linear(2, 1)), "model").state_dict()
     with pytest.raises(UsageError, match="takes an object with attributes"):
         legato.attributes(3)
+
+
+class Unprintable:
+    """A dict key that fails when formatted: the look must place what it keys without calling its repr."""
+
+    def __repr__(self) -> str:
+        raise AssertionError("the look formatted a dict key")
+
+
+def test_a_meter_under_a_key_that_is_no_literal_is_named_by_the_key_type_and_position() -> None:
+    meters = {Unprintable(): AverageMeter(), Unprintable(): AverageMeter()}
+    assert looks([], lambda: list(meters.values())[1].update(0.5)) == ["meters[<Unprintable #1>]"]

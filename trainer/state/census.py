@@ -225,10 +225,18 @@ def _is_users(obj: Any) -> bool:
     return isinstance(obj, (types.SimpleNamespace, argparse.Namespace)) or not _is_library(_type_module(obj))
 
 
+def key_label(key: Any, position: int) -> str:
+    """A dict key as a path shows it: a literal by its repr, anything else by its type and position. Never a tensor's
+    repr (an optimizer's state is keyed by parameters): formatting the values is slow, and they change between looks."""
+    if key is None or isinstance(key, (str, int, float, bytes)):
+        return f"[{key!r}]"
+    return f"[<{type(key).__name__} #{position}>]"
+
+
 def _children(obj: Any, registered: bool = False) -> Iterator[tuple[str, Any]]:
     """(label, value) of what a container or an object holds; registered objects are opened whatever their class."""
     if isinstance(obj, dict):
-        items: Iterable = ((f"[{k!r}]", v) for k, v in obj.items())
+        items: Iterable = ((key_label(k, i), v) for i, (k, v) in enumerate(obj.items()))
     elif isinstance(obj, (list, tuple, set, frozenset, deque)):
         items = ((f"[{i}]", v) for i, v in enumerate(obj))
     elif isinstance(obj, (torch.Tensor, types.FunctionType, types.MethodType, types.BuiltinFunctionType)):

@@ -38,7 +38,7 @@ from functools import lru_cache
 from typing import Any
 
 from legato.errors import UsageError
-from legato.state.census import MAX_DEPTH, MAX_ITEMS, MAX_NODES, PLAIN, Covered, Finding, user_variables
+from legato.state.census import MAX_DEPTH, MAX_ITEMS, MAX_NODES, PLAIN, Covered, Finding, key_label, user_variables
 
 # Display and logging packages whose objects count steps or times for people, never for training.
 DISPLAY_PACKAGES = frozenset({"tqdm", "rich", "wandb", "tensorboard", "tensorboardX", "mlflow", "neptune", "aim", "comet_ml"})
@@ -69,7 +69,8 @@ def fingerprints(registered: Iterable[Any], frame: types.FrameType | None) -> di
         visited.add(id(obj))
         if isinstance(obj, (dict, list, tuple, set, frozenset, deque)):
             children: Iterable[tuple[Any, Any]] = (dict(obj) if isinstance(obj, dict) else dict(enumerate(obj))).items()
-            queue.extend((f"{path}[{k!r}]", context, v, depth + 1) for k, v in list(children)[:MAX_ITEMS] if depth < MAX_DEPTH)
+            if depth < MAX_DEPTH:
+                queue.extend((path + key_label(k, i), context, v, depth + 1) for i, (k, v) in enumerate(list(children)[:MAX_ITEMS]))
             continue
         attrs = getattr(obj, "__dict__", None)
         cls: type = type(obj)  # declared: mypy matches a bare class object against Hashable as if its __hash__ were unbound
