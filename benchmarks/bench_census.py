@@ -10,7 +10,10 @@ and `--objects` more plain objects of the user's), each part of a look, side by 
 - the census by kind (`find_unsaved`: the walk of the user's variables and the collector sweep);
 - the plain-object look (`legato.state.plain.fingerprints`), and the same again as a control row.
 
-    python benchmarks/bench_census.py [--rounds 7] [--objects 2000]
+    python benchmarks/bench_census.py [--rounds 7] [--objects 2000] [--blocks 1]
+
+`--blocks` repeats the model's MLP block: 40 give 160 parameter tensors, about a ResNet-50's count. The optimizer's state
+is keyed by those tensors, and the looks' cost follows their number.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ class Saver:
         self.best_epoch, self.best_metric = 0, 0.5
 
 
+def mlp_block() -> torch.nn.Module:
+    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+
+
 def timed(fn: Callable[[], object], rounds: int) -> float:
     """The median of `rounds` timings of `fn`, in seconds."""
     times = []
@@ -56,10 +63,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--objects", type=int, default=2000, help="more plain objects of the user's, in a list on the stack")
+    parser.add_argument("--blocks", type=int, default=1, help="MLP blocks in the model, 4 parameter tensors each")
     args = parser.parse_args()
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 256))
+    model = torch.nn.Sequential(*(mlp_block() for _ in range(args.blocks)))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(0.999))
     meters, saver = {"loss": Meter(), "top1": Meter()}, Saver()
@@ -85,7 +93,8 @@ def main() -> None:
     found = len(fingerprints(registered, frame))
     assert meters and saver and more
     step_s = rows[0][1]
-    print(f"census costs, median of {args.rounds}, {found} plain objects on the stack, torch {torch.__version__}")
+    tensors = len(list(model.parameters()))
+    print(f"census costs, median of {args.rounds}, {found} plain objects, {tensors} parameter tensors, torch {torch.__version__}")
     for name, seconds in rows:
         print(f"  {name:<36} {seconds * 1e3:9.2f} ms   {seconds / step_s:7.2f} training steps")
 
