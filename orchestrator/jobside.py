@@ -1,6 +1,7 @@
 """The job side of the supervisor: what submitit runs on every task of a legato job.
 
-Identity, signals, one trainer rank, ledger records, environment capture, requeue.
+Identity, signals, one trainer rank, ledger records, environment capture, requeue. A local job's one task forks its
+ranks (`legato.orchestrator.local_ranks`), and each runs this same job side.
 
 It takes the stop signal away from submitit (whose own handler acts on rank 0
 alone and pickles the job inside the handler), derives rank, world size,
@@ -37,6 +38,7 @@ from legato.errors import EXIT_OK, EXIT_STOPPED
 from legato.event_fields import JOB_TAG_FIELDS, field_names
 from legato.events import DECISIONS, Kind
 from legato.orchestrator.ledger import Ledger
+from legato.orchestrator.local_ranks import run_ranks
 from legato.orchestrator.status import current_session
 from legato.paths import RunPaths
 from legato.recorder import ProgressFile
@@ -45,6 +47,7 @@ from legato.repro.capture import CaptureRequest
 from legato.repro.redact import Redactor, run_key
 from legato.runtime.rank_env import RankEnv
 from legato.slurm.backends import backend_for
+from legato.slurm.local import LOCAL_REQUEUE_EXIT, LocalBackend
 from legato.store.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
 from legato.system.lifeline import die_with_parent
 from legato.system.processes import launch_times
@@ -101,9 +104,22 @@ class TrainTask:
     command: tuple[str, ...] = ()  # the (redacted) command line that started the run
 
     def __call__(self) -> dict:
+        cfg = load_config(self.config_path)
+        forked = _ranks_to_fork(cfg)
+        if not forked:
+            return self.rank(cfg, os.getpid())
+        die_with_parent()  # the local task dies with its controller (LocalBackend.tasks_die_with_controller), and its ranks with it
+        task = os.getpid()
+        code = run_ranks(forked, _stop_signals(cfg), lambda: self.rank(cfg, task), LOCAL_REQUEUE_EXIT)
+        if code:
+            sys.exit(code)
+        return {"final_global_hash": _final_hash(Ledger(cfg.run_dir).read())}
+
+    def rank(self, cfg: Config, task: int) -> dict:
+        """One rank of the job, in the task of pid `task` or forked from it: returns when it finished training, exits
+        with the job's code otherwise."""
         from legato.runtime.job import run_rank  # the job trains; the supervisor that pickles this task never imports torch
 
-        cfg = load_config(self.config_path)
         _take_signals(cfg)
         ledger = Ledger(cfg.run_dir)
         ident = identify(ledger)
@@ -116,7 +132,7 @@ class TrainTask:
                 "hosts": list(ident.hosts),
                 "world_size": ident.world_size,
                 "master_addr": rank_env.master_addr,
-                **launch_times(os.environ),
+                **launch_times(os.environ, task),
             }
             ledger.append(Kind.ATTEMPT_STARTED, **ident.tag(), **fields)
         ledger.append(Kind.RANK_STARTED, **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
@@ -219,12 +235,30 @@ def _code_paths(cfg: Config) -> tuple[Path, ...]:
     return (Path(spec.origin).parent,) if spec and spec.origin else ()
 
 
+def _ranks_to_fork(cfg: Config) -> int:
+    """How many ranks this task forks: the local executor starts one task for all the config's ranks
+    (`legato.orchestrator.local_ranks`), SLURM starts each rank as a task of its own (0: this task is a rank)."""
+    env = submitit.JobEnvironment()
+    return cfg.local.tasks if env.cluster == LocalBackend.name and env.num_tasks < cfg.local.tasks else 0
+
+
+def _final_hash(events: list[dict]) -> str | None:
+    return next((e.get("final_global_hash") for e in reversed(events) if e["event"] == Kind.FINISHED), None)
+
+
+def _stop_signals(cfg: Config) -> tuple[signal.Signals, ...]:
+    """The signals that stop a rank of this config: the configured one, and SIGTERM when it is handled."""
+    from legato.dist.stop import parse_signal, stop_signals  # torch: the supervisor imports this module too
+
+    return tuple(parse_signal(name) for name in stop_signals(cfg.slurm.signal, cfg.slurm.handle_sigterm))
+
+
 def _take_signals(cfg: Config) -> None:
     """Undo submitit's job-side handlers (its stop handler must not run the show, and SIGTERM should end a task),
     and take the stop signals: a stop signal held since the task started is remembered from here on."""
-    from legato.dist.stop import StopFlag, parse_signal, stop_signals  # torch: the supervisor imports this module too
+    from legato.dist.stop import StopFlag  # torch: the supervisor imports this module too
 
-    stops = tuple(parse_signal(name) for name in stop_signals(cfg.slurm.signal, cfg.slurm.handle_sigterm))
+    stops = _stop_signals(cfg)
     submitit_signal = submitit.JobEnvironment._usr_sig()
     if submitit_signal not in stops:
         signal.signal(submitit_signal, signal.SIG_IGN)

@@ -26,6 +26,7 @@ from legato.config import Config
 from legato.errors import UsageError
 from legato.paths import RunPaths
 from legato.slurm.startmask import launcher
+from legato.system.forking import FORKS
 from legato.system.launch_env import determinism_environ
 from legato.system.processes import run_command
 
@@ -60,11 +61,12 @@ def _python(cfg: Config) -> str:
 
 
 def local_executor(cfg: Config, folder: Path) -> submitit.LocalExecutor:
-    """submitit's local executor for this config: its tasks, time limit, signal lead and the GPUs this process sees."""
+    """submitit's local executor for this config: its task(s), time limit, signal lead and the GPUs this process sees."""
     executor = submitit.LocalExecutor(folder=folder, python=_python(cfg))
     gpus = visible_gpus()
     executor.update_parameters(
-        tasks_per_node=cfg.local.tasks,
+        # Where ranks fork, one task forks them all once it imported torch (legato.orchestrator.local_ranks).
+        tasks_per_node=1 if FORKS else cfg.local.tasks,
         timeout_min=cfg.local.timeout_min or NO_LIMIT_MIN,
         signal_delay_s=cfg.slurm.signal_lead_s,
         gpus_per_node=len(gpus),

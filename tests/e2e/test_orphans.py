@@ -180,16 +180,17 @@ def test_sigkill_of_the_supervisor_then_a_detached_one_ends_with_its_run(tmp_pat
 
 
 def full_tree(controller: int, run_dir: Path) -> set[int]:
-    """The controller and every process of its job, read once its two ranks and their two DataLoader workers each
-    are all alive: between two epochs a rank's workers are gone, and a tree read then would miss them."""
+    """The controller and every process of its job, read once its task, the two ranks the task forked and their two
+    DataLoader workers each are all alive: between two epochs a rank's workers are gone, and a tree read then would
+    miss them."""
     tree: set[int] = set()
 
     def all_up() -> bool:
         tree.clear()
         tree.update(descendants(controller))
-        return len([p for p in tree if alive(p)]) >= 6
+        return len([p for p in tree if alive(p)]) >= 7
 
-    wait_until(all_up, 120, "the controller's two ranks and their four workers")
+    wait_until(all_up, 120, "the controller's task, its two ranks and their four workers")
     return tree | run_pids(run_dir)
 
 
@@ -216,7 +217,7 @@ def test_sigkill_of_the_local_job_controller_takes_its_ranks_and_the_run_goes_on
         seen = full_tree(controller, run_dir)
         os.kill(controller, signal.SIGKILL)
         wait_all_gone(seen)
-        assert len(seen) >= 7  # the controller, two ranks, two workers each
+        assert len(seen) >= 8  # the controller, its task, two ranks, two workers each
         # The supervisor resubmits, and the new job resumes verified from the newest checkpoint.
         wait_until(lambda: any(e["event"] == "resumed" for e in ledger(run_dir)), 180, "the resubmitted job's resume")
         assert legato("cancel", str(run_dir)).returncode == 0

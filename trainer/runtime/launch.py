@@ -35,13 +35,12 @@ from legato.paths import RunPaths
 from legato.runtime.entrypoint import check_entrypoint
 from legato.runtime.launch_args import parse_args
 from legato.store.manifest import check_tree
-from legato.system.forking import ForkedProcess, fork_run, is_parent, name_this_process
+from legato.system.forking import FORKS, ForkedProcess, fork_run, fresh_numpy_seed, is_parent, name_this_process
 from legato.system.launch_env import determinism_environ
 from legato.system.lifeline import LAUNCHER_PID, armed_child
 from legato.system.signals import parse_signal
 
 POLL_S = 0.05
-FORKS = sys.platform.startswith("linux")  # ranks forked warm (see `_starter`); elsewhere each starts a fresh interpreter
 Rank = subprocess.Popen | ForkedProcess
 LOWEST_RENDEZVOUS_PORT = 10000  # above the well-known and most registered services' ports
 EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -160,7 +159,7 @@ def _starter(command: list[str], prepare: Callable[[], None], stop_signal: signa
             os.environ.clear()
             os.environ.update(env)
             sys.argv = [rank_file, *command[3:]]  # as `python -m legato.runtime.rank ...` sets it
-            _fresh_numpy_seed()
+            fresh_numpy_seed()
 
         return fork_run(command, become, rank_main, default_handlers=[stop_signal])
 
@@ -177,14 +176,6 @@ def _preloaded_rank() -> tuple[Callable[[], int], str]:
     from legato.runtime import rank
 
     return rank.main, str(rank.__file__)
-
-
-def _fresh_numpy_seed() -> None:
-    """numpy's global generator drawn from the OS, as a fresh interpreter's is (Python's `random` reseeds itself after a
-    fork; torch's default generator starts from its fixed seed either way, and nothing here drew from it)."""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
 
 
 def _group_leader(arm: Callable[[], None] | None) -> Callable[[], None]:

@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 
 _WAIT_POLL_S = 0.05
 PR_SET_NAME = 15
+FORKS = sys.platform.startswith("linux")  # where legato forks ranks warm; elsewhere each starts a fresh interpreter
 # Looked up here, in the parent: between fork and the child's first line nothing dlopens or dlsyms.
 _PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
 
@@ -70,6 +71,14 @@ def name_this_process(name: str) -> None:
     otherwise shows its parent's name and command line. A no-op elsewhere than Linux."""
     if _PRCTL is not None:
         _PRCTL(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
+def fresh_numpy_seed() -> None:
+    """numpy's global generator drawn from the OS, as a fresh interpreter's is (Python's `random` reseeds itself after a
+    fork; torch's default generator starts from its fixed seed either way, and a forking parent draws nothing from it)."""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def is_parent(pid: int) -> bool:

@@ -109,11 +109,12 @@ def started_at(pid: int) -> float | None:
         return None
 
 
-def launch_times(environ: Mapping[str, str]) -> dict[str, float]:
-    """What an `ATTEMPT_STARTED` record carries of its time, where known: this process's start (`launched_at`) and, under
-    SLURM, when the job ends (`ends_at`, from SLURM_JOB_END_TIME)."""
+def launch_times(environ: Mapping[str, str], pid: int | None = None) -> dict[str, float]:
+    """What an `ATTEMPT_STARTED` record carries of its time, where known: the start of process `pid` (`launched_at`;
+    this process when None: a rank forked warm names the one it was forked from) and, under SLURM, when the job ends
+    (`ends_at`, from SLURM_JOB_END_TIME)."""
     times: dict[str, float] = {}
-    launched = started_at(os.getpid())
+    launched = started_at(os.getpid() if pid is None else pid)
     if launched is not None:
         times["launched_at"] = round(launched, 3)
     with contextlib.suppress(ValueError):
