@@ -35,6 +35,7 @@ from helpers import warm
 from helpers.shared_runs import SharedRuns, run_key, shared_root
 
 from legato.runtime.launch import free_port
+from legato.system.launch_env import HASH_SEED
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY_GPT = ROOT / "configs" / "tiny_gpt.yaml"
@@ -105,11 +106,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def run_trainer(config: Path, run_dir: Path, *sets: str, nproc: int = 2, timeout: float = 180) -> subprocess.CompletedProcess:
+    """`python -m legato CONFIG --nproc N` to its end, as `subprocess.run` with its output captured would; the launcher
+    starts warm (helpers/warm.py) under legato's own hash seed, which it would otherwise run itself again to take."""
     cmd = [sys.executable, "-m", "legato", str(config), "--nproc", str(nproc), "--set", f"run.dir={run_dir}"]
     for item in sets:
         cmd += ["--set", item]
-    env = dict(os.environ, PYTHONWARNINGS="ignore")
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONHASHSEED=HASH_SEED)
+    with tempfile.TemporaryFile(mode="w+") as out, tempfile.TemporaryFile(mode="w+") as err:
+        launcher = warm.start(cmd, env, stdout=out, stderr=err, cwd=str(ROOT))
+        try:
+            code = launcher.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            launcher.kill()  # its ranks die with it (their parent-death signal)
+            launcher.wait()
+            raise
+        return subprocess.CompletedProcess(cmd, code, _read(out), _read(err))
 
 
 def run_ranks(cmd: list[str], world_size: int = 2, timeout: float = 180, **env: str) -> list[subprocess.CompletedProcess]:

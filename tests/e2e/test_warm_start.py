@@ -1,6 +1,7 @@
 """The suite's warm start (tests/helpers/warm.py) gives a rank what a cold `python script.py` gives it: the same
 bits at the end of a DDP run, its own pid for signals from outside, its exit code, its streams, an unshared global
-RNG, no extra thread; and it starts cold whenever the interpreter's or torch's start could differ."""
+RNG, no extra thread; and it starts cold whenever the interpreter's or torch's start could differ. The local launcher
+`python -m legato`, as `run_trainer` starts it warm, trains the same bits as a cold one."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import _started_by, codes, run_ranks
+from conftest import FAST_GPT, TINY_GPT, _started_by, codes, manifest, run_ranks, run_trainer
 from helpers import warm
 
 # A 2-rank DDP regression with a DataLoader worker: what it prints is how it started and how it ended, bit for bit.
@@ -83,6 +84,8 @@ def test_an_environment_read_at_start_up_or_a_launcher_starts_cold(script: Path)
     assert not warm.warm_enough([sys.executable, str(script), "exit", "0"], {**env, "OMP_NUM_THREADS": "7"})
     assert not warm.warm_enough([sys.executable, str(script), "exit", "0"], {**env, "PYTHONHASHSEED": "1"})
     assert not warm.warm_enough([sys.executable, "-m", "legato.torchrun", str(script)], env)
+    assert warm.warm_enough([sys.executable, "-m", "legato", str(TINY_GPT)], env)
+    assert not warm.warm_enough([sys.executable, "-m", "legato", str(TINY_GPT)], {**env, "PYTHONHASHSEED": "7"})
     for extra, preloaded in (({}, True), ({"OMP_NUM_THREADS": "7"}, False)):
         started = run_ranks([sys.executable, str(script), "exit", "0"], world_size=1, **extra)
         assert codes(started) == [0] and _result(started[0])["torch_preloaded"] is preloaded, started[0].stderr[-2000:]
@@ -120,3 +123,16 @@ def test_the_cleanup_after_a_test_kills_only_what_that_test_started(request: pyt
         for p in (mine, theirs):
             p.kill()
             p.wait()
+
+
+def test_the_local_launcher_started_warm_trains_the_bits_of_a_cold_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stop at a checkpoint (exit 75), then the resume to the end: warm, then cold, the same final bits."""
+    sets = (*FAST_GPT, "train.steps=6", "chaos.signal_rank=1", "chaos.signal_at_steps=[3]")
+    for label in ("warm", "cold"):
+        if label == "cold":
+            monkeypatch.setenv("LEGATO_TEST_WARM", "0")
+        for expected in (75, 0):
+            proc = run_trainer(TINY_GPT, tmp_path / label, *sets)
+            assert proc.returncode == expected, proc.stderr[-2000:]
+    assert manifest(tmp_path / "warm")["step"] == 6
+    assert manifest(tmp_path / "warm")["global_hash"] == manifest(tmp_path / "cold")["global_hash"]

@@ -8,8 +8,10 @@ else), its environment, arguments, working directory and standard streams as `su
 its exit code or killing signal as Popen reports them; it starts in a process group of its own. What it cannot have is
 a fresh interpreter, so a command is started cold (a real Popen) whenever that could show:
 
-- anything but `python script.py ...` (a launcher, `-m`, `-c`): legato's launchers, torchrun and the CLI always
-  start cold, as their tests are about how they start processes;
+- anything but `python script.py ...` or `python -m legato ...` (another `-m`, `-c`): torchrun, legato's other
+  launchers and the CLI always start cold. `python -m legato`, the local launcher, starts warm only as
+  `conftest.run_trainer` starts it to train a run that a test then reads; the tests of how it starts and stops
+  processes (test_launcher_signals, test_orphans, test_worker_start_methods) start it with `subprocess.Popen`;
 - an environment that differs from the server's in a variable read when Python or torch starts (PYTHON*, OMP_*,
   MKL_*, KMP_*, TORCH*, CUDA*, CUBLAS*, LD_*; PYTHONPATH is applied as the interpreter would);
 - LEGATO_TEST_WARM=0 in the suite's environment, which starts every rank cold, or in a command's own (a test whose
@@ -38,6 +40,7 @@ from legato.system.forking import ForkedProcess
 
 # Read at interpreter or torch start-up: a rank whose value differs from the server's starts cold.
 READ_AT_START = ("PYTHON", "OMP_", "MKL_", "KMP_", "TORCH", "CUDA", "CUBLAS", "LD_")
+WARM_MODULES = ("legato",)  # `python -m MODULE ...` that may start warm (see the rules above)
 SERVER_ENV = {"PYTHONHASHSEED": "0", "PYTHONWARNINGS": "ignore"}  # what the suite gives every rank it starts by path
 _POLL_S = 0.05
 
@@ -130,11 +133,19 @@ def warm_enough(cmd: list[str], env: dict[str, str]) -> bool:
     """Whether `cmd` under `env` may start warm (see the module's rules)."""
     if "0" in (os.environ.get("LEGATO_TEST_WARM"), env.get("LEGATO_TEST_WARM")):
         return False
-    if len(cmd) < 2 or cmd[0] != sys.executable or not cmd[1].endswith(".py") or not Path(cmd[1]).is_file():
+    if len(cmd) < 2 or cmd[0] != sys.executable or not (_a_script(cmd) or _a_warm_module(cmd)):
         return False
     server = server_env()
     keys = {k for k in {*server, *env} if k.startswith(READ_AT_START) and k != "PYTHONPATH"}
     return all(server.get(k) == env.get(k) for k in keys)
+
+
+def _a_script(cmd: list[str]) -> bool:
+    return cmd[1].endswith(".py") and Path(cmd[1]).is_file()
+
+
+def _a_warm_module(cmd: list[str]) -> bool:
+    return len(cmd) > 2 and cmd[1] == "-m" and cmd[2] in WARM_MODULES
 
 
 def start(cmd: list[str], env: dict[str, str], stdout: IO | None = None, stderr: IO | None = None, cwd: str | None = None) -> Any:
@@ -208,7 +219,8 @@ def _reap(running: dict[int, socket.socket]) -> None:
 
 
 def _become(request: dict, fds: list[int]) -> None:
-    """Turn this fork into `python script.py args` with the request's streams, environment and directory."""
+    """Turn this fork into `python script.py args` (or `python -m module args`) with the request's streams, environment
+    and directory."""
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
@@ -216,16 +228,21 @@ def _become(request: dict, fds: list[int]) -> None:
     os.chdir(request["cwd"])
     os.environ.clear()
     os.environ.update(request["env"])
-    script, *_ = sys.argv = request["argv"][1:]
+    args = request["argv"][1:]
+    module = args[1] if args[0] == "-m" else None
+    sys.argv = [module, *args[2:]] if module else args  # runpy puts the module's file first, as `-m` does
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:1] = [os.path.dirname(os.path.abspath(script)), *extra]
+    sys.path[:1] = [os.getcwd() if module else os.path.dirname(os.path.abspath(args[0])), *extra]
     import runpy
 
     import numpy
 
     numpy.random.seed()  # drawn from the OS, as a fresh interpreter's is (Python's `random` reseeds itself after a fork)
     _settle_after_destroy()
-    runpy.run_path(script, run_name="__main__")
+    if module:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    else:
+        runpy.run_path(args[0], run_name="__main__")
 
 
 def _settle_after_destroy() -> None:
