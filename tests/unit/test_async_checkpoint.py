@@ -20,10 +20,11 @@ import torch
 import torch.nn.functional as F
 
 import legato
-from legato.store import commit
-from legato.store.async_checkpoint import AsyncCheckpointer
+from legato.store import commit, trajectory
+from legato.store.async_checkpoint import AsyncCheckpointer, Job
 from legato.store.manifest import list_checkpoints, read_manifest
 from legato.store.resumable import newest_usable
+from legato.store.trajectory import read_trajectory
 from legato.store.writers import Synchronous
 
 
@@ -133,3 +134,30 @@ def test_the_writer_thread_runs_at_low_priority_and_the_training_thread_keeps_it
         assert nice() == before
     finally:
         writer.close()
+
+
+def test_the_step_an_async_checkpoint_covers_is_in_the_trajectory_file_before_its_writer_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A resume keeps the trajectory's lines up to its checkpoint's step: a rank SIGKILLed right after the background
+    commit of step 4, its step-4 line still in the writer's buffer, left its trajectory without step 4 for good (an
+    e2e kill found it, test_async_checkpoint_runs). The line must reach the file before the checkpoint can."""
+    monkeypatch.setattr(trajectory, "FLUSH_INTERVAL_S", float("inf"))  # only a sync writes, as in a loop of fast steps
+    on_disk: dict[int, list[int]] = {}
+
+    def look(session: legato.Session) -> None:
+        periodic = session._saving.periodic
+        if session.step == 1:
+            start = periodic.start
+
+            def start_seen(job: Job) -> None:
+                on_disk[job.step] = [r["step"] for r in read_trajectory(tmp_path / "trajectory" / "rank0.jsonl")]
+                start(job)
+
+            periodic.start = start_seen
+
+    policy = legato.CheckpointPolicy(every_steps=2, keep_last=10, hash_every_steps=0, agree_every_steps=1, replay_steps=0, async_=True)
+    assert small_run(tmp_path, 6, policy, look).exit_code == 0
+    assert sorted(on_disk) == [2, 4]
+    for step, steps in on_disk.items():
+        assert steps == list(range(1, step + 1)), (step, steps)

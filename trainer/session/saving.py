@@ -273,6 +273,9 @@ class Saver:
 
     def _save_async(self, staged: Snapshot) -> None:
         """Hand the staged state to the periodic writer; it is committed at a later agreed boundary."""
+        # The staging synced the lines before this step's: this step's own must reach the file before the checkpoint can,
+        # since a resume from it keeps the lines up to its step (a kill after the commit lost one).
+        self.telemetry.sync()
         files = dict(staged.files)
         base_files, at, has_base = self.base.for_checkpoint(self.position.step, "periodic")
         files.update(base_files)
