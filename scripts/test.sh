@@ -3,9 +3,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# Three workers on two cores. A fresh clone's whole suite took 64.0 min of tests on 2026-12-02 (dec2974: 1,066 tests,
-# 11,432 test-seconds; the one-node SLURM module 25.3 min on one worker, the multi-node one 8.0 on another), 61.1 min
-# earlier that day (CPU-bound throughout),
+# Three workers on two cores. A fresh clone's whole suite took 62.8 min of tests on 2026-12-03 (8dbd046: 1,079 tests,
+# 11,218 test-seconds; the whole .ci/run, setup included, 7,471 CPU-s by a /proc sampler: a local job's ranks now fork
+# from its one task, and run_trainer's launcher starts warm), 66.3 min the day before (7,747 CPU-s); 64.0 on 2026-12-02 (dec2974:
+# 1,066 tests, 11,432 test-seconds; the one-node SLURM module 25.3 min on one worker, the multi-node one 8.0 on
+# another), 61.1 min earlier that day (CPU-bound throughout),
 # 69.1 min beside two busy CPU loops, 84.4 min on a slower VM (3e028a9; torch's import 2.8x slower; the cores 94% busy,
 # 62% of their CPU in the suite's 1,674 cold-started Python processes, by BSD process accounting). The tests of each SLURM cluster run one after another on one worker, the one-node
 # and the multi-node cluster's side by side on two: the one-node chain (31.5 min alone on 2026-12-02 before its runs were
