@@ -56,11 +56,10 @@ def run_ranks(count: int, signals: Iterable[signal.Signals], rank: Callable[[], 
 
 
 def _preload() -> None:
-    """What each rank would import again (see `legato.runtime.launch._preloaded_rank`); none of it starts a thread."""
-    import torch._dynamo  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
+    """What each rank would import again, as `python -m legato` preloads it; none of it starts a thread."""
+    from legato.runtime.launch import preloaded_rank  # torch: the supervisor imports this module too
 
-    import legato.runtime.job  # noqa: F401
+    preloaded_rank()
 
 
 def _becoming(index: int, count: int, mask: set[int | signal.Signals]) -> Callable[[], None]:

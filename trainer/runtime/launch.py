@@ -150,7 +150,7 @@ def _starter(command: list[str], prepare: Callable[[], None], stop_signal: signa
     fresh interpreter. Either way the rank leads its own process group and dies with the launcher (`prepare`)."""
     if not FORKS or not _has_the_ranks_hash_seed():
         return lambda env: subprocess.Popen(command, env=env, preexec_fn=prepare)
-    rank_main, rank_file = _preloaded_rank()
+    rank_main, rank_file = preloaded_rank()
 
     def start(env: dict[str, str]) -> Rank:
         def become() -> None:
@@ -166,7 +166,7 @@ def _starter(command: list[str], prepare: Callable[[], None], stop_signal: signa
     return start
 
 
-def _preloaded_rank() -> tuple[Callable[[], int], str]:
+def preloaded_rank() -> tuple[Callable[[], int], str]:
     """The rank's entry and its file, once this process imported what each rank would import again: torch, legato's
     trainer, and what DistributedDataParallel imports as it wraps a model (3 s of CPU a rank on a small machine).
     None of these imports starts a Python thread: the forks copy no thread but the one that forks."""

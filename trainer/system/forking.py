@@ -26,7 +26,7 @@ _WAIT_POLL_S = 0.05
 PR_SET_NAME = 15
 FORKS = sys.platform.startswith("linux")  # where legato forks ranks warm; elsewhere each starts a fresh interpreter
 # Looked up here, in the parent: between fork and the child's first line nothing dlopens or dlsyms.
-_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if FORKS else None
 
 
 class ForkedProcess:
