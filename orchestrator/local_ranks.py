@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 
 import submitit
 
-from legato.system.forking import ForkedProcess, fork_run, fresh_numpy_seed, is_parent, name_this_process
+from legato.system.forking import ForkedProcess, fork_run, fresh_numpy_seed, name_this_process
 from legato.system.lifeline import die_with_parent
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,6 @@ def run_ranks(count: int, signals: Iterable[signal.Signals], rank: Callable[[], 
     exited with it, else 0 when every rank finished, else the first other code in rank order."""
     _preload()
     forwarded = {*signals, *FORWARDED, submitit.JobEnvironment._usr_sig()}
-    parent = os.getpid()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)  # held while forking; each rank gets the task's own mask
     ranks: list[ForkedProcess] = []
     try:
@@ -51,8 +50,7 @@ def run_ranks(count: int, signals: Iterable[signal.Signals], rank: Callable[[], 
         signal.pthread_sigmask(signal.SIG_SETMASK, mask - forwarded)
         return _task_code([r.wait() for r in _waiting(ranks)], requeue_code)
     finally:
-        if is_parent(parent):
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _preload() -> None:

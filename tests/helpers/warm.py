@@ -5,8 +5,10 @@ the suite, and most of the suite's time on two cores.
 
 A warm rank is the script's own process, with its own pid (signals sent to it from outside reach it, and nothing
 else), its environment, arguments, working directory and standard streams as `subprocess.Popen` would give them,
-its exit code or killing signal as Popen reports them; it starts in a process group of its own. What it cannot have is
-a fresh interpreter, so a command is started cold (a real Popen) whenever that could show:
+its exit code or killing signal as Popen reports them; it starts in a process group of its own. It ends as legato's
+own forked ranks do (legato.system.exiting: the interpreter's exit without the teardown of what the server imported,
+1.2 s of CPU a rank). What it cannot have is a fresh interpreter, so a command is started cold (a real Popen)
+whenever that could show:
 
 - anything but `python script.py ...` or `python -m legato ...` (another `-m`, `-c`): torchrun, legato's other
   launchers and the CLI always start cold. `python -m legato`, the local launcher, starts warm only as
@@ -36,6 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
+from legato.system.exiting import finish
 from legato.system.forking import ForkedProcess
 
 # Read at interpreter or torch start-up: a rank whose value differs from the server's starts cold.
@@ -269,4 +272,5 @@ def _settle_after_destroy() -> None:
 
 
 if __name__ == "__main__":
-    _become(*_serve(sys.argv[1]))
+    request, fds = _serve(sys.argv[1])
+    finish(lambda: _become(request, fds))

@@ -35,7 +35,7 @@ from legato.paths import RunPaths
 from legato.runtime.entrypoint import check_entrypoint
 from legato.runtime.launch_args import parse_args
 from legato.store.manifest import check_tree
-from legato.system.forking import FORKS, ForkedProcess, fork_run, fresh_numpy_seed, is_parent, name_this_process
+from legato.system.forking import FORKS, ForkedProcess, fork_run, fresh_numpy_seed, name_this_process
 from legato.system.launch_env import determinism_environ
 from legato.system.lifeline import LAUNCHER_PID, armed_child
 from legato.system.signals import parse_signal
@@ -112,7 +112,6 @@ def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signa
     # the signal while ranks are still being started, so one that came then is sent again to every rank after.
     signal.pthread_sigmask(signal.SIG_BLOCK, {stop_signal})
     previous = signal.signal(stop_signal, forward)
-    launcher = os.getpid()
     try:
         start = _starter(_rank_command(config, overrides), _group_leader(armed_child()), stop_signal)
         for rank in range(nproc):
@@ -122,12 +121,10 @@ def run_local(config: Path, overrides: list[str], nproc: int, stop_signal: signa
             forward(received[0], None)
         return _wait(procs)
     finally:
-        # A forked rank leaves through here on its way to its exit: the launcher's cleanup is the launcher's alone.
-        if is_parent(launcher):
-            # Whatever ends the launcher short of SIGKILL (an exception, Ctrl-C) ends every rank and worker with it.
-            _kill_groups(procs)
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
-            signal.signal(stop_signal, previous)
+        # Whatever ends the launcher short of SIGKILL (an exception, Ctrl-C) ends every rank and worker with it.
+        _kill_groups(procs)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {stop_signal})
+        signal.signal(stop_signal, previous)
 
 
 def _with_the_ranks_hash_seed() -> None:

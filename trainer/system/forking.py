@@ -4,11 +4,9 @@ The local launcher forks its ranks after importing, once, what every rank import
 `Popen` of a fresh interpreter would import it again in each. What a fork cannot give the child is what an exec
 gives it: the environment read at interpreter start, `sys.argv`, signal handlers reset to their defaults. The caller
 makes those right in `become` (which runs first in the child), and `fork_run` resets the one handler the caller
-names. The child never returns into its parent's code: it runs `run` and leaves through `SystemExit`, which
-unwinds to the interpreter's own exit (atexit hooks, non-daemon threads, finalization: what a `sys.exit` in a fresh
-interpreter does) through the parent's frames; a caller's `finally` that must run only in the parent checks
-`is_parent`. This module must never fork with Python threads of its own running, nor import anything of legato's
-above the system layer.
+names. The child never returns into its parent's code: it runs `run` and ends as `sys.exit` would end it in a fresh
+interpreter, less the teardown of what it inherited (`legato.system.exiting`). This module must never fork with Python
+threads of its own running, nor import anything of legato's above the system layer.
 """
 
 from __future__ import annotations
@@ -21,6 +19,8 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+
+from legato.system.exiting import finish
 
 _WAIT_POLL_S = 0.05
 PR_SET_NAME = 15
@@ -81,11 +81,6 @@ def fresh_numpy_seed() -> None:
         numpy.random.seed()
 
 
-def is_parent(pid: int) -> bool:
-    """Whether this process is the one whose pid was `pid` when it forked (False in a forked child)."""
-    return os.getpid() == pid
-
-
 def fork_run(
     args: Sequence[str], become: Callable[[], None], run: Callable[[], int], default_handlers: Sequence[signal.Signals] = ()
 ) -> ForkedProcess:
@@ -98,7 +93,11 @@ def fork_run(
     pid = os.fork()
     if pid:
         return ForkedProcess(pid, args)
-    for sig in default_handlers:
-        signal.signal(sig, signal.SIG_DFL)
-    become()
-    raise SystemExit(run())
+
+    def child() -> int:
+        for sig in default_handlers:
+            signal.signal(sig, signal.SIG_DFL)
+        become()
+        return run()
+
+    finish(child)

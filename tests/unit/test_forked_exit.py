@@ -1,0 +1,118 @@
+"""A forked child ends as `sys.exit` ends an interpreter (legato.system.exiting): its exit code or killing signal, the
+traceback of what it did not catch, its non-daemon threads joined before its atexit hooks run, and the bytes of a
+file it never closed on disk. Each scenario runs in a real child forked by `fork_run` from a fresh interpreter; the
+same scenarios in a fresh interpreter of their own are the reference, and a child ended by a bare `os._exit` is the
+planted fault the file check catches."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCENARIO = r"""
+import atexit, os, sys, threading, time
+
+out = sys.argv[2]
+kept = []
+
+
+def record(what):
+    with open(os.path.join(out, "order.txt"), "a") as f:
+        f.write(what + "\n")
+
+
+def main():
+    # Files opened in the child and never closed, held by a global: their teardown would flush them.
+    kept.append(open(os.path.join(out, "unclosed.txt"), "w"))
+    kept[-1].write("written, never flushed")
+    kept.append(open(os.path.join(out, "unclosed.bin"), "wb"))
+    kept[-1].write(b"bytes")
+    ready = threading.Event()
+
+    def late():
+        ready.wait(timeout=60)
+        time.sleep(0.3)  # past main's return: only a join at exit puts this line before atexit's
+        record("thread")
+
+    threading.Thread(target=late).start()  # not a daemon: the exit waits for it
+    atexit.register(record, "atexit")
+    ready.set()
+    how = sys.argv[1]
+    if how == "return-3":
+        return 3
+    if how == "return-none":
+        return None
+    if how == "exit-message":
+        sys.exit("the message")
+    if how == "exit-263":
+        sys.exit(263)
+    if how == "raise":
+        raise ValueError("planted")
+    if how == "interrupt":
+        raise KeyboardInterrupt
+    if how == "bare-os-exit":  # the planted fault: no flush, no thread joined, no atexit
+        os._exit(0)
+"""
+
+DRIVER = r"""
+import sys
+from legato.system.forking import fork_run
+namespace = {"__name__": "scenario"}
+exec(open(sys.argv[3]).read(), namespace)
+child = fork_run(["scenario"], lambda: None, namespace["main"])
+print(child.wait(timeout=120))
+"""
+
+FRESH = r"""
+import sys
+namespace = {"__name__": "scenario"}
+exec(open(sys.argv[3]).read(), namespace)
+sys.exit(namespace["main"]())
+"""
+
+
+def run(tmp_path: Path, how: str, forked: bool = True) -> tuple[int, str, Path]:
+    """The scenario `how`: its exit code (negative: the signal), its stderr and its output folder."""
+    out = tmp_path / ("forked" if forked else "fresh") / how
+    out.mkdir(parents=True)
+    scenario = tmp_path / "scenario.py"
+    scenario.write_text(SCENARIO)
+    code = DRIVER if forked else FRESH
+    proc = subprocess.run([sys.executable, "-c", code, how, str(out), str(scenario)], capture_output=True, text=True, timeout=180)
+    returncode = int(proc.stdout.strip()) if forked else proc.returncode
+    return returncode, proc.stderr, out
+
+
+@pytest.mark.parametrize(
+    ("how", "code", "stderr"),
+    [
+        ("return-3", 3, ""),
+        ("return-none", 0, ""),
+        ("exit-message", 1, "the message\n"),
+        ("exit-263", 7, ""),
+        ("raise", 1, "ValueError: planted"),
+        ("interrupt", -signal.SIGINT, "KeyboardInterrupt"),
+    ],
+)
+def test_a_forked_child_ends_as_a_fresh_interpreter_would(tmp_path: Path, how: str, code: int, stderr: str) -> None:
+    for forked in (False, True):
+        returncode, err, out = run(tmp_path, how, forked)
+        where = "forked" if forked else "fresh"
+        assert returncode == code, f"{where}: {returncode}\n{err}"
+        assert stderr in err and (stderr or err == ""), f"{where}: {err!r}"
+        assert (out / "order.txt").read_text() == "thread\natexit\n", where
+        assert (out / "unclosed.txt").read_text() == "written, never flushed", where
+        assert (out / "unclosed.bin").read_bytes() == b"bytes", where
+        if how == "raise":
+            assert "Traceback (most recent call last)" in err, where
+
+
+def test_the_file_check_catches_a_child_that_skips_the_orderly_end(tmp_path: Path) -> None:
+    returncode, _, out = run(tmp_path, "bare-os-exit")
+    assert returncode == 0
+    assert (out / "unclosed.txt").read_text() == "" and (out / "unclosed.bin").read_bytes() == b""
+    assert not (out / "order.txt").exists() or "atexit" not in (out / "order.txt").read_text()
