@@ -50,6 +50,7 @@ import sys
 import threading
 
 from legato.errors import EXIT_HUNG, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_STOPPED, EXIT_USAGE, UsageError
+from legato.system.exiting import finish
 from legato.system.launch_env import determinism_environ
 from legato.system.lifeline import LAUNCHER_PID
 from legato.system.processes import children
@@ -211,4 +212,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main)

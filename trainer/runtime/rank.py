@@ -9,6 +9,7 @@ from legato.errors import EXIT_USAGE, UsageError
 from legato.runtime.job import run_rank
 from legato.runtime.launch_args import parse_args
 from legato.runtime.rank_env import RankEnv
+from legato.system.exiting import finish
 from legato.system.lifeline import die_with_launcher
 
 
@@ -25,4 +26,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main)

@@ -1,11 +1,12 @@
-"""How a forked child ends: as `sys.exit` ends an interpreter, without tearing down what it inherited.
+"""How legato's own processes end: as `sys.exit` ends an interpreter, without tearing down what they imported.
 
-A child forked from a process that imported torch holds a copy of every object of its parent. The interpreter's own
-exit would then collect and free them all, and each of its last collections and module teardowns writes to pages the
-child still shares with its parent, so that the kernel copies each first: about 1.2 s of CPU per child on a two-core
-machine (measured: a forked child that imported nothing after the fork, 1.3-1.5 s against 0.1 s ended here), more than
-a small rank spends training. The language does not promise that teardown (a `__del__` of an object still alive at
-exit need not run). What an exit does promise is kept, in the interpreter's own order:
+A process that imported torch spends about a second of CPU on the interpreter's teardown as it exits (its last
+collections free every object, module by module), and a child forked from such a process more: each of those writes
+lands on a page the child still shares with its parent, so the kernel copies the page first. Measured on a two-core
+machine: a fresh interpreter that imported what a rank imports, 1.2 s of its 6.3 s; a forked child that imported
+nothing after the fork, 1.3-1.5 s against 0.1 s ended here (0.5 s with the flush below), more than a small rank spends
+training. The language does not promise that teardown (a `__del__` of an object still alive at exit need not run).
+What an exit does promise is kept, in the interpreter's own order:
 
 1. the outcome: an uncaught exception's traceback through `sys.excepthook` and exit 1, `SystemExit`'s code read as
    the interpreter reads it (None 0, an int itself, anything else printed to stderr and 1), an uncaught
@@ -17,8 +18,9 @@ exit need not run). What an exit does promise is kept, in the interpreter's own 
 
 Daemon threads stop where they stand, as at any exit. Files are flushed, not closed: closing one under a daemon thread
 still writing to it would hand that thread an error the interpreter's exit (which stops daemon threads first) never
-gives. This module must never end a process that was not forked from a parent it shares objects with: a fresh
-interpreter's own exit is the reference, and one that imported nothing gains nothing here.
+gives. Used by legato's entry points (`python -m legato`, `legato.torchrun`, `legato.runtime.rank`) and the ranks
+legato forks. This module must never end a user's own script: its interpreter's exit is the user's, and the reference
+these are compared with (tests/unit/test_forked_exit.py).
 """
 
 from __future__ import annotations
