@@ -260,7 +260,7 @@ class Saver:
         """The periodic writer's blocking part: its copy of this rank's share (None: it writes from the live state)."""
 
         def files() -> tuple[dict[str, Any], set[str]]:
-            self.telemetry.sync()  # the copy reads what the device computed
+            self.telemetry.flush()  # the copy reads what the device computed; the durable sync is _save_async's
             return self._layout(parts)
 
         return self.periodic.stage(self.position.step, parts, files)
@@ -273,8 +273,8 @@ class Saver:
 
     def _save_async(self, staged: Snapshot) -> None:
         """Hand the staged state to the periodic writer; it is committed at a later agreed boundary."""
-        # The staging synced the lines before this step's: this step's own must reach the file before the checkpoint can,
-        # since a resume from it keeps the lines up to its step (a kill after the commit lost one).
+        # Every line up to this step's own must reach the disk before the checkpoint can, since a resume from it keeps
+        # the lines up to its step (a kill after the background commit lost one).
         self.telemetry.sync()
         files = dict(staged.files)
         base_files, at, has_base = self.base.for_checkpoint(self.position.step, "periodic")

@@ -72,6 +72,11 @@ class Telemetry:
         assert self._trajectory is not None
         self._trajectory.write(record)
 
+    def flush(self) -> None:
+        """Write out the trajectory's pending lines, reading the values the device computed for them; no wait on the disk."""
+        assert self._trajectory is not None
+        self._trajectory.flush()
+
     def sync(self) -> None:
         """Make the trajectory durable up to now (before a checkpoint that covers it)."""
         assert self._trajectory is not None
