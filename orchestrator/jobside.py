@@ -1,7 +1,7 @@
 """The job side of the supervisor: what submitit runs on every task of a legato job.
 
-Identity, signals, one trainer rank, ledger records, environment capture, requeue. A local job's one task forks its
-ranks (`legato.orchestrator.local_ranks`), and each runs this same job side.
+Identity, signals, one trainer rank, its ledger records (`legato.orchestrator.job_events`), environment capture,
+requeue. A local job's one task forks its ranks (`legato.orchestrator.local_ranks`), and each runs this same job side.
 
 It takes the stop signal away from submitit (whose own handler acts on rank 0
 alone and pickles the job inside the handler), derives rank, world size,
@@ -35,19 +35,18 @@ import submitit
 
 from legato.config import Config, load_config
 from legato.errors import EXIT_OK, EXIT_STOPPED
-from legato.event_fields import JOB_TAG_FIELDS, field_names
 from legato.events import DECISIONS, Kind
+from legato.orchestrator.job_events import JobEvents
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.local_ranks import run_ranks
 from legato.orchestrator.status import current_session
 from legato.paths import RunPaths
-from legato.recorder import ProgressFile
 from legato.repro.attempt import capture_and_record
 from legato.repro.capture import CaptureRequest
 from legato.repro.redact import Redactor, run_key
 from legato.runtime.rank_env import RankEnv
 from legato.slurm.backends import backend_for
-from legato.slurm.local import LOCAL_REQUEUE_EXIT, LocalBackend
+from legato.slurm.local import LOCAL_REQUEUE_EXIT
 from legato.store.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
 from legato.system.lifeline import die_with_parent
 from legato.system.processes import launch_times
@@ -138,7 +137,7 @@ class TrainTask:
         ledger.append(Kind.RANK_STARTED, **ident.tag(), rank=ident.rank, host=socket.gethostname(), pid=os.getpid())
         if ident.local_rank == 0 and cfg.repro.enabled:
             _capture_environment(cfg, ledger, ident, self.command)
-        events = JobEvents(ledger, ident, RunPaths(cfg.run_dir).progress)
+        events = JobEvents(ledger, ident.tag(), ident.rank, RunPaths(cfg.run_dir).progress)
         code = run_rank(cfg, rank_env, on_event=events)
         if code == EXIT_OK:
             if ident.rank == 0:
@@ -146,66 +145,6 @@ class TrainTask:
             return {"final_global_hash": events.final_hash}
         decision = _decide(cfg, ledger, ident, code, events, self.attempts_before) if ident.rank == 0 else _await_decision(ledger, ident)
         sys.exit(_exit_code(ident, decision, code))
-
-
-class JobEvents:
-    """Turns the trainer's events into ledger records (rank 0, plus each rank's own stop signal)."""
-
-    def __init__(self, ledger: Ledger, ident: Identity, progress_path: Path) -> None:
-        self.ledger = ledger
-        self.ident = ident
-        self.progress = ProgressFile(progress_path, ident.tag())
-        self.last_step = 0
-        self.final_hash: str | None = None
-        self.error: str | None = None
-        self.peer_lost = False
-
-    def __call__(self, event: dict) -> None:
-        kind = event["event"]
-        self.last_step = max(self.last_step, int(event.get("step") or 0))
-        if kind == Kind.STOP_AGREED and event.get("signal_received_at") is not None:
-            at_start = bool(event.get("at_start"))
-            self.ledger.append(
-                Kind.STOP_SIGNAL,
-                **self.ident.tag(),
-                rank=self.ident.rank,
-                step=event["step"],
-                received_at=event["signal_received_at"],
-                at_start=at_start,
-            )
-        if kind == Kind.HANG:  # from whichever rank found it, which then exits; the supervisor resubmits or ends the run
-            fields = {k: event.get(k) for k in sorted(field_names(Kind.HANG) - JOB_TAG_FIELDS)}
-            self.ledger.append(Kind.HANG, **self.ident.tag(), **fields)
-        if self.ident.rank != 0:
-            return
-        if kind == Kind.PROGRESS:
-            self.progress.write(event)
-        elif kind == Kind.CHECKPOINT_COMMITTED:
-            if event["reason"] == "final":
-                self.final_hash = event["global_hash"]
-            fields = {k: event[k] for k in ("step", "global_hash", "seconds", "bytes", "reason")}
-            fields.update({k: event[k] for k in ("diverged", "replays_from", "background") if event.get(k) is not None})
-            self.ledger.append(Kind.CHECKPOINT_COMMITTED, **self.ident.tag(), **fields)
-        elif kind in (Kind.RESUMED, Kind.CONTINUED_UNVERIFIED, Kind.WORK_LOST, Kind.CHECKPOINT_INTERVAL):
-            fields = {k: event.get(k) for k in sorted(field_names(kind) - JOB_TAG_FIELDS)}
-            self.ledger.append(kind, **self.ident.tag(), **fields)
-        elif kind == Kind.CHECKPOINT_FAILED:
-            fields = {k: event[k] for k in sorted(field_names(Kind.CHECKPOINT_FAILED) - JOB_TAG_FIELDS)}
-            self.ledger.append(Kind.CHECKPOINT_FAILED, **self.ident.tag(), **fields)
-            if event["reason"] == "final":
-                self.error = event["message"]
-        elif kind == Kind.REPLAY_STOPPED:
-            self.ledger.append(Kind.REPLAY_STOPPED, **self.ident.tag(), step=event["step"], checkpoint_step=event["checkpoint_step"])
-        elif kind == Kind.BUCKET_LAYOUT:
-            self.ledger.append(Kind.BUCKET_LAYOUT, **self.ident.tag(), step=event["step"], pinned=event["pinned"], reason=event["reason"])
-        elif kind == Kind.FINISHED:  # the attempt found the run already complete (a requeue after the end)
-            self.final_hash = event["final_global_hash"]
-        elif kind == Kind.UNSAVED_STATE:
-            fields = {k: event.get(k) for k in sorted(field_names(Kind.UNSAVED_STATE) - JOB_TAG_FIELDS)}
-            self.ledger.append(Kind.UNSAVED_STATE, **self.ident.tag(), **fields)
-        elif kind == Kind.ERROR:
-            self.error = event["message"]
-            self.peer_lost = bool(event.get("peer_lost"))
 
 
 def _capture_environment(cfg: Config, ledger: Ledger, ident: Identity, command: tuple[str, ...]) -> None:
@@ -239,7 +178,7 @@ def _ranks_to_fork(cfg: Config) -> int:
     """How many ranks this task forks: the local executor starts one task for all the config's ranks
     (`legato.orchestrator.local_ranks`), SLURM starts each rank as a task of its own (0: this task is a rank)."""
     env = submitit.JobEnvironment()
-    return cfg.local.tasks if env.cluster == LocalBackend.name and env.num_tasks < cfg.local.tasks else 0
+    return cfg.local.tasks if backend_for(env.cluster).forks_ranks and env.num_tasks < cfg.local.tasks else 0
 
 
 def _final_hash(events: list[dict]) -> str | None:

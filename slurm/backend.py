@@ -55,6 +55,9 @@ class Backend(ABC):
     """Whether the job runs in the supervisor's terminal (a Ctrl-C reaches its tasks too)."""
     tasks_die_with_controller: bool
     """Whether a task must end itself when its controller (its parent process) dies."""
+    forks_ranks: bool
+    """Whether a job's one task forks all the config's ranks (`legato.orchestrator.local_ranks`) instead of each rank
+    being a task the scheduler starts."""
 
     @abstractmethod
     def validate(self, cfg: Config) -> None:

@@ -49,6 +49,7 @@ class SlurmBackend(Backend):
     signals_task_pids = False
     shares_terminal = False
     tasks_die_with_controller = False
+    forks_ranks = False  # srun starts every task
 
     def validate(self, cfg: Config) -> None:
         """SLURM's commands must be on PATH: submitit writes an sbatch script whose tasks start through srun."""

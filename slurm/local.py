@@ -27,6 +27,7 @@ from legato.paths import RunPaths
 from legato.slurm import submission
 from legato.slurm.backend import Backend, JobPlace, JobState
 from legato.system import processes
+from legato.system.forking import FORKS
 
 LOCAL_CONTROLLER = b"submitit.local._local"
 LOCAL_REQUEUE_EXIT = 144  # submitit's LocalExecutor restarts every task when one exits with it
@@ -41,6 +42,7 @@ class LocalBackend(Backend):
     signals_task_pids = True
     shares_terminal = True
     tasks_die_with_controller = True  # a task must not train on after its controller was SIGKILLed
+    forks_ranks = FORKS  # where ranks fork warm; elsewhere each rank is a task of its own
 
     def validate(self, cfg: Config) -> None:
         """Every machine with a Python can run a local job: nothing to refuse."""

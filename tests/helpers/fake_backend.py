@@ -78,6 +78,7 @@ class FakeBackend(Backend):
     signals_task_pids = False
     shares_terminal = False
     tasks_die_with_controller = False
+    forks_ranks = False
 
     def validate(self, cfg: Config) -> None:
         """The fake runs any config."""

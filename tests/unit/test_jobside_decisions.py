@@ -6,7 +6,8 @@ from pathlib import Path
 
 from legato.config import load_config
 from legato.events import TERMINAL, Kind
-from legato.orchestrator.jobside import Identity, JobEvents, _decide
+from legato.orchestrator.job_events import JobEvents
+from legato.orchestrator.jobside import Identity, _decide
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.supervisor import start_session
 
@@ -18,7 +19,7 @@ def _ended_attempt(tmp_path: Path, *, cancelled: bool) -> tuple[str, list[dict]]
     ident = Identity("local", "123", 0, 0, 2, 0, 2, ("localhost",))
     if cancelled:
         ledger.append(Kind.CANCEL_REQUESTED, job_id="123")
-    decision = _decide(cfg, ledger, ident, 1, JobEvents(ledger, ident, tmp_path / "progress.json"), 0)
+    decision = _decide(cfg, ledger, ident, 1, JobEvents(ledger, ident.tag(), ident.rank, tmp_path / "progress.json"), 0)
     return decision, [e for e in ledger.read() if e["event"] in TERMINAL]
 
 
@@ -41,6 +42,6 @@ def test_the_job_side_writes_every_field_of_a_resume_the_session_reports(tmp_pat
     ledger = Ledger(tmp_path / "run")
     ident = Identity("local", "123", 1, 0, 2, 0, 2, ("localhost",))
     fields = {name: f"value of {name}" for name in field_names(Kind.RESUMED) - JOB_TAG_FIELDS} | {"step": 7}
-    JobEvents(ledger, ident, tmp_path / "progress.json")({"event": Kind.RESUMED, **fields})
+    JobEvents(ledger, ident.tag(), ident.rank, tmp_path / "progress.json")({"event": Kind.RESUMED, **fields})
     [written] = [e for e in ledger.read() if e["event"] == Kind.RESUMED]
     assert {name: written[name] for name in fields} == fields
