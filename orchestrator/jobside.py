@@ -48,6 +48,7 @@ from legato.runtime.rank_env import RankEnv
 from legato.slurm.backends import backend_for
 from legato.slurm.local import LOCAL_REQUEUE_EXIT
 from legato.store.manifest import checkpoint_step, list_checkpoints, manifest_checksum, read_manifest_file
+from legato.system.exiting import end_at_exit
 from legato.system.lifeline import die_with_parent
 from legato.system.processes import launch_times
 from legato.system.threads import resolve_threads
@@ -110,6 +111,7 @@ class TrainTask:
         die_with_parent()  # the local task dies with its controller (LocalBackend.tasks_die_with_controller), and its ranks with it
         task = os.getpid()
         code = run_ranks(forked, _stop_signals(cfg), lambda: self.rank(cfg, task), LOCAL_REQUEUE_EXIT)
+        end_at_exit(code)  # after submitit wrote the result: no teardown of the torch this task imported for its ranks
         if code:
             sys.exit(code)
         return {"final_global_hash": _final_hash(Ledger(cfg.run_dir).read())}

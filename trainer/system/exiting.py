@@ -18,9 +18,9 @@ What an exit does promise is kept, in the interpreter's own order:
 
 Daemon threads stop where they stand, as at any exit. Files are flushed, not closed: closing one under a daemon thread
 still writing to it would hand that thread an error the interpreter's exit (which stops daemon threads first) never
-gives. Used by legato's entry points (`python -m legato`, `legato.torchrun`, `legato.runtime.rank`) and the ranks
-legato forks. This module must never end a user's own script: its interpreter's exit is the user's, and the reference
-these are compared with (tests/unit/test_forked_exit.py).
+gives. Used by legato's entry points (`python -m legato`, `legato.torchrun`, `legato.runtime.rank`), the ranks legato
+forks and a legato job's submitit task (`end_at_exit`). This module must never end a user's own script: its
+interpreter's exit is the user's, and the reference these are compared with (tests/unit/test_exiting.py).
 """
 
 from __future__ import annotations
@@ -44,6 +44,25 @@ def finish(main: Callable[[], int | None]) -> NoReturn:
     code, interrupted = _outcome(main)
     threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own join of non-daemon threads at exit
     atexit._run_exitfuncs()
+    _end(code, interrupted)
+
+
+def end_at_exit(code: int) -> None:
+    """End this process with `code` as `finish` would, at the interpreter's exit, where legato does not own the main
+    (submitit's task runner, which writes its result after legato's function returned): call it just before returning
+    or raising `SystemExit(code)`. The hook registered here runs first of all atexit hooks (they run in reverse order of
+    registration), after the interpreter joined the non-daemon threads; it runs the others, flushes and ends."""
+
+    def end() -> None:
+        atexit.unregister(end)
+        atexit._run_exitfuncs()
+        _end(code, False)
+
+    atexit.register(end)
+
+
+def _end(code: int, interrupted: bool) -> NoReturn:
+    """Steps 4 and after: the files flushed, then the process ended with `code` (by SIGINT when `interrupted`)."""
     _flush_open_files()
     if not _flushed_standard_streams():
         code = EXIT_FLUSH_FAILED

@@ -1,6 +1,7 @@
-"""A forked child ends as `sys.exit` ends an interpreter (legato.system.exiting): its exit code or killing signal, the
-traceback of what it did not catch, its non-daemon threads joined before its atexit hooks run, and the bytes of a
-file it never closed on disk. Each scenario runs in a real child forked by `fork_run` from a fresh interpreter; the
+"""legato's processes end as `sys.exit` ends an interpreter (legato.system.exiting): the exit code or killing signal,
+the traceback of what was not caught, the non-daemon threads joined before the atexit hooks run, and the bytes of a
+file never closed on disk. Each scenario runs in a real child forked by `fork_run` from a fresh interpreter, and in a
+fresh interpreter ended at its exit by `end_at_exit` after its main returned (as submitit's task runner does); the
 same scenarios in a fresh interpreter of their own are the reference, and a child ended by a bare `os._exit` is the
 planted fault the file check catches."""
 
@@ -67,6 +68,18 @@ child = fork_run(["scenario"], lambda: None, namespace["main"])
 print(child.wait(timeout=120))
 """
 
+AT_EXIT = r"""
+import os, sys
+from legato.system.exiting import end_at_exit
+namespace = {"__name__": "scenario"}
+exec(open(sys.argv[3]).read(), namespace)
+code = namespace["main"]() or 0
+end_at_exit(code)
+with open(os.path.join(sys.argv[2], "result.txt"), "w") as f:  # what the runner writes after the function returned
+    f.write("result")
+sys.exit(code)
+"""
+
 FRESH = r"""
 import sys
 namespace = {"__name__": "scenario"}
@@ -75,16 +88,24 @@ sys.exit(namespace["main"]())
 """
 
 
-def run(tmp_path: Path, how: str, forked: bool = True) -> tuple[int, str, Path]:
-    """The scenario `how`: its exit code (negative: the signal), its stderr and its output folder."""
-    out = tmp_path / ("forked" if forked else "fresh") / how
+DRIVERS = {"forked": DRIVER, "at-exit": AT_EXIT, "fresh": FRESH}
+
+
+def run(tmp_path: Path, how: str, mode: str = "forked") -> tuple[int, str, Path]:
+    """The scenario `how` run as `mode` (DRIVERS): its exit code (negative: the signal), stderr and output folder."""
+    out = tmp_path / mode / how
     out.mkdir(parents=True)
     scenario = tmp_path / "scenario.py"
     scenario.write_text(SCENARIO)
-    code = DRIVER if forked else FRESH
-    proc = subprocess.run([sys.executable, "-c", code, how, str(out), str(scenario)], capture_output=True, text=True, timeout=180)
-    returncode = int(proc.stdout.strip()) if forked else proc.returncode
+    proc = subprocess.run([sys.executable, "-c", DRIVERS[mode], how, str(out), str(scenario)], capture_output=True, text=True, timeout=180)
+    returncode = int(proc.stdout.strip()) if mode == "forked" else proc.returncode
     return returncode, proc.stderr, out
+
+
+def assert_ended_in_order(out: Path, where: str) -> None:
+    assert (out / "order.txt").read_text() == "thread\natexit\n", where
+    assert (out / "unclosed.txt").read_text() == "written, never flushed", where
+    assert (out / "unclosed.bin").read_bytes() == b"bytes", where
 
 
 @pytest.mark.parametrize(
@@ -99,16 +120,23 @@ def run(tmp_path: Path, how: str, forked: bool = True) -> tuple[int, str, Path]:
     ],
 )
 def test_a_forked_child_ends_as_a_fresh_interpreter_would(tmp_path: Path, how: str, code: int, stderr: str) -> None:
-    for forked in (False, True):
-        returncode, err, out = run(tmp_path, how, forked)
-        where = "forked" if forked else "fresh"
+    for where in ("fresh", "forked"):
+        returncode, err, out = run(tmp_path, how, where)
         assert returncode == code, f"{where}: {returncode}\n{err}"
         assert stderr in err and (stderr or err == ""), f"{where}: {err!r}"
-        assert (out / "order.txt").read_text() == "thread\natexit\n", where
-        assert (out / "unclosed.txt").read_text() == "written, never flushed", where
-        assert (out / "unclosed.bin").read_bytes() == b"bytes", where
+        assert_ended_in_order(out, where)
         if how == "raise":
             assert "Traceback (most recent call last)" in err, where
+
+
+@pytest.mark.parametrize(("how", "code"), [("return-3", 3), ("return-none", 0)])
+def test_a_process_ended_at_its_exit_keeps_its_code_hooks_threads_and_files(tmp_path: Path, how: str, code: int) -> None:
+    """`end_at_exit` in a main legato does not own: the runner's own writes after the function returned still happen,
+    and so does everything an exit promises; the hook registered before it (the scenario's) still runs."""
+    returncode, err, out = run(tmp_path, how, "at-exit")
+    assert returncode == code, err
+    assert err == "" and (out / "result.txt").read_text() == "result"
+    assert_ended_in_order(out, "at-exit")
 
 
 def test_the_file_check_catches_a_child_that_skips_the_orderly_end(tmp_path: Path) -> None:
