@@ -44,8 +44,9 @@ def test_a_loop_stopped_by_a_signal_from_outside_ends_its_group_too(tmp_path: Pa
 
 
 def race(out: Path, **env: str) -> tuple[list[int], str]:
-    """Run tests/helpers/exit_race.py as a two-rank world; the ranks' exit codes and rank 0's stderr."""
-    with reaped(start_ranks(RACE, out, 2, **env)) as procs:
+    """Run tests/helpers/exit_race.py as a two-rank world; the ranks' exit codes and rank 0's stderr. Started cold: the
+    interpreter's own exit is what is tested, and a warm rank ends without it (helpers/warm.py)."""
+    with reaped(start_ranks(RACE, out, 2, LEGATO_TEST_WARM="0", **env)) as procs:
         codes = [p.wait(timeout=300) for p in procs]
     return codes, (out / "rank0.stderr").read_text()
 

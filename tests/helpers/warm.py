@@ -17,7 +17,7 @@ whenever that could show:
 - an environment that differs from the server's in a variable read when Python or torch starts (PYTHON*, OMP_*,
   MKL_*, KMP_*, TORCH*, CUDA*, CUBLAS*, LD_*; PYTHONPATH is applied as the interpreter would);
 - LEGATO_TEST_WARM=0 in the suite's environment, which starts every rank cold, or in a command's own (a test whose
-  ranks must start cold).
+  ranks must start cold: one whose subject is the interpreter's own exit, which a warm rank skips).
 
 tests/e2e/test_warm_start.py shows a warm and a cold start of one DDP script end bitwise equal, and each rule above.
 This module must never be used to start a process whose start is what a test checks.
