@@ -6,11 +6,15 @@ round (each round runs every row once, in a shuffled order):
 
 - `torchrun` + a plain DDP script of one step (the anchor);
 - `python -m legato CONFIG --nproc 2` on the bundled MLP at its defaults (strict determinism), `train.steps=1`;
+- `legato run CONFIG` on the local executor, the same run (the supervisor, submitit's controller, one task that
+  forks the two ranks): what `legato run` adds around a launch on a laptop;
 - `python -m legato.torchrun` + the same plain script (legato's torchrun wrapper alone);
 - `torchrun` + the plain script again: the control row, whose ratio shows the noise floor.
 
-Each row reports the median wall time and the median CPU seconds of the whole process tree (its children's user +
-system time), and both as ratios to the anchor.
+Each row reports the median wall time and the median CPU seconds, and both as ratios to the anchor. The CPU is the
+whole machine's busy time while the row ran (`/proc/stat`: `legato run`'s submitit controller is no child this process
+reaps, so the children's own times would miss it); the control row shows what else the machine did. Where there is no
+`/proc/stat`, the children's user + system time.
 
     python benchmarks/bench_launch.py [--rounds 5]
 """
@@ -29,6 +33,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PROC_STAT = Path("/proc/stat")
 PLAIN = """
 import os
 import torch, torch.distributed as dist, torch.nn.functional as F
@@ -52,24 +57,15 @@ def rows(work: Path) -> dict[str, list[str]]:
     plain = work / "plain.py"
     plain.write_text(PLAIN)
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", str(plain)]
-    legato = [
-        sys.executable,
-        "-m",
-        "legato",
-        str(ROOT / "configs" / "mlp.yaml"),
-        "--nproc",
-        "2",
-        "--set",
-        "train.steps=1",
-        "--set",
-        "chaos.signal_at_steps=[]",
-        "--set",
-        f"run.dir={work / 'run'}",
-    ]
+    config = str(ROOT / "configs" / "mlp.yaml")
+    sets = ["--set", "train.steps=1", "--set", "chaos.signal_at_steps=[]", "--set", f"run.dir={work / 'run'}"]
+    legato = [sys.executable, "-m", "legato", config, "--nproc", "2", *sets]
+    supervised = [sys.executable, "-m", "legato.orchestrator.cli", "run", config, "--set", "local.tasks=2", *sets]
     wrapper = [sys.executable, "-m", "legato.torchrun", "--standalone", "--nproc-per-node", "2", str(plain)]
     return {
         "torchrun + plain script (anchor)": torchrun,
         "python -m legato, MLP, defaults": legato,
+        "legato run, local executor, MLP, defaults": supervised,
         "python -m legato.torchrun + plain script": wrapper,
         "torchrun + plain script (control)": torchrun,
     }
@@ -78,14 +74,24 @@ def rows(work: Path) -> dict[str, list[str]]:
 def timed(cmd: list[str], work: Path) -> tuple[float, float]:
     """Wall seconds and CPU seconds (every descendant's user + system) of one run; the run must exit 0."""
     subprocess.run(["rm", "-rf", str(work / "run")], check=True)
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    before = busy_cpu()
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=work, capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
     wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    after = busy_cpu()
     if proc.returncode != 0:
         sys.exit(f"{cmd[2]} exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, after - before
+
+
+def busy_cpu() -> float:
+    """The machine's busy CPU seconds so far (user, nice, system), or this process's children's where /proc has none."""
+    try:
+        fields = PROC_STAT.read_text().splitlines()[0].split()
+    except OSError:
+        usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return usage.ru_utime + usage.ru_stime
+    return sum(int(v) for v in fields[1:4]) / os.sysconf("SC_CLK_TCK")
 
 
 def main() -> int:
