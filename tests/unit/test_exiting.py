@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 SCENARIO = r"""
-import atexit, os, sys, threading, time
+import atexit, os, signal, sys, threading, time
 
 out = sys.argv[2]
 kept = []
@@ -55,6 +55,17 @@ def main():
         raise ValueError("planted")
     if how == "interrupt":
         raise KeyboardInterrupt
+    if how == "interrupted-join":  # a Ctrl-C while the exit joins this thread: reported, and the exit goes on
+        main_thread = threading.main_thread().ident
+
+        def interrupt_the_join():
+            while sys._current_frames()[main_thread].f_code.co_name not in ("_wait_for_tstate_lock", "_shutdown"):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(600)  # abandoned by the exit
+
+        threading.Thread(target=interrupt_the_join).start()
+        return 3
     if how == "bare-os-exit":  # the planted fault: no flush, no thread joined, no atexit
         os._exit(0)
 """
@@ -137,6 +148,15 @@ def test_a_process_ended_at_its_exit_keeps_its_code_hooks_threads_and_files(tmp_
     assert returncode == code, err
     assert err == "" and (out / "result.txt").read_text() == "result"
     assert_ended_in_order(out, "at-exit")
+
+
+def test_a_ctrl_c_while_the_exit_joins_a_thread_is_reported_and_the_exit_goes_on(tmp_path: Path) -> None:
+    """Never back in the caller's frames (in a forked child, its parent's: the driver would print twice), and the
+    atexit hooks still run, as in a fresh interpreter."""
+    for where in ("fresh", "forked"):
+        returncode, err, out = run(tmp_path, "interrupted-join", where)
+        assert returncode == 3 and "KeyboardInterrupt" in err, f"{where}: {returncode}\n{err}"
+        assert (out / "order.txt").read_text() == "atexit\n", where
 
 
 def test_the_file_check_catches_a_child_that_skips_the_orderly_end(tmp_path: Path) -> None:

@@ -40,11 +40,16 @@ EXIT_FLUSH_FAILED = 120  # the interpreter's code when a standard stream cannot 
 
 
 def finish(main: Callable[[], int | None]) -> NoReturn:
-    """Run `main` in this process and end the process with its outcome (see the module's docstring)."""
-    code, interrupted = _outcome(main)
-    threading._shutdown()  # type: ignore[attr-defined]  # the interpreter's own join of non-daemon threads at exit
-    atexit._run_exitfuncs()
-    _end(code, interrupted)
+    """Run `main` in this process and end the process with its outcome (see the module's docstring). Nothing escapes:
+    an exception a signal raises while the exit runs (a Ctrl-C during the join) ends the process all the same, never
+    in the caller's frames (in a forked child, its parent's)."""
+    code, interrupted = 1, False
+    try:
+        code, interrupted = _outcome(main)
+        _step(threading._shutdown)  # type: ignore[attr-defined]  # the interpreter's own join of non-daemon threads
+        _step(atexit._run_exitfuncs)
+    finally:
+        _end(code, interrupted)
 
 
 def end_at_exit(code: int) -> None:
@@ -63,14 +68,26 @@ def end_at_exit(code: int) -> None:
 
 def _end(code: int, interrupted: bool) -> NoReturn:
     """Steps 4 and after: the files flushed, then the process ended with `code` (by SIGINT when `interrupted`)."""
-    _flush_open_files()
-    if not _flushed_standard_streams():
-        code = EXIT_FLUSH_FAILED
-    if interrupted:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
-    os._exit(code)
+    try:
+        _flush_open_files()
+        if not _flushed_standard_streams():
+            code = EXIT_FLUSH_FAILED
+        if interrupted:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        os._exit(code)
+
+
+def _step(run: Callable[[], object]) -> None:
+    """One step of the exit; what it raises (a Ctrl-C during the join) is reported and the exit goes on, as the
+    interpreter's does."""
+    try:
+        run()
+    except BaseException as exc:
+        with contextlib.suppress(BaseException):
+            sys.excepthook(type(exc), exc, exc.__traceback__)
 
 
 def _outcome(main: Callable[[], int | None]) -> tuple[int, bool]:
