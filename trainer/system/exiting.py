@@ -124,6 +124,7 @@ def _flush_open_files() -> None:
 
 
 def _flushed_standard_streams() -> bool:
+    """Flush stdout and stderr; whether both could be (the interpreter's exit turns a failure into code 120)."""
     ok = True
     for stream in (sys.stdout, sys.stderr):
         try:
