@@ -107,7 +107,7 @@ class TrainTask:
         cfg = load_config(self.config_path)
         forked = _ranks_to_fork(cfg)
         if not forked:
-            return self.rank(cfg, os.getpid())
+            return self._as_the_rank(cfg)
         die_with_parent()  # the local task dies with its controller (LocalBackend.tasks_die_with_controller), and its ranks with it
         task = os.getpid()
         code = run_ranks(forked, _stop_signals(cfg), lambda: self.rank(cfg, task), LOCAL_REQUEUE_EXIT)
@@ -115,6 +115,19 @@ class TrainTask:
         if code:
             sys.exit(code)
         return {"final_global_hash": _final_hash(Ledger(cfg.run_dir).read())}
+
+    def _as_the_rank(self, cfg: Config) -> dict:
+        """This task is the rank (SLURM starts one task per rank): it ends at its exit with the rank's code, after
+        submitit wrote the result, without tearing down the torch it trained with (about a second of CPU between the
+        checkpoint a stop committed and the job's end). An exception ends it as the interpreter would."""
+        try:
+            result = self.rank(cfg, os.getpid())
+        except SystemExit as stop:
+            if isinstance(stop.code, int):  # the rank's own codes; any other the interpreter reads and reports itself
+                end_at_exit(stop.code)
+            raise
+        end_at_exit(EXIT_OK)
+        return result
 
     def rank(self, cfg: Config, task: int) -> dict:
         """One rank of the job, in the task of pid `task` or forked from it: returns when it finished training, exits
