@@ -10,16 +10,19 @@ and `legato --version` stay instant.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.metadata
 import re
 from pathlib import Path
 
+from legato.config import SlurmSection
 from legato.orchestrator.completion import SHELLS
-from legato.orchestrator.requeue import DEFAULT_BUDGET
 from legato.quiet_args import Parser
-from legato.slurm.devcluster import Settings
+from legato.slurm.slurmconf import Settings
 
 MULTINODE_ANY = -1  # `--nodes` without a number: whichever multi-node cluster is up
+# `legato requeue --max-requeues`: a job script's budget defaults to a config's `slurm.max_requeues`.
+REQUEUE_BUDGET = next(f.default for f in dataclasses.fields(SlurmSection) if f.name == "max_requeues")
 
 
 def version() -> str:
@@ -145,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     requeue.add_argument("run_dir", help="the run directory the training script was given")
     requeue.add_argument("--exit-code", type=int, required=True, metavar="N", help="the launcher's exit code: --exit-code $?")
     requeue.add_argument(
-        "--max-requeues", type=int, default=DEFAULT_BUDGET, metavar="N", help="requeues allowed per job (default %(default)s)"
+        "--max-requeues", type=int, default=REQUEUE_BUDGET, metavar="N", help="requeues allowed per job (default %(default)s)"
     )
 
     init = sub.add_parser("init", help="write a training script ported to legato, its job script and a config into a folder")

@@ -18,8 +18,7 @@ from legato.config import load_config
 from legato.events import Kind
 from legato.orchestrator.ledger import Ledger
 from legato.orchestrator.rundir import SupervisorLock, captured_config
-from legato.orchestrator.status import current_job, current_session
-from legato.orchestrator.supervisor import session_exit_code
+from legato.orchestrator.status import current_job, current_session, session_exit_code
 from legato.paths import RunPaths
 from legato.slurm.backends import backend_for
 

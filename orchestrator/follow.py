@@ -16,8 +16,7 @@ from legato.errors import EXIT_FAILED, EXIT_OK
 from legato.events import Kind
 from legato.orchestrator.display import LiveView
 from legato.orchestrator.ledger import Ledger
-from legato.orchestrator.status import RunSummary, current_session, read_progress, summarize
-from legato.orchestrator.supervisor import session_exit_code
+from legato.orchestrator.status import RunSummary, current_session, read_progress, session_exit_code, summarize
 
 POLL_S = 1.0
 

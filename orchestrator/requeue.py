@@ -19,19 +19,15 @@ SLURM (legato.slurm.backends) to requeue.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from legato.config import SlurmSection
 from legato.errors import EXIT_FAILED, EXIT_HUNG, EXIT_OK, EXIT_STOPPED, UsageError
 from legato.events import Kind
 from legato.orchestrator.ledger import Ledger
 from legato.slurm.backends import backend_for
-
-DEFAULT_BUDGET = next(f.default for f in dataclasses.fields(SlurmSection) if f.name == "max_requeues")
 
 
 @dataclass(frozen=True)

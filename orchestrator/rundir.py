@@ -1,13 +1,10 @@
-"""The run directory as the supervisor owns it: the captured config, compatibility checks, the supervisor lock.
+"""The run directory as the supervisor owns it: what it holds (a script's run, a started run, the newest run under
+./runs), the captured config, the supervisor lock.
 
-Before anything is submitted, the config is checked against what the
-directory already holds (a captured config from an earlier `legato run`,
-checkpoints from any run, the run of a script's own Session) and refused with
-a `UsageError` when they cannot continue each other. Only then is the resolved
-config captured as `<run_dir>/config.yaml`, which is what every job reads. One
-supervisor per run directory: the lock is an OS file lock, released when its
-holder dies. This module never deletes or rewrites anything but the captured
-config.
+The resolved config is captured as `<run_dir>/config.yaml`, which is what every job reads, once `legato.orchestrator
+.preflight` found that it can continue what the directory holds. One supervisor per run directory: the lock is an OS
+file lock, released when its holder dies. This module never deletes or rewrites anything but the captured config, and
+imports nothing of a scheduler: `legato status` reads a run through it.
 """
 
 from __future__ import annotations
@@ -21,49 +18,14 @@ from pathlib import Path
 import yaml
 from filelock import FileLock, Timeout
 
-from legato.config import Config, config_from_dict, load_config, training_identity, training_settings
+from legato.config import Config, config_from_dict
 from legato.errors import UsageError
 from legato.events import Kind
 from legato.files import write_atomic
 from legato.orchestrator.ledger import Ledger
 from legato.paths import RunPaths
 from legato.repro.redact import Redactor
-from legato.session.attempt_lock import held_by, refusal
-from legato.slurm.backends import backend_for
-from legato.store import manifest, resumable
-from legato.system.threads import resolve_threads
 from legato.treediff import changed_leaves
-
-
-def check_compatible(cfg: Config) -> None:
-    """Refuse a config that cannot continue what the run directory holds."""
-    run_dir = cfg.run_dir
-    if is_script_run(run_dir):
-        who = held_by(run_dir)
-        if who is not None:
-            raise UsageError(refusal(run_dir, who))
-        raise UsageError(
-            f"Run directory {run_dir} holds a run of a script's own legato.Session (its ledger records the script's attempts, "
-            "and no `legato run` captured a config there), so this config would continue another loop's checkpoints. Launch "
-            f"that script again to resume it (`legato watch {run_dir}` follows it), or give this config its own run.dir."
-        )
-    _check_checkpoints(cfg)
-    captured = RunPaths(run_dir).config
-    if not captured.is_file():
-        return
-    before = load_config(captured)
-    differing = changed_leaves(training_identity(before), training_identity(cfg))
-    if cfg.checkpoint.reshard and resumable.global_batch_kept(
-        training_settings(before), training_settings(cfg), before.world_size, cfg.world_size
-    ):
-        # Opted into resharding: another world size with the per-rank batch changed to keep the global batch is this training.
-        differing = [leaf for leaf in differing if leaf[0] not in ("world_size", resumable.BATCH_KEY)]
-    if differing:
-        shown = "; ".join(f"{key} was {old!r}, now {new!r}" for key, old, new in differing[:5])
-        raise UsageError(
-            f"Run directory {run_dir} belongs to another config: {shown}. Continuing it would not be the same training. "
-            "Use the config that started it, or give this one its own run.dir (or run.name)."
-        )
 
 
 def has_started(run_dir: Path) -> bool:
@@ -158,25 +120,6 @@ class SupervisorLock:
             return "holder unknown"
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(info["since"]))
         return f"pid {info['pid']} on {info['host']}, since {started}"
-
-
-def _check_checkpoints(cfg: Config) -> None:
-    manifest.check_tree(RunPaths(cfg.run_dir).checkpoints)
-    run = resumable.RunShape(
-        cfg.world_size,
-        training_settings(cfg),
-        resumable.installed_torch_version(),
-        expected_threads(cfg),
-        cfg.determinism.mode == "strict",
-        cfg.checkpoint.reshard,
-    )
-    resumable.newest_usable(RunPaths(cfg.run_dir).checkpoints, run)
-
-
-def expected_threads(cfg: Config) -> int:
-    """The torch thread count each rank of this config's job will use (the rule of `legato.system.threads`)."""
-    backend = backend_for(cfg.executor)
-    return resolve_threads(cfg.determinism.threads, backend.tasks_per_node(cfg), backend.job_environ(cfg)).count
 
 
 def newest_run() -> Path:

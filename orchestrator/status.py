@@ -11,6 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE
 from legato.events import JOB_SUBMISSIONS, SCRIPT_EXECUTOR, TERMINAL, Kind, loop_left_label
 from legato.orchestrator import goodput
 from legato.orchestrator.goodput import Spent
@@ -337,3 +338,17 @@ def _end_open(attempts: dict[tuple[str, int | None], Attempt], job_id: str | Non
     for attempt in attempts.values():
         if attempt.job_id == str(job_id) and attempt.ended == "running":
             attempt.ended = how
+
+
+def session_exit_code(session: list[dict]) -> int | None:
+    """The run's exit code once its current session ended, else None."""
+    ends = [e for e in session if e["event"] in TERMINAL]
+    if not ends:
+        return None
+    end = ends[-1]
+    if end["event"] == Kind.FINISHED:
+        verified = all(e["match"] for e in session if e["event"] == Kind.RESUMED)
+        return EXIT_OK if verified else EXIT_RESUME_MISMATCH
+    if end["event"] == Kind.FAILED and end.get("exit_code") in (EXIT_USAGE, EXIT_RESUME_MISMATCH):
+        return end["exit_code"]
+    return EXIT_FAILED

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from legato.config import Config, training_identity
-from legato.errors import EXIT_FAILED, EXIT_OK, EXIT_RESUME_MISMATCH, EXIT_USAGE, UsageError
+from legato.errors import EXIT_FAILED, UsageError
 from legato.events import ATTEMPT_ENDING, TERMINAL, Kind, hang_label, repeated_hang_reason
 from legato.orchestrator.jobside import TrainTask
 from legato.orchestrator.ledger import Ledger
-from legato.orchestrator.status import current_job, current_session, read_progress
+from legato.orchestrator.status import current_job, current_session, read_progress, session_exit_code
 from legato.orchestrator.suspects import suspect_nodes, suspected_before, within_budget
 from legato.orchestrator.waiting import PENDING, waiting_job
 from legato.slurm.backend import Backend, JobState
@@ -46,23 +46,9 @@ LOST_RANK_GRACE_S = 60.0  # after `rank_lost` or a `hang`, how long the job's ot
 
 
 def config_digest(cfg: Config) -> str:
-    """What identifies the training a run directory belongs to (the same rule `rundir.check_compatible` applies)."""
+    """What identifies the training a run directory belongs to (the same rule `preflight.check_compatible` applies)."""
     text = json.dumps(training_identity(cfg), sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:32]
-
-
-def session_exit_code(session: list[dict]) -> int | None:
-    """The run's exit code once its current session ended, else None."""
-    ends = [e for e in session if e["event"] in TERMINAL]
-    if not ends:
-        return None
-    end = ends[-1]
-    if end["event"] == Kind.FINISHED:
-        verified = all(e["match"] for e in session if e["event"] == Kind.RESUMED)
-        return EXIT_OK if verified else EXIT_RESUME_MISMATCH
-    if end["event"] == Kind.FAILED and end.get("exit_code") in (EXIT_USAGE, EXIT_RESUME_MISMATCH):
-        return end["exit_code"]
-    return EXIT_FAILED
 
 
 def start_session(cfg: Config, ledger: Ledger, command: list[str]) -> None:

@@ -25,8 +25,8 @@ from legato.orchestrator.preflight import checked_config
 from legato.orchestrator.requeue import requeue as requeue_job
 from legato.orchestrator.rundir import SupervisorLock, capture_config, captured_config, has_started, is_script_run
 from legato.orchestrator.runstate import final_manifest
-from legato.orchestrator.status import current_job, current_session, read_progress, summarize
-from legato.orchestrator.supervisor import Supervisor, session_exit_code, start_session
+from legato.orchestrator.status import current_job, current_session, read_progress, session_exit_code, summarize
+from legato.orchestrator.supervisor import Supervisor, start_session
 from legato.repro.redact import Redactor
 from legato.session.attempt_lock import held_by, refusal
 
