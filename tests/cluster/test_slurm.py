@@ -108,11 +108,12 @@ def sacct_history(job_id: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
-def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, tmp_path_factory) -> None:
+def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, short_reference: str) -> None:
     run_dir = tmp_path / "run"
     # A two-minute limit: the signal comes 60 to 90 s into each attempt. Sleeping 125 ms a step makes 800 steps (100 s
-    # of sleep alone) outlast one attempt on any machine, and a loaded one needs three or four.
-    steps = "train.steps=800"
+    # of sleep alone) outlast one attempt on any machine, and a loaded one needs three or four. SHORT's reference is
+    # this training (its time limit is the scheduler's, not the training's).
+    steps = SHORT[0]
     proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", steps, "--set", "chaos.step_sleep_s=0.125", timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     data = status(run_dir)
@@ -127,7 +128,7 @@ def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, tmp_pat
     assert "REQUEUED" in sacct_history(job_id) or any(e["event"] == "job_state" and e["state"] == "REQUEUED" for e in events)
     # The time-limit signal reaches every task of the job, not only rank 0.
     assert {e["rank"] for e in events if e["event"] == "stop_signal"} == {0, 1}
-    assert data["final_global_hash"] == reference(tmp_path_factory, steps)
+    assert data["final_global_hash"] == short_reference
 
 
 def test_preemption_signal_at_an_arbitrary_moment(cluster, tmp_path: Path, short_reference: str) -> None:
