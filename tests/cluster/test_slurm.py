@@ -22,8 +22,8 @@ import pytest
 from conftest import ROOT, manifest, run_trainer
 from helpers.cli import ledger, legato, status, wait_for
 from helpers.launches import reaped, start_ranks, stderr_tails, steps_done
-from helpers.port import PORT, UNSEEDED, assert_same_run, launch
-from helpers.shared_runs import SharedRuns, run_key
+from helpers.port import PORT, UNSEEDED, assert_same_run, launch, torchrun_reference
+from helpers.shared_runs import SharedRuns
 from helpers.slurm_packages import install_both_clusters_packages
 
 from legato.runtime.launch import free_port
@@ -402,18 +402,6 @@ exec "${requeue[@]}" --exit-code $rc
 """
 
 
-def _torchrun_reference(shared_runs: SharedRuns) -> Path:
-    """The nanoGPT port run to its end by `python -m legato.torchrun` (2 ranks), no stop (shared: read it only)."""
-
-    def build(run_dir: Path) -> None:
-        command = [sys.executable, "-m", "legato.torchrun", "--max-restarts", "0", "--nproc-per-node", "2"]
-        command += ["--master-port", str(free_port()), str(PORT / "nanogpt_legato.py"), str(run_dir)]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
-        assert done.returncode == 0, done.stderr[-3000:]
-
-    return shared_runs.get(run_key("nanogpt_port_torchrun_reference"), build)
-
-
 @pytest.mark.parametrize(("signal_option", "body"), [("USR2", SRUN_STEP), ("B:USR2", BATCH_SHELL)], ids=["srun-step", "batch-shell"])
 def test_slurms_own_time_limit_signal_stops_a_launcher_job_that_requeues_and_resumes_exactly(
     cluster, shared_runs: SharedRuns, tmp_path: Path, signal_option: str, body: str
@@ -423,7 +411,7 @@ def test_slurms_own_time_limit_signal_stops_a_launcher_job_that_requeues_and_res
     it) stops the job at an agreed, committed checkpoint; exit 75, `scontrol requeue`, and the requeued job resumes
     verified and ends bit for bit where an uninterrupted launch ends."""
     # The reference trains before the job is submitted, so that the job's start-up does not share the cores with it.
-    reference = _torchrun_reference(shared_runs)
+    reference = torchrun_reference(shared_runs)
     run_dir, out = tmp_path / "run", tmp_path / "slurm.out"
     values = {"out": out, "root": ROOT, "python": sys.executable, "script": PORT / "nanogpt_legato.py", "run_dir": run_dir}
     script = tmp_path / "job.sh"

@@ -23,7 +23,8 @@ import pytest
 from conftest import ROOT
 from helpers.cli import ledger, wait_for
 from helpers.launches import process_tree, steps_done
-from helpers.port import UNSEEDED, assert_same_run
+from helpers.port import UNSEEDED, assert_same_run, torchrun_reference
+from helpers.shared_runs import SharedRuns
 
 from legato.runtime.launch import free_port
 from legato.system.processes import alive, children
@@ -44,14 +45,9 @@ def _launch(out: Path, **env: str) -> subprocess.Popen:
     return subprocess.Popen(cmd, env=_env(**env), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("signals") / "reference"
-    done = subprocess.run(
-        [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(), capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+@pytest.fixture
+def reference(shared_runs: SharedRuns) -> Path:
+    return torchrun_reference(shared_runs)
 
 
 TARGETS = {

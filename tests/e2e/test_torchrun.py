@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT
-from helpers.port import UNSEEDED, assert_same_run
+from helpers.port import UNSEEDED, assert_same_run, torchrun_reference
+from helpers.shared_runs import SharedRuns
 
 from legato.runtime.launch import free_port
 
@@ -43,12 +44,9 @@ def torchrun(out: Path, *launcher: str, signal_at: str = "", port: bool = True) 
 LEGATO_TORCHRUN = (sys.executable, "-m", "legato.torchrun")
 
 
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("torchrun") / "reference"
-    done = torchrun(out, *LEGATO_TORCHRUN, "--max-restarts", "0")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return out
+@pytest.fixture
+def reference(shared_runs: SharedRuns) -> Path:
+    return torchrun_reference(shared_runs)
 
 
 def resumes(stderr: str) -> list[str]:

@@ -5,6 +5,7 @@ exactly; shared by e2e/test_port.py, e2e/test_torchrun.py and cluster/test_slurm
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -12,10 +13,26 @@ from pathlib import Path
 
 import torch
 from conftest import ROOT, manifest, model_state, run_ranks, trajectory
+from helpers.shared_runs import SharedRuns, run_key
+
+from legato.runtime.launch import free_port
 
 PORT = ROOT / "examples" / "port"
 # Global RNGs that nanoGPT and the DDP tutorial never seed (the ImageNet example seeds all three): see assert_same_run.
 UNSEEDED = ("rng.python", "rng.numpy")
+
+
+def torchrun_reference(shared_runs: SharedRuns) -> Path:
+    """The nanoGPT port run to its end by `python -m legato.torchrun` (2 ranks), no stop: trained once per suite for
+    every test that compares a stopped launch with it (read it only)."""
+
+    def build(run_dir: Path) -> None:
+        command = [sys.executable, "-m", "legato.torchrun", "--max-restarts", "0", "--nproc-per-node", "2"]
+        command += ["--master-port", str(free_port()), str(PORT / "nanogpt_legato.py"), str(run_dir)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONWARNINGS="ignore"))
+        assert done.returncode == 0, done.stderr[-3000:]
+
+    return shared_runs.get(run_key("nanogpt_port_torchrun_reference"), build)
 
 
 def launch(script: Path, out: Path, *args: str, **env: str) -> list[subprocess.CompletedProcess]:
