@@ -19,7 +19,7 @@ from helpers.cli import ledger, legato, run_args, status, wait_for
 
 def attached(run_dir: Path, out: Path) -> subprocess.Popen:
     """`legato run` in a session of its own, as a terminal's foreground job is: its process group gets the Ctrl-C."""
-    args = run_args(run_dir, "train.steps=400", "checkpoint.every_steps=10", "chaos.step_sleep_s=0.05")
+    args = run_args(run_dir, "train.steps=100", "checkpoint.every_steps=10", "chaos.step_sleep_s=0.2")
     with (out / "stdout").open("w") as stdout, (out / "stderr").open("w") as stderr:
         return subprocess.Popen(
             [sys.executable, "-m", "legato.orchestrator.cli", *args],
@@ -60,6 +60,6 @@ def test_ctrl_c_ends_an_attached_run_with_130_and_no_traceback(tmp_path: Path, t
         return
     # The resume trains the rest at full speed: the sleep only kept the first attempt running until the Ctrl-C, and
     # neither it nor the checkpoint cadence is part of the training a run directory is checked against.
-    resumed = legato(*run_args(run_dir, "train.steps=400", "checkpoint.every_steps=100"), timeout=400)
+    resumed = legato(*run_args(run_dir, "train.steps=100", "checkpoint.every_steps=50"), timeout=400)
     assert resumed.returncode == 0, resumed.stdout[-2000:] + resumed.stderr[-2000:]
     assert status(run_dir)["all_resumes_verified"]
