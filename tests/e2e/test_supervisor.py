@@ -109,11 +109,11 @@ def test_requeue_budget_stops_a_job_that_would_requeue_forever(tmp_path: Path) -
 
 def test_detach_watch_and_preemption_by_the_supervisor(shared_runs: SharedRuns, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    # Each attempt is preempted 10 s after the supervisor saw it training, and a step takes at least 50 ms (chaos
-    # sleep, bits unchanged): one attempt trains at most 200 steps plus what the supervisor's 0.5 s polls and the agreed
-    # stop add, so of the 260 steps (60 of margin) two attempts at least train anywhere, and a busy machine's slower
+    # Each attempt is preempted 10 s after the supervisor saw it training, and a step takes at least 100 ms (chaos
+    # sleep, bits unchanged): one attempt trains at most 100 steps plus what the supervisor's 0.5 s polls and the agreed
+    # stop add, so of the 130 steps (30 of margin) two attempts at least train anywhere, and a busy machine's slower
     # steps add attempts without adding CPU (the sleep is idle). The requeue budget is high enough never to end the run.
-    sets = ("train.steps=260", "chaos.step_sleep_s=0.05", "chaos.preempt_every_s=10", "run.name=detached", "slurm.max_requeues=100")
+    sets = ("train.steps=130", "chaos.step_sleep_s=0.1", "chaos.preempt_every_s=10", "run.name=detached", "slurm.max_requeues=100")
     proc = legato(*run_args(run_dir, *sets), "--detach")
     assert proc.returncode == 0, proc.stderr
     assert "submitted" in proc.stdout and "legato watch" in proc.stdout
@@ -129,7 +129,7 @@ def test_detach_watch_and_preemption_by_the_supervisor(shared_runs: SharedRuns, 
     assert data["finished"] and data["all_resumes_verified"]
     assert len(data["attempts"]) >= 2
     assert any(e["event"] == "preempt_sent" for e in ledger(run_dir))
-    assert data["final_global_hash"] == reference_hash(shared_runs, "train.steps=260")
+    assert data["final_global_hash"] == reference_hash(shared_runs, "train.steps=130")
 
 
 @pytest.mark.parametrize("sigint", ["default", "ignored"])
