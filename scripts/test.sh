@@ -3,8 +3,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
-# Three workers on two cores. A fresh clone's whole suite took 54.3 min of tests later on 2026-12-03 (ff45b84: 1,090
-# tests; legato's processes and the warm ranks end without the interpreter's teardown), 62.8 that morning (8dbd046: 1,079 tests,
+# Three workers on two cores. A fresh clone's whole suite took 47.9 min of tests on the evening of 2026-12-03 (74deebe:
+# 1,093 tests, 8,554 test-seconds; SLURM tasks end without the teardown, the CLI imports one command family, tests
+# that trained one run twice share it), 54.3 earlier that day (ff45b84: 1,090 tests; legato's processes and the warm
+# ranks end without the interpreter's teardown), 62.8 that morning (8dbd046: 1,079 tests,
 # 11,218 test-seconds; the whole .ci/run, setup included, 7,471 CPU-s by a /proc sampler: a local job's ranks now fork
 # from its one task, and run_trainer's launcher starts warm), 66.3 min the day before (7,747 CPU-s); 64.0 on 2026-12-02 (dec2974:
 # 1,066 tests, 11,432 test-seconds; the one-node SLURM module 25.3 min on one worker, the multi-node one 8.0 on
