@@ -123,7 +123,7 @@ class TrainTask:
         try:
             result = self.rank(cfg, os.getpid())
         except SystemExit as stop:
-            if isinstance(stop.code, int):  # the rank's own codes; any other the interpreter reads and reports itself
+            if isinstance(stop.code, int):  # the rank's own codes; None or a message the interpreter's exit reads itself
                 end_at_exit(stop.code)
             raise
         end_at_exit(EXIT_OK)

@@ -86,6 +86,11 @@ namespace = {"__name__": "scenario"}
 exec(open(sys.argv[3]).read(), namespace)
 code = namespace["main"]() or 0
 end_at_exit(code)
+runner = sys.argv[4] if len(sys.argv) > 4 else "writes"
+if runner == "fails":  # the runner's own write after the function returned fails (a full disk) and nothing catches it
+    raise OSError("planted: the result could not be written")
+if runner == "interrupted":  # a Ctrl-C lands in the runner's write
+    raise KeyboardInterrupt
 with open(os.path.join(sys.argv[2], "result.txt"), "w") as f:  # what the runner writes after the function returned
     f.write("result")
 sys.exit(code)
@@ -102,13 +107,15 @@ sys.exit(namespace["main"]())
 DRIVERS = {"forked": DRIVER, "at-exit": AT_EXIT, "fresh": FRESH}
 
 
-def run(tmp_path: Path, how: str, mode: str = "forked") -> tuple[int, str, Path]:
-    """The scenario `how` run as `mode` (DRIVERS): its exit code (negative: the signal), stderr and output folder."""
+def run(tmp_path: Path, how: str, mode: str = "forked", *driver: str) -> tuple[int, str, Path]:
+    """The scenario `how` run as `mode` (DRIVERS, given `driver`'s arguments): its exit code (negative: the signal),
+    stderr and output folder."""
     out = tmp_path / mode / how
     out.mkdir(parents=True)
     scenario = tmp_path / "scenario.py"
     scenario.write_text(SCENARIO)
-    proc = subprocess.run([sys.executable, "-c", DRIVERS[mode], how, str(out), str(scenario)], capture_output=True, text=True, timeout=180)
+    command = [sys.executable, "-c", DRIVERS[mode], how, str(out), str(scenario), *driver]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=180)
     returncode = int(proc.stdout.strip()) if mode == "forked" else proc.returncode
     return returncode, proc.stderr, out
 
@@ -147,6 +154,20 @@ def test_a_process_ended_at_its_exit_keeps_its_code_hooks_threads_and_files(tmp_
     returncode, err, out = run(tmp_path, how, "at-exit")
     assert returncode == code, err
     assert err == "" and (out / "result.txt").read_text() == "result"
+    assert_ended_in_order(out, "at-exit")
+
+
+@pytest.mark.parametrize(
+    ("runner", "code", "stderr"), [("fails", 1, "OSError: planted"), ("interrupted", -signal.SIGINT, "KeyboardInterrupt")]
+)
+def test_a_runner_that_fails_after_the_function_returned_ends_as_the_interpreter_says(
+    tmp_path: Path, runner: str, code: int, stderr: str
+) -> None:
+    """The function returned 0 and `end_at_exit(0)` was called; then the runner's own write raised and nothing caught
+    it: the interpreter's verdict stands (1 after the traceback, or death by SIGINT), never the 0 registered before."""
+    returncode, err, out = run(tmp_path, "return-none", "at-exit", runner)
+    assert returncode == code, err
+    assert "Traceback (most recent call last)" in err and stderr in err, err
     assert_ended_in_order(out, "at-exit")
 
 

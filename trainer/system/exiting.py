@@ -56,11 +56,17 @@ def end_at_exit(code: int) -> None:
     """End this process with `code` as `finish` would, at the interpreter's exit, where legato does not own the main
     (submitit's task runner, which writes its result after legato's function returned): call it just before returning
     or raising `SystemExit(code)`. The hook registered here runs first of all atexit hooks (they run in reverse order of
-    registration), after the interpreter joined the non-daemon threads; it runs the others, flushes and ends."""
+    registration), after the interpreter joined the non-daemon threads; it runs the others, flushes and ends. When what
+    runs after the call raises and nothing catches it (the runner's own write fails, a Ctrl-C lands in it), the
+    interpreter's verdict stands, not `code`: exit 1 after its traceback, or death by SIGINT."""
+    before = getattr(sys, "last_value", None)  # the interpreter sets it as it reports an uncaught exception
 
     def end() -> None:
         atexit.unregister(end)
         atexit._run_exitfuncs()
+        uncaught = getattr(sys, "last_value", None)
+        if uncaught is not None and uncaught is not before:
+            _end(1, isinstance(uncaught, KeyboardInterrupt))
         _end(code, False)
 
     atexit.register(end)
