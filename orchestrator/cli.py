@@ -48,8 +48,13 @@ Command = Callable[[argparse.Namespace], int]
 def _supervising() -> dict[str, Command]:
     from legato.orchestrator.commands import supervising as family
 
-    run, watch, train, cancel, requeue = family.cmd_run, family.cmd_watch, family.cmd_train, family.cmd_cancel, family.cmd_requeue
-    return {"run": run, "watch": watch, "train": train, "cancel": cancel, "requeue": requeue}
+    return {
+        "run": family.cmd_run,
+        "watch": family.cmd_watch,
+        "train": family.cmd_train,
+        "cancel": family.cmd_cancel,
+        "requeue": family.cmd_requeue,
+    }
 
 
 def _inspecting() -> dict[str, Command]:
