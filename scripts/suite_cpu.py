@@ -77,10 +77,10 @@ def record(out: Path, pytest_args: list[str]) -> int:
         subprocess.check_output([str(ROOT / ".venv/bin/python"), "-c", "import site; print(site.getsitepackages()[0])"], text=True).strip()
     )
     module, pth = packages / f"{HOOK_MODULE}.py", packages / f"{HOOK_MODULE}.pth"
-    module.write_text(HOOK.format(log=str(out / "starts")))
-    pth.write_text(f"import {HOOK_MODULE}\n")
-    subprocess.run(["accton", str(acct)], check=True)
+    subprocess.run(["accton", str(acct)], check=True)  # first: without root nothing of the venv is touched
     try:
+        module.write_text(HOOK.format(log=str(out / "starts")))
+        pth.write_text(f"import {HOOK_MODULE}\n")
         return subprocess.run([str(ROOT / "scripts" / "test.sh"), *pytest_args]).returncode
     finally:
         subprocess.run(["accton", "off"], check=False)
