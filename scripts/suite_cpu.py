@@ -31,7 +31,7 @@ HOOK_MODULE = "_legato_suite_cpu"
 HOOK = """import os, time
 try:
     with open("/proc/self/cmdline", "rb") as _c:
-        _cmd = _c.read().replace(b"\\0", b" ").decode("utf-8", "replace")[:400]
+        _cmd = " ".join(_c.read().decode("utf-8", "replace").split())[:400]  # one line: `-c` code has newlines
     with open(os.path.join({log!r}, str(os.getpid())), "a") as _f:
         _f.write("%d\\t%.3f\\t%s\\n" % (os.getpid(), time.time(), _cmd))
 except OSError:
@@ -107,7 +107,8 @@ def starts(log: Path) -> dict[int, list[tuple[float, str]]]:
     for path in log.iterdir():
         for line in path.read_text(errors="replace").splitlines():
             pid, at, cmd = (line.split("\t", 2) + ["", ""])[:3]
-            seen[int(pid)].append((float(at), cmd))
+            if pid.isdigit():  # a line of its own: the rest of a command line with a newline (before the hook joined them)
+                seen[int(pid)].append((float(at), cmd))
     return seen
 
 

@@ -79,7 +79,7 @@ def fill_after(run_dir: Path, step: int, checkpoint: int) -> None:
     reports = [tmp / f".report_rank{rank}.json" for rank in range(2)]
     if step == checkpoint + 1:
         deadline = time.monotonic() + 300
-        while not all(report.is_file() for report in reports):
+        while not all(_written(report) for report in reports):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the background checkpoint of step {checkpoint} wrote no reports in 300 s")
             time.sleep(0.01)
@@ -97,6 +97,16 @@ def fill_after(run_dir: Path, step: int, checkpoint: int) -> None:
         for held in paths.checkpoints.glob(".held*"):
             held.unlink()
         ballast.unlink()
+
+
+def _written(report: Path) -> bool:
+    """The whole report is on the filesystem: a file that exists may still be between its creation and its write, and
+    a fill then would fail the report's write (the files' phase, not the manifest this helper means to fail)."""
+    try:
+        json.loads(report.read_text())
+    except (FileNotFoundError, ValueError):
+        return False
+    return True
 
 
 def drive(out: Path, size_kb: int, launches: list[str]) -> int:
