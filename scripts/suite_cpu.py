@@ -107,7 +107,7 @@ def starts(log: Path) -> dict[int, list[tuple[float, str]]]:
     for path in log.iterdir():
         for line in path.read_text(errors="replace").splitlines():
             pid, at, cmd = (line.split("\t", 2) + ["", ""])[:3]
-            if pid.isdigit():  # a line of its own: the rest of a command line with a newline (before the hook joined them)
+            if pid.isdigit():  # not the tail of a `-c` command line split at its newlines (a log of an older hook)
                 seen[int(pid)].append((float(at), cmd))
     return seen
 
