@@ -7,7 +7,9 @@ it) twice mid-epoch and SIGKILLed (every process, as a node failure ends it) aft
 then relaunched to its end. The real TensorBoard event files are read back with `tensorboard`'s
 EventAccumulator: one training point per step with the step's exact loss, a monotonic step axis, and
 validation points only at the real epoch ends. Each planted fault in the script (logging replayed steps,
-no purge_step, validation after a stop) is caught by the same checker.
+no purge_step, validation after a stop) is caught by the same checker; there the checker is the subject, not the
+launcher, so the 2 ranks start as srun would start them (RANK, WORLD_SIZE set; warm, tests/helpers/warm.py) and the
+stop goes to one rank by pid.
 
 The script logs through `session.tracker`, to TensorBoard and to W&B offline at once. Each attempt's offline
 `.wandb` file is read back with W&B's own record definitions (tests/helpers/wandb_files.py): every attempt that
@@ -28,7 +30,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, trajectory
 from helpers.cli import legato, wait_for
-from helpers.launches import process_tree, steps_done
+from helpers.launches import process_tree, reaped, start_ranks, stderr_tails, steps_done
 from helpers.wandb_files import history, offline_runs
 
 from legato.runtime.launch import free_port
@@ -104,16 +106,19 @@ def wandb_problems(run: Path, starts: list[int], killed: int) -> list[str]:
     return problems
 
 
-def _launch(run: Path, fault: str, slow: bool) -> subprocess.Popen:
+def _script_env(run: Path, fault: str, slow: bool) -> dict[str, str]:
+    """What the script reads from its environment: the fault planted, W&B or not, slowed steps or not."""
     wandb_home = {f"WANDB_{name}_DIR": str(run.parent / "wandb-home") for name in ("CONFIG", "CACHE", "DATA", "ARTIFACT")}
-    env = dict(
-        os.environ,
+    return dict(
         **wandb_home,
-        PYTHONWARNINGS="ignore",
         TRACKER_FAULT=fault,
         TRACKER_WANDB="" if fault not in ("", "log-replay") else "1",
         LEGATO_CHAOS_STEP_SLEEP_S="0.1" if slow else "0",
     )
+
+
+def _launch(run: Path, fault: str, slow: bool) -> subprocess.Popen:
+    env = dict(os.environ, PYTHONWARNINGS="ignore", **_script_env(run, fault, slow))
     cmd = [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(run)]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -147,6 +152,27 @@ def _interrupt(run: Path, how: str, at: int, fault: str) -> str:
 
 def _logged_past(run: Path, step: int) -> bool:
     return (run / "tb").is_dir() and any(s >= step for s, _ in tb_points(run / "tb").get("train/loss", []))
+
+
+def _planted(run: Path, how: str, at: int, fault: str) -> None:
+    """The faulty script's two ranks, interrupted from outside by pid (USR2 to rank 1, or SIGKILL to both), then started
+    again to the run's end."""
+    with reaped(start_ranks(SCRIPT, run, 2, **_script_env(run, fault, slow=True))) as ranks:
+        if how == "stop":
+            wait_for(lambda: steps_done(run) >= at, 180, f"step {at}")
+            ranks[1].send_signal(signal.SIGUSR2)
+            assert [r.wait(timeout=240) for r in ranks] == [75, 75], stderr_tails(run)
+        else:
+            wait_for(
+                lambda: (run / "checkpoints" / f"step_{at}").is_dir() and _logged_past(run, at + 2),
+                180,
+                f"the periodic checkpoint at step {at} and TensorBoard points past it",
+            )
+            for r in ranks:
+                r.kill()
+            assert [r.wait(timeout=60) for r in ranks] == [-signal.SIGKILL] * 2
+    with reaped(start_ranks(SCRIPT, run, 2, **_script_env(run, fault, slow=False))) as ranks:
+        assert [r.wait(timeout=300) for r in ranks] == [0, 0], stderr_tails(run)
 
 
 def _finish(run: Path, fault: str) -> str:
@@ -210,8 +236,7 @@ def test_a_scripts_dashboards_after_two_stops_and_a_hard_kill(tmp_path: Path) ->
 )
 def test_the_dashboard_checker_catches_a_planted_fault(tmp_path: Path, fault: str, interruption: tuple[str, int], caught: str) -> None:
     run = tmp_path / "run"
-    _interrupt(run, *interruption, fault)
-    _finish(run, fault)
+    _planted(run, *interruption, fault)
     problems = dashboard_problems(run)
     assert any(p.startswith(caught) for p in problems), problems
     if fault == "log-replay":  # the same fault, logged to W&B by hand: the resumed attempt's file starts before its step
