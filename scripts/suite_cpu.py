@@ -3,6 +3,7 @@
 
     sudo scripts/suite_cpu.py run [PYTEST ARGS]   # the suite (scripts/test.sh) under the two recorders below
     scripts/suite_cpu.py report DIR               # the table again, from a run's recordings
+    scripts/suite_cpu.py report DIR --by test     # the CPU of each test (of one kind: --kind WORDS)
 
 Two recorders, joined by pid and start time: BSD process accounting (`accton`, from the `acct` package; the
 kernel writes each process's CPU time, name, pid and parent as it ends, forked children and processes that end by
@@ -31,13 +32,15 @@ HOOK_MODULE = "_legato_suite_cpu"
 HOOK = """import os, time
 try:
     with open("/proc/self/cmdline", "rb") as _c:
-        _cmd = " ".join(_c.read().decode("utf-8", "replace").split())[:400]  # one line: `-c` code has newlines
+        # One line of words: arguments end in NULs, and `-c` code has newlines.
+        _cmd = " ".join(_c.read().replace(b"\\0", b" ").decode("utf-8", "replace").split())[:400]
     with open(os.path.join({log!r}, str(os.getpid())), "a") as _f:
         _f.write("%d\\t%.3f\\t%s\\n" % (os.getpid(), time.time(), _cmd))
 except OSError:
     pass
 """
 START_SLACK_S = 3.0  # accounting records a start to the second
+TEST_DIR = re.compile(r"/pytest-\d+/(?:popen-gw\d+/)?(test_\w+?)\d*/")  # pytest's tmp_path of a test
 
 
 @dataclass(frozen=True)
@@ -56,9 +59,14 @@ def main() -> int:
     run.add_argument("--dir", type=Path, default=None, help="where the recordings go (default: a new temporary directory)")
     report = sub.add_parser("report", help="print the table of a run's recordings")
     report.add_argument("dir", type=Path)
+    report.add_argument("--by", choices=("kind", "test"), default="kind", help="group by process kind, or by the test that started it")
+    report.add_argument("--kind", default="", help="with --by test: only processes of the kinds whose name holds these words")
     args, pytest_args = parser.parse_known_args()
     if args.command == "report":
-        print_table(args.dir)
+        if args.by == "test":
+            print_tests(args.dir, args.kind)
+        else:
+            print_table(args.dir)
         return 0
     out = args.dir or Path(tempfile.mkdtemp(prefix="suite-cpu-"))
     code = record(out, pytest_args)
@@ -108,7 +116,7 @@ def starts(log: Path) -> dict[int, list[tuple[float, str]]]:
         for line in path.read_text(errors="replace").splitlines():
             pid, at, cmd = (line.split("\t", 2) + ["", ""])[:3]
             if pid.isdigit():  # not the tail of a `-c` command line split at its newlines (a log of an older hook)
-                seen[int(pid)].append((float(at), cmd))
+                seen[int(pid)].append((float(at), cmd.replace("\0", " ")))  # an older hook kept the NULs
     return seen
 
 
@@ -158,13 +166,29 @@ def kind(p: Process, cmd: str, forked: bool, forks_ranks: bool) -> str:
     return "other processes (git, shells, SLURM daemons, ...)"
 
 
-def print_table(out: Path) -> None:
+def classified(out: Path) -> list[tuple[Process, str, str]]:
+    """Every process of a run's recordings with its command line ("" when unknown) and kind."""
     procs, seen = ended(out / "acct"), starts(out / "starts")
     forkers = collections.Counter(p.ppid for p in procs if p.comm.startswith("legato-rank"))
-    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    found = []
     for p in procs:
         cmd, forked = command_of(p, seen)
-        row = totals[kind(p, cmd, forked, forkers[p.pid] > 0)]
+        found.append((p, cmd, kind(p, cmd, forked, forkers[p.pid] > 0)))
+    return found
+
+
+def test_of(cmd: str) -> str:
+    """The test whose temporary directory a command line names (pytest's `tmp_path`: the test's name, cut at 30
+    characters, and a number), else ""."""
+    found = TEST_DIR.search(cmd)
+    return found.group(1) if found else ""
+
+
+def print_table(out: Path) -> None:
+    procs = classified(out)
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for p, _, name in procs:
+        row = totals[name]
         row[0] += 1
         row[1] += p.cpu_s
     whole = sum(cpu for _, cpu in totals.values()) or 1.0
@@ -173,6 +197,22 @@ def print_table(out: Path) -> None:
     for name, (count, cpu) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
         print(f"| {cpu:7.0f} | {100 * cpu / whole:5.1f}% | {int(count):9d} | {name}")
     print(f"| {whole:7.0f} | 100.0% | {len(procs):9d} | all")
+
+
+def print_tests(out: Path, kind_words: str, rows: int = 40) -> None:
+    """The CPU of the processes each test started (of the kinds named `kind_words`), most first. A process whose command
+    line names no test directory (a launcher given a run directory elsewhere, the suite's own) counts as "(no test
+    named)"."""
+    totals: dict[str, list[float]] = collections.defaultdict(lambda: [0, 0.0])
+    for p, cmd, name in classified(out):
+        if kind_words in name:
+            row = totals[test_of(cmd) or "(no test named)"]
+            row[0] += 1
+            row[1] += p.cpu_s
+    print(f"| {'CPU s':>7} | {'processes':>9} | test (its tmp_path's name, cut at 30 characters)")
+    print(f"| {'---':>7} | {'---':>9} | ---")
+    for name, (count, cpu) in sorted(totals.items(), key=lambda kv: -kv[1][1])[:rows]:
+        print(f"| {cpu:7.1f} | {int(count):9d} | {name}")
 
 
 if __name__ == "__main__":
