@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import gc
 import json
 import os
 import select
@@ -191,12 +192,14 @@ def _serve(path: str) -> tuple[dict, list[int]]:
         if select.select([listener], [], [], _POLL_S)[0]:
             conn, _ = listener.accept()
             message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            gc.freeze()  # as legato's own forks do (legato.system.forking.fork_run)
             pid = os.fork()
             if pid == 0:
                 listener.close()
                 for other in [conn, *running.values()]:
                     other.close()
                 return json.loads(message), fds
+            gc.unfreeze()
             for fd in fds:
                 os.close(fd)
             conn.send(str(pid).encode())

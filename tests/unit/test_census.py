@@ -11,6 +11,7 @@ import copy
 import gc
 import logging
 import random
+import subprocess
 import sys
 import threading
 import types
@@ -169,6 +170,40 @@ def test_a_module_no_variable_names_is_found_by_the_collector_and_garbage_is_not
     finally:
         gc.enable()
         del sys.modules["users_state"]
+
+
+FORKED_RANK = r"""
+import gc, sys, types
+from legato.runtime.launch import preloaded_rank
+from legato.state.census import _swept_objects, find_unsaved
+from legato.system.forking import fork_run
+
+preloaded_rank()  # what a launcher imports before it forks its ranks
+assert _swept_objects() == [], "the forking parent holds state the sweep looks for"
+held = len(gc.get_objects())
+
+
+def rank():
+    import torch
+
+    hidden = types.ModuleType("users_state")
+    hidden.ema = torch.nn.Linear(2, 2)
+    sys.modules["users_state"] = hidden
+    [finding] = find_unsaved([], frame=sys._getframe())
+    assert finding.where == "ema (global of module users_state)", finding
+    return 0 if len(gc.get_objects()) < held // 10 else 3
+
+
+sys.exit(fork_run(["rank"], lambda: None, rank).wait(timeout=120))
+"""
+
+
+def test_a_forked_rank_sweeps_only_what_it_made_and_its_parent_holds_nothing_the_sweep_looks_for() -> None:
+    """A rank legato forks leaves what its parent imported to the collector's permanent generation, which the sweep
+    passes over (legato.system.forking): the parent, which ran no user code, holds no object of a swept kind, and the
+    sweep in the child still finds a module made there. Exit 3: the child's collector lists the parent's objects."""
+    proc = subprocess.run([sys.executable, "-c", FORKED_RANK], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 class Unhashable(type):

@@ -1,9 +1,9 @@
 """legato's processes end as `sys.exit` ends an interpreter (legato.system.exiting): the exit code or killing signal,
 the traceback of what was not caught, the non-daemon threads joined before the atexit hooks run, and the bytes of a
-file never closed on disk. Each scenario runs in a real child forked by `fork_run` from a fresh interpreter, and in a
-fresh interpreter ended at its exit by `end_at_exit` after its main returned (as submitit's task runner does); the
-same scenarios in a fresh interpreter of their own are the reference, and a child ended by a bare `os._exit` is the
-planted fault the file check catches."""
+file never closed on disk (one the child opened, and one its parent opened before the fork). Each scenario runs in a
+real child forked by `fork_run` from a fresh interpreter, and in a fresh interpreter ended at its exit by `end_at_exit`
+after its main returned (as submitit's task runner does); the same scenarios in a fresh interpreter of their own are
+the reference, and a child ended by a bare `os._exit` is the planted fault the file check catches."""
 
 from __future__ import annotations
 
@@ -19,6 +19,9 @@ import atexit, os, signal, sys, threading, time
 
 out = sys.argv[2]
 kept = []
+# Opened before main runs: in a forked child, by its parent before the fork (the child holds it among what it
+# inherited, legato.system.forking); only main writes to it.
+inherited = open(os.path.join(out, "inherited.txt"), "w")
 
 
 def record(what):
@@ -32,6 +35,7 @@ def main():
     kept[-1].write("written, never flushed")
     kept.append(open(os.path.join(out, "unclosed.bin"), "wb"))
     kept[-1].write(b"bytes")
+    inherited.write("written by main")
     ready = threading.Event()
 
     def late():
@@ -124,6 +128,7 @@ def assert_ended_in_order(out: Path, where: str) -> None:
     assert (out / "order.txt").read_text() == "thread\natexit\n", where
     assert (out / "unclosed.txt").read_text() == "written, never flushed", where
     assert (out / "unclosed.bin").read_bytes() == b"bytes", where
+    assert (out / "inherited.txt").read_text() == "written by main", where
 
 
 @pytest.mark.parametrize(
@@ -184,4 +189,5 @@ def test_the_file_check_catches_a_child_that_skips_the_orderly_end(tmp_path: Pat
     returncode, _, out = run(tmp_path, "bare-os-exit")
     assert returncode == 0
     assert (out / "unclosed.txt").read_text() == "" and (out / "unclosed.bin").read_bytes() == b""
+    assert (out / "inherited.txt").read_text() == ""
     assert not (out / "order.txt").exists() or "atexit" not in (out / "order.txt").read_text()

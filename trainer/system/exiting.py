@@ -122,6 +122,7 @@ def _flush_open_files() -> None:
     """Flush every file object still open but the standard streams (a text file flushes its buffer too). Found by the
     collector (file objects are tracked) and selected by class, never `isinstance`, which would read `__class__`."""
     standard = {id(stream) for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)}
+    gc.unfreeze()  # a forked child's inherited objects (legato.system.forking) are open files of this process too
     files = [obj for obj in gc.get_objects() if issubclass(type(obj), io.IOBase) and id(obj) not in standard]
     for file in files:
         with contextlib.suppress(Exception):  # closed, read-only, a broken pipe: nothing an exit reports
