@@ -19,9 +19,10 @@ import atexit, os, signal, sys, threading, time
 
 out = sys.argv[2]
 kept = []
-# Opened before main runs: in a forked child, by its parent before the fork (the child holds it among what it
-# inherited, legato.system.forking); only main writes to it.
+# Opened and written to before main runs: in a forked child, by its parent before the fork (legato.system.forking),
+# whose buffer must reach the file once, not once from each process.
 inherited = open(os.path.join(out, "inherited.txt"), "w")
+inherited.write("before main, ")
 
 
 def record(what):
@@ -128,7 +129,7 @@ def assert_ended_in_order(out: Path, where: str) -> None:
     assert (out / "order.txt").read_text() == "thread\natexit\n", where
     assert (out / "unclosed.txt").read_text() == "written, never flushed", where
     assert (out / "unclosed.bin").read_bytes() == b"bytes", where
-    assert (out / "inherited.txt").read_text() == "written by main", where
+    assert (out / "inherited.txt").read_text() == "before main, written by main", where
 
 
 @pytest.mark.parametrize(
@@ -189,5 +190,5 @@ def test_the_file_check_catches_a_child_that_skips_the_orderly_end(tmp_path: Pat
     returncode, _, out = run(tmp_path, "bare-os-exit")
     assert returncode == 0
     assert (out / "unclosed.txt").read_text() == "" and (out / "unclosed.bin").read_bytes() == b""
-    assert (out / "inherited.txt").read_text() == ""
+    assert (out / "inherited.txt").read_text() == "before main, "  # the parent's own flush
     assert not (out / "order.txt").exists() or "atexit" not in (out / "order.txt").read_text()

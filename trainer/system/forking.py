@@ -21,7 +21,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
-from legato.system.exiting import finish
+from legato.system.exiting import finish, inherit_files, open_files
 
 _WAIT_POLL_S = 0.05
 PR_SET_NAME = 15
@@ -87,14 +87,16 @@ def fork_run(
 ) -> ForkedProcess:
     """Fork a child that resets `default_handlers` to SIG_DFL (as an exec would), calls `become`, then `run`, and
     exits with what `run` returned; in the parent, the child as a ForkedProcess (`args`: what it is, for messages).
-    Standard streams are flushed first, so that nothing buffered before the fork is written twice."""
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
+    Open files are flushed first, so that nothing buffered before the fork is written twice, and the child flushes
+    them again as it ends (legato.system.exiting), with those it opened."""
+    files = open_files()
+    for file in (sys.stdout, sys.stderr, *files):
+        with contextlib.suppress(Exception):  # closed, read-only, a broken pipe
+            file.flush()
     # What this process holds goes to the collector's permanent generation for the fork, the pattern the `gc.freeze`
-    # docs give for a fork without exec: the child's collections and the census's sweep (legato.state.census) then pass
-    # over the ~290k objects torch's import made (0.1-0.3 s of CPU a rank, on every look), and leave the pages the child
-    # shares with its parent unwritten. The parent takes them back at once; the child's exit flushes them too.
+    # docs give for a fork without exec: the child's collections, the census's sweep (legato.state.census) and its
+    # exit's look for open files pass over the ~290k objects torch's import made (0.1 s of CPU each time) and leave the
+    # pages it shares with its parent unwritten. The parent takes them back at once.
     gc.freeze()
     pid = os.fork()
     if pid:
@@ -102,6 +104,7 @@ def fork_run(
         return ForkedProcess(pid, args)
 
     def child() -> int:
+        inherit_files(files)
         for sig in default_handlers:
             signal.signal(sig, signal.SIG_DFL)
         become()
