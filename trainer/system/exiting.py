@@ -4,8 +4,9 @@ A process that imported torch spends about a second of CPU on the interpreter's 
 collections free every object, module by module), and a child forked from such a process more: each of those writes
 lands on a page the child still shares with its parent, so the kernel copies the page first. Measured on a two-core
 machine: a fresh interpreter that imported what a rank imports, 1.2 s of its 6.3 s; a forked child that imported
-nothing after the fork, 1.3-1.5 s against 0.1 s ended here, more than a small rank spends training. The language does not promise that teardown (a `__del__` of an object still alive at exit need not run).
-What an exit does promise is kept, in the interpreter's own order:
+nothing after the fork, 1.3-1.5 s against 0.1 s ended here, more than a small rank spends training. The language does
+not promise that teardown (a `__del__` of an object still alive at exit need not run). What an exit does promise is
+kept, in the interpreter's own order:
 
 1. the outcome: an uncaught exception's traceback through `sys.excepthook` and exit 1, `SystemExit`'s code read as
    the interpreter reads it (None 0, an int itself, anything else printed to stderr and 1), an uncaught
