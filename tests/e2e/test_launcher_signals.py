@@ -5,9 +5,10 @@ slowed from outside (LEGATO_CHAOS_STEP_SLEEP_S) so the signal lands mid-run. The
 alone (`scancel --signal`, `B:`), to every process of the step (`--signal` without `B:`), to one rank, as TERM
 to the launcher (a time limit), to every process before any rank has a Session, and to the launcher before torchrun
 has started any rank (a preemption during a slow start: kept, and sent as the ranks appear). Each time the launcher
-exits 75 with no rank left behind, and the next launch resumes verified and ends bit for bit where the
-uninterrupted run ends. A second launch into the run directory while the first trains (a job submitted twice) is
-refused on every rank having written nothing, and the first goes on unharmed.
+exits 75 with no rank left behind, and the next launch (its ranks started warm, as torchrun would start them: the
+launcher's part is over) resumes verified and ends bit for bit where the uninterrupted run ends. A second launch into
+the run directory while the first trains (a job submitted twice) is refused on every rank having written nothing,
+and the first goes on unharmed.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 from helpers.cli import ledger, wait_for
-from helpers.launches import process_tree, steps_done
+from helpers.launches import process_tree, reaped, start_ranks, stderr_tails, steps_done
 from helpers.port import UNSEEDED, assert_same_run, torchrun_reference
 from helpers.shared_runs import SharedRuns
 
@@ -121,13 +122,18 @@ def test_a_stop_signal_from_outside_ends_in_exit_75_and_an_exact_resume(
         for pid in seen:
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
-    done = subprocess.run(
-        [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(), capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
+    logs = _resume(out)
     if not early:  # a stop before the first step leaves nothing to resume: the next launch starts from step 0
-        assert "resumed at step" in done.stderr and "verified" in done.stderr, done.stderr[-3000:]
+        assert "resumed at step" in logs and "verified" in logs, logs
     assert_same_run(reference, out, STEPS, UNSEEDED)
+
+
+def _resume(out: Path) -> str:
+    """The next launch, trained to the run's end: its two ranks started warm (the launcher's part, the stop, is over),
+    as torchrun starts them. Their stderr."""
+    with reaped(start_ranks(SCRIPT, out)) as ranks:
+        assert [r.wait(timeout=300) for r in ranks] == [0, 0], stderr_tails(out)
+    return stderr_tails(out)
 
 
 def test_a_sigkilled_launcher_takes_its_ranks_with_it(tmp_path: Path) -> None:
@@ -175,9 +181,6 @@ def test_a_second_launch_into_a_training_run_is_refused_and_harms_nothing(tmp_pa
             if alive(pid):
                 os.kill(pid, signal.SIGKILL)
     assert [e["event"] for e in ledger(out)].count("attempt_started") == 1, "the refused launch recorded an attempt"
-    done = subprocess.run(
-        [*LAUNCH, "--master-port", str(free_port()), str(SCRIPT), str(out)], env=_env(), capture_output=True, text=True, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "resumed at step" in done.stderr and "verified" in done.stderr, done.stderr[-3000:]
+    logs = _resume(out)
+    assert "resumed at step" in logs and "verified" in logs, logs
     assert_same_run(reference, out, STEPS, UNSEEDED)
