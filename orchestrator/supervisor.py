@@ -43,6 +43,9 @@ log = logging.getLogger(__name__)
 
 Notify = Callable[[str, dict], None]
 LOST_RANK_GRACE_S = 60.0  # after `rank_lost` or a `hang`, how long the job's other tasks get to exit by themselves
+# After the run's last record, how long the supervisor waits for its job to end: the job still writes into the run
+# directory (submitit's result file, the tasks' last log lines) as it ends, a second or two after the record.
+JOB_END_WAIT_S = 60.0
 
 
 def config_digest(cfg: Config) -> str:
@@ -98,6 +101,7 @@ class Supervisor:
             code = session_exit_code(session)
             if code is not None:
                 self._cancel_leftover_job(session)
+                self._await_job_end(session)
                 return code
             job_id = current_job(session)
             if job_id is None:
@@ -299,6 +303,22 @@ class Supervisor:
             return
         self.ledger.append(Kind.LEFTOVER_CANCEL, job_id=job_id)
         handle.cancel()
+
+    def _await_job_end(self, session: list[dict]) -> None:
+        """Return once the session's job has ended, so that nothing writes into the run directory after `legato run`
+        returns (a user's next command may copy or remove it); a job still running after JOB_END_WAIT_S is left to
+        its scheduler, with a warning. The scheduler is asked directly, not through `_job_state`: its state records
+        belong before the run's last record, not after it."""
+        job_id = current_job(session)
+        if job_id is None:
+            return
+        handle = self._handle(job_id)
+        deadline = time.monotonic() + JOB_END_WAIT_S
+        while handle.state().active:
+            if time.monotonic() >= deadline:
+                log.warning("job %s still runs %.0f s after the run ended; leaving it to %s", job_id, JOB_END_WAIT_S, self.backend.name)
+                return
+            time.sleep(max(self.poll_s, self.backend.state_poll_interval_s))
 
     def _end_after_lost_rank(self, session: list[dict], handle: JobHandle) -> None:
         """A job attempt whose rank 0 recorded `rank_lost`, or whose watchdog recorded a `hang`, has nothing left to do;

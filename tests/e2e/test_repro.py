@@ -54,6 +54,8 @@ def test_no_secret_reaches_any_file_of_a_real_run(tmp_path: Path) -> None:
     assert "LEGATO_NOTIFY_COMMAND exited 3; the run's result is unchanged" in proc.stderr, proc.stderr[-2000:]
     files = _run_dir_files(run_dir)
     assert any(p.parent.name == "0" and p.name == "env.txt" for p in files) and any("_log.err" in p.name for p in files)
+    # `legato run` returned once its job had ended: the job's result is written, no file of it is half written.
+    assert any(p.name.endswith("_result.pkl") for p in files) and not [p for p in files if p.name.endswith("save_tmp")], files
     for path in files:
         data = path.read_bytes()
         for secret in (*SECRET_VALUES, HOOK_TOKEN):

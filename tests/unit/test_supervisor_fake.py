@@ -47,6 +47,25 @@ def test_a_job_that_waits_then_finishes_is_submitted_once_and_every_state_change
     assert fake.cancelled == []
 
 
+def test_a_finished_run_returns_only_once_its_job_has_ended(tmp_path: Path) -> None:
+    """The job records the run's end, then runs on for three more looks (its tasks write their last files): the
+    supervisor returns after the look that finds it ended, and records no job state after the run's last record."""
+    code, fake, ledger = _supervise(_config(tmp_path), [running(), still("RUNNING", FINISHED), still(), still(), ended("COMPLETED")])
+    assert code == EXIT_OK
+    left = fake._steps["101"]
+    assert len(left) == 1 and not left[0].active, f"returned with the job still running: {left}"
+    assert ledger[-1]["event"] == "finished"
+
+
+def test_a_job_that_never_ends_after_its_run_is_left_to_its_scheduler_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(supervisor_module, "JOB_END_WAIT_S", 0.05)
+    code, fake, _ = _supervise(_config(tmp_path), [running(), still("RUNNING", FINISHED)])
+    assert code == EXIT_OK and fake.cancelled == []
+    assert "job 101 still runs 0 s after the run ended; leaving it to fake" in caplog.text
+
+
 def test_a_pending_job_says_why_it_waits(tmp_path: Path) -> None:
     fake = FakeBackend(Ledger(tmp_path), [[pending("QOSMaxJobsPerUserLimit")]])
     job_id = fake.submit(_config(tmp_path), task=lambda: None)
