@@ -4,7 +4,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # Three workers on two cores: the suite is CPU-bound there (the cores stay busy throughout; four workers bought nothing
-# on 2026-11-28), so its time is its CPU. A fresh clone's tests took 30.4 min on 2026-12-04 (df5ade0, 1,096 tests;
+# on 2026-11-28), so its time is its CPU. A fresh clone's tests took 30.4 and 32.8 min on 2026-12-04 (1,096 tests;
 # 31.6 under the recorders of scripts/suite_cpu.py, 45.1 beside two busy CPU loops); where their 3,426 CPU-s go, by
 # process kind, and how to measure it again: docs/benchmarks.md,
 # "Where does the test suite's CPU go?"; earlier runs: docs/benchmarks-log.md. Most of a rank's start is torch's
