@@ -43,6 +43,11 @@ MLP = ROOT / "configs" / "mlp.yaml"
 # Inherited by every process the suite starts: one that dies of a fatal signal (an abort in C++ code, a segfault)
 # prints each of its threads' Python stacks to its stderr first, which the failing assertion then carries.
 os.environ.setdefault("PYTHONFAULTHANDLER", "1")
+# torch.compile's first kernel in a process otherwise checks each vector instruction set the CPU reports by compiling
+# a probe and loading it in a fresh interpreter (about ten per process, 0.15 s of CPU each; 24 of a compiled DDP
+# test's 86 CPU-s). Both sides of every comparison run under the same setting, and the kernels are those of the set the CPU
+# reports, so the compiled tests check what they did.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "1")
 
 # A short corpus so that epochs are a few steps long and a test sees several of them;
 # ranks agree every step so that a signal after step s stops the run after step s + 1;

@@ -32,9 +32,10 @@ from legato.system.processes import children
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 SLURM_GPT = ROOT / "configs" / "tiny_gpt_slurm.yaml"
-# No time limit in sight (only the test interrupts), and steps past the third periodic checkpoint (every 250): an
-# interruption after the first still leaves most of the run to resume.
-SHORT = ("train.steps=800", "slurm.time_min=10")
+# No time limit in sight (only the test interrupts), and steps past the third periodic checkpoint: an interruption after
+# the first still leaves most of the run to resume.
+EVERY = 125
+SHORT = ("train.steps=400", f"checkpoint.every_steps={EVERY}", "slurm.time_min=10")
 FSDP2_GPT = ROOT / "configs" / "tiny_gpt_fsdp2.yaml"
 # The FSDP2 config's training as it stands (bfloat16 parameters, 2 micro-batches, activation checkpointing), in few
 # steps with a periodic checkpoint, one torch thread per rank on both sides of the comparison, no planted stops.
@@ -110,11 +111,11 @@ def sacct_history(job_id: str) -> list[str]:
 
 def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, short_reference: str) -> None:
     run_dir = tmp_path / "run"
-    # A two-minute limit: the signal comes 60 to 90 s into each attempt. Sleeping 125 ms a step makes 800 steps (100 s
-    # of sleep alone) outlast one attempt on any machine, and a loaded one needs three or four. SHORT's reference is
-    # this training (its time limit is the scheduler's, not the training's).
-    steps = SHORT[0]
-    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", "--set", steps, "--set", "chaos.step_sleep_s=0.125", timeout=1500)
+    # A two-minute limit: the signal comes 60 to 90 s into each attempt. Sleeping 250 ms a step makes SHORT's 400 steps
+    # (100 s of sleep alone) outlast one attempt on any machine, and a loaded one needs three or four. SHORT's reference
+    # is this training (its time limit is the scheduler's, not the training's).
+    sets = [arg for item in SHORT[:2] for arg in ("--set", item)]
+    proc = legato("run", str(SLURM_GPT), "--set", f"run.dir={run_dir}", *sets, "--set", "chaos.step_sleep_s=0.25", timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     data = status(run_dir)
     attempts = data["attempts"]
@@ -134,7 +135,7 @@ def test_time_limit_requeues_one_job_until_done(cluster, tmp_path: Path, short_r
 def test_preemption_signal_at_an_arbitrary_moment(cluster, tmp_path: Path, short_reference: str) -> None:
     run_dir = tmp_path / "run"
     proc = start(run_dir, *SHORT)
-    at = random.Random(os.getpid()).randrange(50, 400)
+    at = random.Random(os.getpid()).randrange(25, 200)
     wait_for(
         lambda: (json.loads((run_dir / "progress.json").read_text())["step"] >= at) if (run_dir / "progress.json").exists() else False,
         timeout=180,
@@ -194,7 +195,7 @@ def test_hard_kill_is_resubmitted_from_the_last_periodic_checkpoint(cluster, tmp
     data = status(run_dir)
     first, second = data["attempts"]
     assert second["job_id"] != job_id and data["resubmissions"] == 1 and "CANCELLED" in first["ended"]
-    assert second["resumed_from_step"] % 250 == 0 and second["resumed_from_step"] >= 250 and second["verified"] is True
+    assert second["resumed_from_step"] % EVERY == 0 and second["resumed_from_step"] >= EVERY and second["verified"] is True
     assert data["final_global_hash"] == short_reference
 
 
