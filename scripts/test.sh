@@ -4,14 +4,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # Three workers on two cores: the suite is CPU-bound there (the cores stay busy throughout; four workers bought nothing
-# on 2026-11-28), so its time is its CPU. A fresh clone's tests took 30.4 and 32.8 min on 2026-12-04 (1,096 tests;
-# 31.6 under the recorders of scripts/suite_cpu.py, 45.1 beside two busy CPU loops); where their 3,426 CPU-s go, by
+# on 2026-11-28), so its time is its CPU. A fresh clone's tests took 27.0 min on 2026-12-04 (1,098 tests; 28.7 under
+# the recorders of scripts/suite_cpu.py, before the last cuts); where their 3,070 CPU-s go, by
 # process kind, and how to measure it again: docs/benchmarks.md,
 # "Where does the test suite's CPU go?"; earlier runs: docs/benchmarks-log.md. Most of a rank's start is torch's
 # import (1.5 s of CPU) and what DDP and fully_shard import as they wrap a model (1.3 s). Ranks a test starts by script
 # path fork warm from a server that paid it once (tests/helpers/warm.py), as `python -m legato`'s ranks fork from their
 # launcher. tests/conftest.py keeps each SLURM module, and each module that builds a module fixture, on one worker, and
-# orders the tests longest first: the one-node SLURM chain (18 min, half of it waiting on SLURM's minute-grained time
-# limits) is the floor under the suite's time whatever the CPU savings elsewhere. --no-loadscope-reorder keeps that
+# orders the tests longest first: the one-node SLURM chain (17 min, half of it waiting on SLURM's minute-grained time
+# limits) starts first so that it never ends last. --no-loadscope-reorder keeps that
 # order (xdist would otherwise hand out the groups with the most tests first, leaving the long single tests for the end).
 exec .venv/bin/python -m pytest -q -n "${LEGATO_TEST_WORKERS:-3}" --dist loadgroup --no-loadscope-reorder --durations=30 "$@"
