@@ -105,6 +105,25 @@ def test_a_config_and_a_session_get_the_same_checkpoint_defaults() -> None:
     assert isinstance(policy, CheckpointSection)
 
 
+def test_a_configs_checkpoint_and_hang_sections_become_the_sessions_policies_field_for_field() -> None:
+    """`legato run` hands its sections to the Session through `from_section`: every field arrives (each set here away
+    from its default, so a field the copy dropped would show its default), and the policy's own bounds hold."""
+    cfg = config_from_dict(
+        {
+            "train": {"task": "mlp"},
+            "checkpoint": {"every_steps": 7, "every_minutes": 3, "keep_last": 5, "replay_steps": 8, "hash_every_steps": 2},
+            "hang": {"floor_s": 11, "phase_s": 120},
+        }
+    )
+    for section, policy_type in ((cfg.checkpoint, legato.CheckpointPolicy), (cfg.hang, legato.HangPolicy)):
+        policy = policy_type.from_section(section)
+        assert type(policy) is policy_type and dataclasses.asdict(policy) == dataclasses.asdict(section)
+    assert legato.CheckpointPolicy.from_section(cfg.checkpoint).every_steps == 7
+    assert legato.HangPolicy.from_section(cfg.hang).floor_s == 11
+    with pytest.raises(legato.UsageError, match=r"CheckpointPolicy: keep_last is "):
+        legato.CheckpointPolicy.from_section(dataclasses.replace(cfg.checkpoint, keep_last=0))
+
+
 def test_every_bounded_checkpoint_key_refuses_the_value_just_past_its_bound_through_the_policy_too() -> None:
     """Walks the config's table: a bound added to a `checkpoint.*` key holds for CheckpointPolicy with no second copy."""
     bounded = [f for f in dataclasses.fields(CheckpointSection) if f.metadata["minimum"] is not None]

@@ -8,7 +8,6 @@ config values into the public API; it holds no training logic.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,15 +57,15 @@ class RunContext:
 
     def session(self, **kwargs: Any) -> Session:
         """A Session with checkpoint, stop, hang and chaos policies from the config; kwargs as for Session."""
-        c, hang, chaos = self.cfg.checkpoint, self.cfg.hang, self.cfg.chaos
+        chaos = self.cfg.chaos
         kwargs.setdefault("total_steps", self.cfg.train.steps)
         # Strict determinism also refuses state legato does not save (legato.state.census).
         kwargs.setdefault("census", "strict" if self.cfg.determinism.mode == "strict" else "warn")
         return Session(
             self.run_dir,
-            checkpoint=CheckpointPolicy(**{f.name: getattr(c, f.name) for f in dataclasses.fields(c)}),
+            checkpoint=CheckpointPolicy.from_section(self.cfg.checkpoint),
             stop=StopPolicy(stop_signals(self.cfg.slurm.signal, self.cfg.slurm.handle_sigterm)),
-            hang=HangPolicy(**{f.name: getattr(hang, f.name) for f in dataclasses.fields(hang)}),
+            hang=HangPolicy.from_section(self.cfg.hang),
             chaos=Chaos(
                 signal_rank=chaos.signal_rank,
                 signal_at_steps=tuple(chaos.signal_at_steps),

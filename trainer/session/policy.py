@@ -29,6 +29,11 @@ HANG_ENV = "LEGATO_HANG"  # `off`, or the hang section's own keys: `floor_s=60,p
 HASH_ENV = "LEGATO_HASH_EVERY"
 
 
+def _values(section: Any) -> dict[str, Any]:
+    """A section's (or policy's) fields by name, as they stand (no copies)."""
+    return {f.name: getattr(section, f.name) for f in dataclasses.fields(section)}
+
+
 @dataclass(frozen=True)  # fields and defaults inherited; made again so that its __init__ runs the check below
 class CheckpointPolicy(CheckpointSection):
     """When to checkpoint, how many to keep, and how a resume is verified: the config's `checkpoint:` section (every
@@ -37,7 +42,12 @@ class CheckpointPolicy(CheckpointSection):
 
     @refusing
     def __post_init__(self) -> None:
-        check_values(CheckpointSection, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "CheckpointPolicy")
+        check_values(CheckpointSection, _values(self), "CheckpointPolicy")
+
+    @classmethod
+    def from_section(cls, section: CheckpointSection) -> CheckpointPolicy:
+        """The policy of a config's `checkpoint:` section, as `legato run` hands it to the Session."""
+        return cls(**_values(section))
 
     def from_env(self, environ: Mapping[str, str]) -> CheckpointPolicy:
         """This policy with `LEGATO_HASH_EVERY` applied: whoever launches the run has the last word over the script."""
@@ -73,7 +83,12 @@ class HangPolicy(HangSection):
 
     @refusing
     def __post_init__(self) -> None:
-        check_values(HangSection, {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}, "HangPolicy")
+        check_values(HangSection, _values(self), "HangPolicy")
+
+    @classmethod
+    def from_section(cls, section: HangSection) -> HangPolicy:
+        """The policy of a config's `hang:` section, as `legato run` hands it to the Session."""
+        return cls(**_values(section))
 
     def from_env(self, environ: Mapping[str, str]) -> HangPolicy:
         """This policy with `LEGATO_HANG` applied: whoever launches the run has the last word over the script."""
