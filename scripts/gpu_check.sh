@@ -9,20 +9,21 @@
 # and legato is installed (editable) into that Python's environment, so no torch is downloaded. Without network,
 # put wheels of what is missing (submitit) in a folder and set PIP_FIND_LINKS to it.
 #
-# PARTS (default "tests capture defaults steps reduction async") picks the parts, in that order:
+# PARTS (default "tests capture defaults steps reduction async digest") picks the parts, in that order:
 #   tests      tests/e2e/test_cuda.py, WORKERS (default 6) tests at once on the one GPU; their properties in tests.xml
 #   capture    legato repro capture
 #   defaults   benchmarks/bench_defaults.py: live Sessions at their defaults, BENCH_RANKS ranks (default "2 4") on the GPU
 #   steps      benchmarks/bench_steps.py: per-step cost at the defaults, one rank over NCCL
 #   reduction  benchmarks/bench_reduction.py: DDP's own bucket layout against the one a resume restores, NCCL
 #   async      benchmarks/bench_checkpoint_async.py: what a checkpoint blocks, one rank
+#   digest     benchmarks/bench_digest.py: the device rule's digest on the GPU against a copy and the host's XXH3
 # BENCH_MB (default "64 256 1024") sets the state sizes, BENCH_ROUNDS (default 3) the rounds, and PART_TIMEOUT (seconds,
 # default none) ends a part that runs longer, so that the parts after it still run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-check}
 PY=${PYTHON:-python3}
-PARTS=" ${PARTS:-tests capture defaults steps reduction async} "
+PARTS=" ${PARTS:-tests capture defaults steps reduction async digest} "
 ROUNDS=${BENCH_ROUNDS:-3}
 read -ra MB <<< "${BENCH_MB:-64 256 1024}"
 read -ra RANKS <<< "${BENCH_RANKS:-2 4}"
@@ -65,5 +66,6 @@ part defaults "$PY" benchmarks/bench_defaults.py --device cuda --ranks "${RANKS[
 part steps "$PY" benchmarks/bench_steps.py --device cuda --world 1 --batch 64 --workers 2 --steps 64 --rounds "$ROUNDS"
 part reduction "$PY" benchmarks/bench_reduction.py --device cuda --world 1 --rounds "$((ROUNDS * 3))"
 part async "$PY" benchmarks/bench_checkpoint_async.py --device cuda --rounds "$ROUNDS" --mb "${MB[@]}"
+part digest "$PY" benchmarks/bench_digest.py --device cuda --rounds "$ROUNDS" --mb 256 1024 4096
 echo "gpu_check: $([ $status = 0 ] && echo passed || echo FAILED), output in $OUT/"
 exit $status

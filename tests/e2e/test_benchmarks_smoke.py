@@ -29,6 +29,7 @@ SMOKE = {
     "bench_census.py": (["--rounds", "1", "--objects", "10"], "plain-object look (control)"),
     "bench_state_size.py": (["--mb", "1", "--steps", "4", "--warm", "2", "--rounds", "1", "--hidden", "16"], "defaults before 2026-11-29"),
     "bench_step_cpu.py": (["--steps", "20", "--warm", "2", "--rounds", "1"], "legato Session, defaults"),
+    "bench_digest.py": (["--mb", "1", "--rounds", "1"], "device rule"),
 }
 
 # What torch itself leaves in TMPDIR: inductor's compile cache, and torchrun's log directories (plain torchrun

@@ -3,8 +3,8 @@
 Every test here needs a CUDA device and is skipped with the reason on machines without one (CI has none);
 `scripts/gpu_check.sh` runs them on a GPU machine, and docs/gpu.md records what they printed there. They drive
 the real `legato verify` (real processes, real stop signals, NCCL or gloo over CUDA tensors) on the bundled
-tiny GPT and MLP in strict mode, and compare bits only; and the digest of a CUDA tensor (its bytes staged to the host
-in chunks) is that of the same bytes on the host.
+tiny GPT and MLP in strict mode, and compare bits only; and the digest of a CUDA tensor, computed on the GPU, is the one the CPU
+computes by the same rule from the same bytes.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import pytest
 import torch
 from conftest import FAST_GPT, MLP, ROOT, TINY_GPT
 
-from legato.state.hashing import STAGING_BYTES, Digests
+from legato.state.device_digest import CHUNK_ROWS, ROW_WORDS, device_digest
+from legato.state.hashing import Digests
 
 pytestmark = [
     pytest.mark.slow,
@@ -150,12 +151,13 @@ def test_environment_capture_on_a_gpu_machine_names_the_gpu_and_redacts_secrets(
         assert value not in text
 
 
-# Sizes around the staging buffers the digest copies a CUDA tensor through (legato.state.hashing.STAGING_BYTES).
-CHUNK = STAGING_BYTES
+# Sizes around the device rule's rows and chunks (legato.state.device_digest).
+ROWS = ROW_WORDS * 8  # bytes in a row of words
+CHUNK = ROWS * CHUNK_ROWS  # bytes mixed at once
 DIGESTED = {
     "one byte": lambda: torch.tensor([7], dtype=torch.uint8),
     "odd bf16": lambda: torch.randn(1001).to(torch.bfloat16),
-    "one chunk": lambda: torch.randn(CHUNK // 4),
+    "one row": lambda: torch.randn(ROWS // 4),
     "a chunk and a byte": lambda: torch.randint(0, 256, (CHUNK + 1,), dtype=torch.uint8),
     "three chunks and seven bytes": lambda: torch.randint(0, 256, (3 * CHUNK + 7,), dtype=torch.uint8),
     "transposed": lambda: torch.randn(1500, 2100).t(),
@@ -163,21 +165,22 @@ DIGESTED = {
 
 
 @pytest.mark.parametrize("name", sorted(DIGESTED))
-def test_digest_of_a_cuda_tensor_is_that_of_its_bytes_on_the_host(name: str) -> None:
-    """A CUDA tensor is hashed through pinned staging buffers in chunks: the digest is the one of the same bytes on the host."""
+def test_digest_of_a_cuda_tensor_is_the_device_rule_the_cpu_computes(name: str) -> None:
+    """A CUDA tensor is digested on the GPU by the device rule: the same digest the CPU computes from the same bytes, so
+    a state hashed on one device is proven on another."""
     host = DIGESTED[name]()
     device = host.cuda()
-    assert Digests().tensor(device) == Digests().tensor(host.contiguous())
+    assert Digests().tensor(device) == device_digest(host.contiguous())
 
 
 def test_cuda_digest_follows_the_work_queued_before_it_and_sees_every_chunk() -> None:
-    """The copies wait for the kernel that wrote the tensor (no synchronize in between), and a byte changed in the first or
-    the last chunk changes the digest (planted faults)."""
+    """The digest's kernels follow the kernel that wrote the tensor (no synchronize in between), and a byte changed in the
+    first or the last chunk changes the digest (planted faults)."""
     host = torch.randint(0, 256, (2 * CHUNK + 3,), dtype=torch.uint8)
     device = host.cuda()
     torch.cuda.synchronize()
-    device.add_(1)  # queued, and hashed at once
-    assert Digests().tensor(device) == Digests().tensor(host + 1)
+    device.add_(1)  # queued, and digested at once
+    assert Digests().tensor(device) == device_digest(host + 1)
     for where in (0, host.numel() - 1):
         changed = device.clone()
         changed[where] += 1

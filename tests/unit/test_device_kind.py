@@ -12,8 +12,10 @@ import pytest
 import torch
 
 import legato
+from legato.session.resume import _rules_changed
 from legato.state.device_kind import gpu_kind
-from legato.store.manifest_schema import check_manifest
+from legato.state.hashing import tensor_rules
+from legato.store.manifest_schema import TENSOR_DIGESTS_KEY, check_manifest
 from legato.store.resumable import check_compatible
 
 PATH = Path("/r/checkpoints/step_5")
@@ -54,6 +56,7 @@ def test_a_gpu_run_resumed_on_the_cpu_or_the_other_way_round_is_named_and_a_conf
     with pytest.raises(legato.UsageError) as info:
         check(saved(A100, A100), (None, None))
     assert f"ranks 0, 1: {A100} when written, the CPU now" in str(info.value)
+    assert "moved between a GPU and the CPU follow another rule" in str(info.value)  # its digests cannot prove the restore
     training = {"determinism": {"mode": "strict"}}
     with pytest.raises(legato.UsageError, match="rank 0: the CPU when written") as info:
         check({**saved(None), "training": training}, (H100,), training=training)
@@ -63,6 +66,7 @@ def test_a_gpu_run_resumed_on_the_cpu_or_the_other_way_round_is_named_and_a_conf
 def test_fast_mode_warns_and_the_same_kind_an_older_manifest_or_an_unknown_run_passes(caplog: pytest.LogCaptureFixture) -> None:
     check(saved(A100), (H100,), strict=False)
     assert f"rank 0: {A100} when written, {H100} now" in caplog.text and "Continuing because the determinism mode" in caplog.text
+    assert "another rule" not in caplog.text  # both GPUs digest by the device rule
     check(saved(A100, None), (A100, None))  # a mixed allocation resumes on the same mix
     check({k: v for k, v in saved(A100).items() if k != "gpus"}, (H100,))
     check(saved(A100), None)  # the launcher's check, before any rank runs: not known there
@@ -94,3 +98,13 @@ def test_a_session_on_the_cpu_records_no_gpu_for_its_rank(tmp_path: Path) -> Non
         session.report(loss)
     manifest = json.loads((tmp_path / "checkpoints" / "step_2" / "manifest.json").read_text())
     assert manifest["gpus"] == [None] and manifest["model_compiled"] is False
+    assert manifest["tensor_digests"] == {"cuda": "legato-words64-v1", "elsewhere": "xxh3_128"}
+
+
+def test_a_failed_resume_names_a_checkpoint_whose_gpu_digests_follow_another_rule() -> None:
+    """A GPU checkpoint of an older legato (its GPU tensors digested with XXH3 on the host) fails its check here: the
+    failure says why; a CPU checkpoint, or one that records this legato's rules, says nothing of it."""
+    older = {**saved(A100), "step": 5}
+    assert "digested its GPU tensors by the rule 'xxh3_128'" in _rules_changed(older, PATH)
+    assert _rules_changed({**older, TENSOR_DIGESTS_KEY: tensor_rules()}, PATH) == ""
+    assert _rules_changed({**saved(None), "step": 5}, PATH) == ""

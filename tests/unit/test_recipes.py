@@ -16,7 +16,7 @@ import copy
 import pytest
 import torch
 
-from legato.state import recipes
+from legato.state import hashing, recipes, snapshot
 from legato.state.components import Component
 from legato.state.file_names import MODEL_FILE, RANK_FILE, TRAIN_STATE_FILE
 from legato.state.hashing import digest
@@ -179,3 +179,31 @@ def test_a_diverged_rank_is_named_in_its_report_and_its_replay_base_entry() -> N
     assert DIVERGED not in done[0] and DIVERGED not in done[0]["replay"]
     assert done[1][DIVERGED] == done[1]["replay"][DIVERGED]
     assert done[1][DIVERGED]["writers"] == [0] and done[1][DIVERGED]["tensors"]
+
+
+def test_a_live_tensor_s_device_rule_follows_it_into_the_snapshot_not_its_copy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A GPU tensor is digested by the device rule, and its snapshot on the host must report that digest, taken from the
+    live tensor, not XXH3 of the copy. No GPU here: the live tensors stand in for GPU ones (the rule is chosen by their
+    memory), their copies do not; the planted fault (a snapshot that lets the copy choose the rule) is caught."""
+    rows = rank_rows(trained(), 0)
+    parts = {c.name: c.obj.state_dict() for c in rows}
+    files = layout.files(rows, parts, 0)
+    by_xxh3 = {name: digest(value) for name, value in parts.items()}
+    live = {t.untyped_storage().data_ptr() for t in layout._tensors(parts)}
+
+    def on_device(t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() in live
+
+    monkeypatch.setattr(hashing, "follows_device_rule", on_device)
+    monkeypatch.setattr(snapshot, "follows_device_rule", on_device)
+    expected = {name: digest(value) for name, value in parts.items()}
+    assert all(expected[name] != by_xxh3[name] for name in expected)  # every component holds a tensor under the rule
+    snap = Snapshot()
+    snap.take(1, parts, files, layout.for_everyone(files, 0))
+    monkeypatch.setattr(snapshot, "follows_device_rule", lambda t: False)  # planted: the copy on the host chooses the rule
+    forgetful = Snapshot()
+    forgetful.take(1, parts, files, layout.for_everyone(files, 0))
+    assert digests(recipes.complete([forgetful.share()])) != [expected]
+    with torch.no_grad():
+        rows[0].obj.fc.weight.add_(1.0)  # the live state moves on: the lanes were taken at the step
+    assert digests(recipes.complete([snap.share()])) == [expected]

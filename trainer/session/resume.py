@@ -40,10 +40,10 @@ from legato.session.position import Position
 from legato.session.telemetry import Telemetry
 from legato.state import components as table
 from legato.state.components import Component
-from legato.state.hashing import global_hash
+from legato.state.hashing import HOST_RULE, global_hash, tensor_rules
 from legato.store import bases, layout, reshard
 from legato.store.manifest import Verifier, check_listed
-from legato.store.manifest_schema import DIVERGED, UNREGISTERED_KEY, UNVERIFIED_KEY
+from legato.store.manifest_schema import DIVERGED, GPUS_KEY, TENSOR_DIGESTS_KEY, UNREGISTERED_KEY, UNVERIFIED_KEY
 from legato.store.resumable import RunShape, newest_usable
 from legato.store.trajectory_changes import trajectory_changes
 from legato.voice import counted, refuse
@@ -371,7 +371,8 @@ def _problems(
     """The paragraph of a failed resume: what differed, and its cause where known (recorded at the save, or a change of
     this run's that takes it off the trajectory: `changes`, legato.store.trajectory_changes) instead of a guess."""
     problems = []
-    known = " ".join([cause for cause in [_diverged(manifest)] if cause] + [f"{change}." for change in changes])
+    causes = [_diverged(manifest), _rules_changed(manifest, path)]
+    known = " ".join([cause for cause in causes if cause] + [f"{change}." for change in changes])
     if mismatches:
         detail = "; ".join(f"rank {r}: {', '.join(names)}" for r, names in mismatches.items())
         where = "" if verdict is None else f" (its replay base, step {verdict.from_step})"
@@ -395,6 +396,21 @@ def _likely(names: set[str]) -> str:
     return (
         f"This run's {', '.join(sorted(names))} is not what wrote the checkpoint (another class, settings or shapes in the "
         "script) or was changed after the restore, before the first step; or something was not restored."
+    )
+
+
+def _rules_changed(manifest: dict, path: Path) -> str:
+    """The cause, where the checkpoint's GPU tensors were digested by another rule than this legato's (an older legato
+    digested them with XXH3 on the host): the restored bytes may be right, and no digest here can prove them."""
+    if not any(manifest.get(GPUS_KEY) or []):
+        return ""
+    saved = manifest.get(TENSOR_DIGESTS_KEY, {}).get("cuda", HOST_RULE)
+    now = tensor_rules().get("cuda", HOST_RULE)
+    if saved == now:
+        return ""
+    return (
+        f"Checkpoint {path} digested its GPU tensors by the rule {saved!r}, and this legato digests them by {now!r}, so its "
+        "digests cannot prove this resume. Finish the run with the legato that wrote the checkpoint."
     )
 
 

@@ -1,13 +1,16 @@
 """Content digests of training state: per tensor, per component, per rank, global.
 
-One pass over the bytes: every tensor's raw bytes are hashed once with
-XXH3-128 (`tensor_digest`), and everything else is a hash of small things: a
-component's digest feeds type tags, shapes, dtypes, scalars and those tensor
-digests into another XXH3-128, by the plain-data rule of
+One pass over the bytes: every tensor's raw bytes are hashed once, and
+everything else is a hash of small things: a component's digest feeds type
+tags, shapes, dtypes, scalars and those tensor digests into another XXH3-128, by the plain-data rule of
 `legato.state.digest_rule` (which also combines rank and global hashes). The checkpoint writer reuses the same tensor
 digests for the file-integrity hash of the bytes torch.save streams from the
 very same memory (`Digests` remembers them by storage address), so a
-checkpoint's state is hashed once. XXH3 is a non-cryptographic hash: it guards
+checkpoint's state is hashed once. A tensor on a CUDA device is digested where
+it lives, by the device rule (legato.state.device_digest), so its bytes never
+cross the bus for a digest; every copy of it digests by the rule of the device
+it was copied from (legato.state.snapshot), so the rule follows the state, not
+the copy. XXH3 is a non-cryptographic hash: it guards
 against corruption and proves equality of bits, not against a forger (anyone
 who can rewrite a file can rewrite its manifest too).
 
@@ -18,22 +21,42 @@ beyond what the state itself defines).
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import torch
 import xxhash
 
 from legato.errors import UsageError
+from legato.state.device_digest import RULE, device_digest
 from legato.state.digest_rule import feed, global_hash, rank_hash, refuse
 from legato.state.sharded import is_dtensor
 
-__all__ = ["DIGEST_BYTES", "HASH_NAME", "Digests", "digest", "global_hash", "rank_hash", "raw_digest", "tensor_header"]
+__all__ = [
+    "DEVICE_RULE_ON",
+    "HOST_RULE",
+    "Digests",
+    "digest",
+    "follows_device_rule",
+    "global_hash",
+    "rank_hash",
+    "raw_digest",
+    "tensor_header",
+    "tensor_rules",
+]
 
-DIGEST_BYTES = 16
-HASH_NAME = "xxh3_128"
-# A GPU tensor's bytes reach the hash through two pinned host buffers of this size in turn.
-STAGING_BYTES = 8 << 20
+# The device types whose tensors are digested where they live (legato.state.device_digest); XXH3 on the host elsewhere.
+DEVICE_RULE_ON = ("cuda",)
+HOST_RULE = "xxh3_128"
+
+
+def tensor_rules() -> dict[str, str]:
+    """Which rule digests a tensor, by the device type it lives on ("elsewhere": every other type): a manifest records it."""
+    return {**dict.fromkeys(DEVICE_RULE_ON, RULE), "elsewhere": HOST_RULE}
+
+
+def follows_device_rule(t: torch.Tensor) -> bool:
+    """Whether `t`'s digest is the device rule's (it lives on a CUDA device), not XXH3 of its bytes on the host."""
+    return t.device.type in DEVICE_RULE_ON
 
 
 def raw_digest(data: Any) -> bytes:
@@ -53,10 +76,10 @@ class Digests:
 
     def tensor(self, t: torch.Tensor) -> bytes:
         t = t.detach()
+        if follows_device_rule(t):
+            return device_digest(t)  # never remembered by storage: the file writer's digests are XXH3 of the bytes
         if t.numel() == 0:
             return raw_digest(b"")
-        if t.device.type == "cuda":
-            return _cuda_digest(t)
         if t.device.type != "cpu" or not t.is_contiguous():
             return raw_digest(t.cpu().contiguous().view(-1).view(torch.uint8).numpy())
         # The checks run for every tensor of every state hash, so each torch call is made once.
@@ -69,44 +92,6 @@ class Digests:
         if key is not None:
             self.by_storage[key] = d
         return d
-
-
-_staging: list[torch.Tensor] = []
-_staging_lock = threading.Lock()
-
-
-def _cuda_digest(t: torch.Tensor) -> bytes:
-    """XXH3-128 of a CUDA tensor's bytes, copied to the host in chunks through two pinned buffers in turn.
-
-    Each chunk's copy runs while the chunk before it is hashed, and a copy into pinned memory runs at the bus's speed,
-    where `.cpu()` copies the whole tensor through the driver's bounce buffer into pageable memory before anything is
-    hashed: a resume's check and every state hash read the whole state off the GPU this way. The digest is the one-shot
-    digest of the same bytes (XXH3's streaming form is the same function). The copies go on the tensor's current stream,
-    so they follow the work that wrote it.
-    """
-    flat = t.contiguous().view(-1).view(torch.uint8)
-    stream = torch.cuda.current_stream(t.device)
-    h = xxhash.xxh3_128()
-    with _staging_lock:
-        if not _staging:
-            _staging.extend(torch.empty(STAGING_BYTES, dtype=torch.uint8, pin_memory=True) for _ in range(2))
-        landing = None
-        for i, start in enumerate(range(0, flat.numel(), STAGING_BYTES)):
-            chunk = flat[start : start + STAGING_BYTES]
-            buffer = _staging[i % 2][: chunk.numel()]
-            buffer.copy_(chunk, non_blocking=True)
-            copied = stream.record_event()
-            if landing is not None:
-                _hash_when_copied(h, *landing)
-            landing = buffer, copied
-        assert landing is not None  # `t` is not empty: Digests.tensor digests an empty tensor itself
-        _hash_when_copied(h, *landing)
-    return h.digest()
-
-
-def _hash_when_copied(h: Any, buffer: torch.Tensor, copied: torch.cuda.Event) -> None:
-    copied.synchronize()
-    h.update(buffer.numpy())
 
 
 def digest(value: Any, seen: Digests | None = None) -> str:

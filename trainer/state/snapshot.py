@@ -9,7 +9,9 @@ the digests of the whole state are still known once the ranks' shares meet.
 Of each replicated tensor it does not copy it takes the block sums
 (legato.state.checksum) while it blocks, and of each it copies the same sums
 later, from the copy, so that the meeting shows whether every rank held what
-the writer wrote.
+the writer wrote. A tensor that lives on a GPU keeps the digest of its device's
+rule (legato.state.hashing): its lanes are taken from the live tensor on the
+device while the copy is made, never from the copy on the host.
 This module must never touch the disk or the process group, and never draw
 from an RNG.
 """
@@ -24,7 +26,8 @@ import torch
 
 from legato.state import recipes
 from legato.state.checksum import block_sums
-from legato.state.hashing import Digests
+from legato.state.device_digest import finish, lanes
+from legato.state.hashing import Digests, follows_device_rule
 
 
 class Snapshot:
@@ -43,6 +46,7 @@ class Snapshot:
         self._own: dict[str, torch.Tensor] = {}  # tensor key -> copy, in this rank's own files
         self._replicated: dict[str, torch.Tensor] = {}  # tensor key -> copy, written for every rank
         self._sums: dict[str, str] = {}  # tensor key -> block sums of the live replicated tensors another rank writes
+        self._lanes: dict[str, torch.Tensor] = {}  # tensor key -> the device rule's lanes of the live tensor copied
         self._share: dict[str, Any] | None = None
 
     def take(self, step: int, parts: Mapping[str, Any], files: Mapping[str, Any], for_everyone: Collection[str]) -> None:
@@ -55,7 +59,7 @@ class Snapshot:
         # A tensor in both kinds of file (rank 0's per-rank buffers) is its own: each rank holds its own values of those.
         for name in sorted(files, key=lambda n: n in for_everyone):
             _pair(files[name], self.files[name], name in for_everyone, copies)
-        self._own, self._replicated, self._sums = {}, {}, {}
+        self._own, self._replicated, self._sums, self._lanes = {}, {}, {}, {}
 
         def found(key: str, live: torch.Tensor) -> None:
             if id(live) not in copies:  # another rank writes it and reports its digest; this rank shows it holds the same
@@ -63,6 +67,8 @@ class Snapshot:
                 return
             copy, everyone = copies[id(live)]
             (self._replicated if everyone else self._own)[key] = copy
+            if follows_device_rule(live):
+                self._lanes[key] = lanes(live)
 
         self._recipes = {name: recipes.record(name, value, found) for name, value in parts.items()}
         self.step = step
@@ -71,11 +77,16 @@ class Snapshot:
     def share(self) -> dict[str, Any]:
         """This rank's share of the digests (legato.state.recipes.share), its copies hashed once."""
         if self._share is None:
-            own = {key: self.seen.tensor(t) for key, t in self._own.items()}
-            replicated = {key: self.seen.tensor(t) for key, t in self._replicated.items()}
+            own = {key: self._digest(key, t) for key, t in self._own.items()}
+            replicated = {key: self._digest(key, t) for key, t in self._replicated.items()}
             sums = {**self._sums, **{key: block_sums(t) for key, t in self._replicated.items()}}
             self._share = recipes.share(self._recipes, own, replicated, sums)
         return self._share
+
+    def _digest(self, key: str, copy: torch.Tensor) -> bytes:
+        """The digest of the live tensor `copy` was taken from: its device's lanes, or XXH3 of the copy's bytes."""
+        held = self._lanes.get(key)
+        return self.seen.tensor(copy) if held is None else finish(held, copy.nbytes)
 
 
 def _copy_into(dst: Any, src: Any) -> Any:

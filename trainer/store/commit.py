@@ -47,12 +47,12 @@ from legato.files import fsync_dir, write_fsynced
 from legato.paths import CHECKPOINT_MANIFEST as MANIFEST
 from legato.paths import STEP_PREFIX, TMP_STEP_PREFIX
 from legato.state import recipes
-from legato.state.hashing import Digests, global_hash, rank_hash
+from legato.state.hashing import Digests, global_hash, rank_hash, tensor_rules
 from legato.state.recipes import SHARE
 from legato.store import bases
 from legato.store.filehash import save_all
 from legato.store.manifest import FORMAT, check_contained, checkpoint_step, list_checkpoints, manifest_checksum
-from legato.store.manifest_schema import CPU_CAPABILITY_KEY, DIVERGED
+from legato.store.manifest_schema import CPU_CAPABILITY_KEY, DIVERGED, TENSOR_DIGESTS_KEY
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +225,7 @@ def publish(root: Path, tmp: Path, step: int, world_size: int, reports: list[dic
         "world_size": world_size,
         "torch_version": torch.__version__,
         "global_hash": ghash,
+        TENSOR_DIGESTS_KEY: tensor_rules(),
         # Who wrote what: a rank's missing file names the rank whose share is lost.
         "ranks": [_rank_entry(r) for r in reports],
         "files": {name: info for r in reports for name, info in r["files"].items()},

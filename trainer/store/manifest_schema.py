@@ -26,6 +26,9 @@ BY_REPLAY = "state_by_replay"
 CPU_CAPABILITY_KEY = "cpu_capability"
 # Each rank's GPU as it wrote, in rank order (legato.state.device_kind: "NVIDIA H100 80GB HBM3 (sm_90)"), null for a CPU rank
 GPUS_KEY = "gpus"
+# {"cuda": rule, "elsewhere": rule}: which rule digested a tensor, by the device it lived on (legato.state.hashing); absent
+# in checkpoints that predate the device rule, whose GPU tensors were digested by XXH3 on the host
+TENSOR_DIGESTS_KEY = "tensor_digests"
 # true: the run's model ran under torch.compile (in part or whole) when it wrote; absent in checkpoints that predate it
 COMPILED_KEY = "model_compiled"
 # {"step", "components", "how"}: the run went on past a resume that did not verify (LEGATO_RESUME=unverified); carried by
@@ -45,6 +48,7 @@ def check_manifest(manifest: dict) -> None:
     _optional(manifest, "threads", int)
     _optional(manifest, "training", dict)
     _optional(manifest, COMPILED_KEY, bool)
+    _optional(manifest, TENSOR_DIGESTS_KEY, dict)
     _optional(manifest, UNVERIFIED_KEY, dict)
     _optional(manifest, UNREGISTERED_KEY, list)
     for index, gpu in enumerate(_optional(manifest, GPUS_KEY, list) or []):

@@ -96,10 +96,18 @@ def _gpu_change(manifest: dict, path: Path, live: Sequence[str | None] | None, b
         if by_config
         else ("#SBATCH --constraint=<feature> or --gres=gpu:<type>:<count>")
     )
+    # A GPU tensor's digest is computed on the device by its own rule (legato.state.hashing): state that moved to or from
+    # the CPU is digested by the other rule, so not even the restore can be proven.
+    moved = any("the CPU" in (then, now) for then, now in changed)
+    digests = (
+        " The digests of state that moved between a GPU and the CPU follow another rule, so not even its restore is proven."
+        if moved
+        else ""
+    )
     return (
         f"Checkpoint {path} was written on other devices than this run's ranks compute on ({sets}). Kernels differ between "
-        "GPU models, and between a GPU and the CPU, so the run would continue on another trajectory. Keep the job on the "
-        f'devices that wrote it ({where}, with a feature or GPU type of those nodes that `sinfo -o "%f %G"` lists)'
+        f"GPU models, and between a GPU and the CPU, so the run would continue on another trajectory.{digests} Keep the job on "
+        f'the devices that wrote it ({where}, with a feature or GPU type of those nodes that `sinfo -o "%f %G"` lists)'
     )
 
 
