@@ -22,12 +22,18 @@ DTYPES = [
     torch.float16,
     torch.bfloat16,
     torch.float8_e4m3fn,
+    torch.float8_e5m2,
+    torch.complex32,
     torch.complex64,
+    torch.complex128,
     torch.int64,
     torch.int32,
     torch.int16,
     torch.int8,
     torch.uint8,
+    torch.uint16,
+    torch.uint32,
+    torch.uint64,
     torch.bool,
 ]
 
@@ -95,8 +101,12 @@ def test_the_digest_does_not_depend_on_chunks_threads_layout_or_alignment(monkey
     assert device_digest(square.t()) == device_digest(square.t().contiguous())
     unaligned = t[3:1003]  # starts 12 bytes into its storage: int64 words cannot start there
     assert device_digest(unaligned) == device_digest(unaligned.clone()) == reference(unaligned)
+    buffer = bytearray(t[:1002].view(torch.uint8).numpy().tobytes())
+    misplaced = torch.frombuffer(buffer, dtype=torch.uint8, offset=1, count=4001)  # its storage starts off a word
+    assert device_digest(misplaced) == reference(misplaced)
 
 
+@pytest.mark.filterwarnings("ignore:ComplexHalf support is experimental")
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_a_flipped_bit_anywhere_in_any_dtype_changes_the_digest(dtype: torch.dtype) -> None:
     """Planted fault: every single bit of a tensor whose bytes end mid-word, flipped one at a time."""

@@ -181,10 +181,15 @@ def test_a_diverged_rank_is_named_in_its_report_and_its_replay_base_entry() -> N
     assert done[1][DIVERGED]["writers"] == [0] and done[1][DIVERGED]["tensors"]
 
 
-def test_a_live_tensor_s_device_rule_follows_it_into_the_snapshot_not_its_copy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A GPU tensor is digested by the device rule, and its snapshot on the host must report that digest, taken from the
-    live tensor, not XXH3 of the copy. No GPU here: the live tensors stand in for GPU ones (the rule is chosen by their
-    memory), their copies do not; the planted fault (a snapshot that lets the copy choose the rule) is caught."""
+@pytest.mark.parametrize("on_device_from", [0, snapshot.LANES_ON_DEVICE_BYTES], ids=["lanes on the device", "small: rule on the copy"])
+def test_a_live_tensor_s_device_rule_follows_it_into_the_snapshot_not_its_copy(
+    monkeypatch: pytest.MonkeyPatch, on_device_from: int
+) -> None:
+    """A GPU tensor is digested by the device rule, and its snapshot on the host must report that digest (its lanes taken
+    from the live tensor, or for a small one the rule run on its copy), not XXH3 of the copy. No GPU here: the live
+    tensors stand in for GPU ones (the rule is chosen by their memory), their copies do not; the planted fault (a
+    snapshot that lets the copy choose the rule) is caught."""
+    monkeypatch.setattr(snapshot, "LANES_ON_DEVICE_BYTES", on_device_from)
     rows = rank_rows(trained(), 0)
     parts = {c.name: c.obj.state_dict() for c in rows}
     files = layout.files(rows, parts, 0)

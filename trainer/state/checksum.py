@@ -36,7 +36,7 @@ def block_sums(tensor: torch.Tensor) -> str:
     """Hex XXH3-128 of the tensor's dtype, shape and the int64 sums of its bytes by block."""
     t = tensor.detach()
     data = t.contiguous().reshape(-1).view(torch.uint8)
-    if data.storage_offset() % WORD:  # int64 words must start on an 8-byte boundary: a view that starts elsewhere is copied
+    if data.data_ptr() % WORD:  # int64 words must start on an 8-byte boundary (a GPU faults on a misaligned load): copied
         data = data.clone()
     bulk = data.numel() // (WORD * BLOCKS) * WORD * BLOCKS
     sums = data[:bulk].view(torch.int64).view(BLOCKS, -1).sum(1)

@@ -64,7 +64,12 @@ def _mix(words: torch.Tensor) -> torch.Tensor:
 
 
 class _Keys:
-    """Odd keys by position, drawn once per device and stream and grown to the longest tensor seen."""
+    """Odd keys by position, drawn once per device and grown to the longest tensor seen.
+
+    A GPU's keys are drawn on the stream that first needs them, and that stream is waited for before they are handed
+    out (and before a shorter set is let go), so a digest on any stream reads them whole. Growing is rare: the first
+    digest of a process, then a few times at most.
+    """
 
     def __init__(self) -> None:
         self._held: dict[tuple[str, int], torch.Tensor] = {}
@@ -74,8 +79,12 @@ class _Keys:
         with self._lock:
             held = self._held.get((str(device), seed))
             if held is None or held.numel() < n:
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)  # nothing still reads the shorter set when it goes
                 positions = torch.arange(max(n, ROW_WORDS), dtype=torch.int64, device=device)
                 held = _splitmix(positions + _signed(seed)) | 1
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
                 self._held[(str(device), seed)] = held
             return held[:n]
 
@@ -87,7 +96,7 @@ def words(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The tensor's bytes as int64 words on its device: the whole words (a view where alignment allows), and the last
     bytes that fill no word zero-padded into one (an empty tensor when there are none)."""
     data = t.detach().contiguous().reshape(-1).view(torch.uint8)
-    if data.storage_offset() % 8:  # int64 words must start on an 8-byte boundary: a view that starts elsewhere is copied
+    if data.data_ptr() % 8:  # int64 words must start on an 8-byte boundary (a GPU faults on a misaligned load): copied
         data = data.clone()
     bulk = data.numel() // 8 * 8
     padded = torch.zeros(8 if bulk < data.numel() else 0, dtype=torch.uint8, device=data.device)
@@ -119,6 +128,37 @@ def _lanes_of_rows(mixed: torch.Tensor, first_row: int, device: torch.device) ->
         rows = _keys.get(device, SEEDS[2 * lane + 1], first_row + count)[first_row:]
         sums.append(((mixed * columns).sum(1) * rows).sum())
     return torch.stack(sums)
+
+
+class Landing:
+    """The lanes of several tensors on their way to the host together: one copy and one event per device, queued on
+    each device's current stream, so the thread that reads them (`get`) may be another and waits for nothing else."""
+
+    def __init__(self, lanes_by_key: dict[str, torch.Tensor]) -> None:
+        self._rows: dict[str, tuple[torch.Tensor, int]] = {}
+        self._events: list[torch.cuda.Event] = []
+        by_device: dict[torch.device, list[str]] = {}
+        for key, held in lanes_by_key.items():
+            by_device.setdefault(held.device, []).append(key)
+        for device, keys in by_device.items():
+            stacked = torch.stack([lanes_by_key[key] for key in keys])
+            if device.type == "cuda":
+                host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+                host.copy_(stacked, non_blocking=True)
+                self._events.append(torch.cuda.current_stream(device).record_event())
+                stacked = host
+            self._rows.update((key, (stacked, i)) for i, key in enumerate(keys))
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._rows
+
+    def get(self, key: str) -> torch.Tensor:
+        """Tensor `key`'s two lanes on the host, once they have landed."""
+        for event in self._events:
+            event.synchronize()
+        self._events = []
+        stacked, row = self._rows[key]
+        return stacked[row]
 
 
 def finish(lane_sums: torch.Tensor, nbytes: int) -> bytes:

@@ -10,8 +10,11 @@ Of each replicated tensor it does not copy it takes the block sums
 (legato.state.checksum) while it blocks, and of each it copies the same sums
 later, from the copy, so that the meeting shows whether every rank held what
 the writer wrote. A tensor that lives on a GPU keeps the digest of its device's
-rule (legato.state.hashing): its lanes are taken from the live tensor on the
-device while the copy is made, never from the copy on the host.
+rule (legato.state.hashing), never XXH3 of its copy: a large one's lanes are
+taken from the live tensor on the device while the copy is made (and land on
+the host together, one copy per take); a small one's digest is computed by the
+same rule from its copy on the host, when the share is asked for, which is the
+same digest and keeps its kernel launches out of the loop's wait.
 This module must never touch the disk or the process group, and never draw
 from an RNG.
 """
@@ -26,8 +29,12 @@ import torch
 
 from legato.state import recipes
 from legato.state.checksum import block_sums
-from legato.state.device_digest import finish, lanes
+from legato.state.device_digest import Landing, device_digest, finish, lanes
 from legato.state.hashing import Digests, follows_device_rule
+
+# A GPU tensor at least this large has its lanes taken on the device while the loop waits; a smaller one costs less to
+# digest by the rule from its host copy, later, than the twenty-odd kernel launches of its lanes.
+LANES_ON_DEVICE_BYTES = 1 << 20
 
 
 class Snapshot:
@@ -46,7 +53,8 @@ class Snapshot:
         self._own: dict[str, torch.Tensor] = {}  # tensor key -> copy, in this rank's own files
         self._replicated: dict[str, torch.Tensor] = {}  # tensor key -> copy, written for every rank
         self._sums: dict[str, str] = {}  # tensor key -> block sums of the live replicated tensors another rank writes
-        self._lanes: dict[str, torch.Tensor] = {}  # tensor key -> the device rule's lanes of the live tensor copied
+        self._by_rule: set[str] = set()  # tensor keys of the copies whose live tensor follows the device rule
+        self._landing = Landing({})  # the lanes taken on the device, of the large ones among them
         self._share: dict[str, Any] | None = None
 
     def take(self, step: int, parts: Mapping[str, Any], files: Mapping[str, Any], for_everyone: Collection[str]) -> None:
@@ -59,7 +67,8 @@ class Snapshot:
         # A tensor in both kinds of file (rank 0's per-rank buffers) is its own: each rank holds its own values of those.
         for name in sorted(files, key=lambda n: n in for_everyone):
             _pair(files[name], self.files[name], name in for_everyone, copies)
-        self._own, self._replicated, self._sums, self._lanes = {}, {}, {}, {}
+        self._own, self._replicated, self._sums, self._by_rule = {}, {}, {}, set()
+        taken: dict[str, torch.Tensor] = {}
 
         def found(key: str, live: torch.Tensor) -> None:
             if id(live) not in copies:  # another rank writes it and reports its digest; this rank shows it holds the same
@@ -68,9 +77,12 @@ class Snapshot:
             copy, everyone = copies[id(live)]
             (self._replicated if everyone else self._own)[key] = copy
             if follows_device_rule(live):
-                self._lanes[key] = lanes(live)
+                self._by_rule.add(key)
+                if live.nbytes >= LANES_ON_DEVICE_BYTES:
+                    taken[key] = lanes(live)
 
         self._recipes = {name: recipes.record(name, value, found) for name, value in parts.items()}
+        self._landing = Landing(taken)
         self.step = step
         self.copy_s = time.perf_counter() - start
 
@@ -84,9 +96,11 @@ class Snapshot:
         return self._share
 
     def _digest(self, key: str, copy: torch.Tensor) -> bytes:
-        """The digest of the live tensor `copy` was taken from: its device's lanes, or XXH3 of the copy's bytes."""
-        held = self._lanes.get(key)
-        return self.seen.tensor(copy) if held is None else finish(held, copy.nbytes)
+        """The digest of the live tensor `copy` was taken from: by the device rule where the live tensor followed it (its
+        lanes taken on the device, or the rule run on the copy), else XXH3 of the copy's bytes."""
+        if key not in self._by_rule:
+            return self.seen.tensor(copy)
+        return finish(self._landing.get(key), copy.nbytes) if key in self._landing else device_digest(copy)
 
 
 def _copy_into(dst: Any, src: Any) -> Any:
