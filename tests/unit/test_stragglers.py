@@ -7,10 +7,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 from legato.orchestrator.stragglers import read_pace, stragglers
 from legato.paths import RunPaths
+from legato.session import pace as pace_module
 from legato.session.pace import Pace
 
 
@@ -72,3 +74,26 @@ def test_no_module_no_forward_times_and_no_hooks(tmp_path: Path) -> None:
     pace.stepped(1)
     pace.close(1)
     assert json.loads(path.read_text())["forward_ms"] is None
+
+
+def test_the_forward_is_hooked_only_on_the_steps_it_times(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A module with hooks takes torch's slower call path: the hooks are on it for a timed step only, and a step within
+    SAMPLE_S of the last timed one is not timed (every step is, once SAMPLE_S is shorter than a step)."""
+    module = torch.nn.Linear(4, 1)
+    x = torch.randn(2, 4)
+    pace = Pace(RunPaths(tmp_path).pace("script", 1, 0), module, rank=0)
+    hooked = []
+    for step in range(1, 4):
+        pace.yielded()
+        hooked.append(bool(module._forward_hooks) and bool(module._forward_pre_hooks))
+        module(x)
+        pace.stepped(step)
+        assert not module._forward_hooks and not module._forward_pre_hooks
+    assert hooked == [True, False, False] and len(pace._forward) == 1
+    monkeypatch.setattr(pace_module, "SAMPLE_S", 0.0)
+    for step in range(4, 6):
+        pace.yielded()
+        module(x)
+        pace.stepped(step)
+    assert len(pace._forward) == 3
+    pace.close(5)

@@ -5,9 +5,11 @@ Under DDP every rank's step takes as long as the slowest rank's (the gradients' 
 times cannot name a straggler. What differs is where each rank's time goes before it reaches a collective: the wait
 for its batch (from the end of one step to the yield of the next) and its model's forward pass, timed between a
 forward pre-hook and a forward hook on the module inside the DDP wrapper (after DDP's own buffer broadcast, which waits
-for the others). Every WINDOW_S seconds of steps, and at the attempt's end, the rank appends the medians of its window
-to its own file (`RunPaths.pace`): no collective, nothing per step but four clock readings. `legato status` compares
-the ranks (legato.orchestrator.stragglers).
+for the others). The hooks are on the module only for the steps whose forward is timed, at most one every SAMPLE_S
+(every step of a loop whose steps are longer): a module with hooks takes torch's slower call path, a few µs a call,
+which a loop of sub-millisecond steps would otherwise pay at every step. Every WINDOW_S seconds of steps, and at the
+attempt's end, the rank appends the medians of its window to its own file (`RunPaths.pace`): no collective, nothing
+per step but a few clock readings. `legato status` compares the ranks (legato.orchestrator.stragglers).
 
 Only an eager model on the CPU has its forward timed: on a GPU the forward pass on the host only queues kernels (its
 timing needs device events: not measured here yet); a forward that runs collectives itself (an FSDP2 model's
@@ -31,6 +33,7 @@ import torch
 log = logging.getLogger(__name__)
 
 WINDOW_S = 5.0
+SAMPLE_S = 0.05  # a step's forward is timed if this long has passed since the last timed one's batch
 
 
 class Pace:
@@ -45,10 +48,10 @@ class Pace:
         self._window_start = self._step_end = time.perf_counter()
         self._forward_start: float | None = None
         self._armed = False  # the loop holds a batch it has not run forward yet: a validation's forwards are not timed
-        self._timed = module is not None and not any(p.is_cuda for p in module.parameters())
-        self._hooks = (
-            [module.register_forward_pre_hook(self._before), module.register_forward_hook(self._after)] if module and self._timed else []
-        )
+        self._module = module if module is not None and not any(p.is_cuda for p in module.parameters()) else None
+        self._timed = self._module is not None
+        self._sampled_at = float("-inf")
+        self._hooks: list[Any] = []
         self._unwritable = False
 
     def _before(self, *args: Any) -> None:
@@ -61,13 +64,19 @@ class Pace:
             self._forward_start, self._armed = None, False
 
     def yielded(self) -> None:
-        """The loop gets its batch now: the time since the last step ended was its wait for data."""
-        self._data.append(time.perf_counter() - self._step_end)
-        self._armed = True
+        """The loop gets its batch now: the time since the last step ended was its wait for data; this step's forward is
+        timed when the last timed one is SAMPLE_S old."""
+        now = time.perf_counter()
+        self._data.append(now - self._step_end)
+        if self._module is not None and now - self._sampled_at >= SAMPLE_S:
+            self._sampled_at, self._armed = now, True
+            self._hooks = [self._module.register_forward_pre_hook(self._before), self._module.register_forward_hook(self._after)]
 
     def stepped(self, step: int) -> None:
         """Step `step` ended; a window that lasted WINDOW_S is written out."""
         now = time.perf_counter()
+        if self._hooks:
+            self._unhook()
         self._steps.append(now - self._step_end)
         self._step_end = now
         if now - self._window_start >= WINDOW_S:
@@ -75,11 +84,14 @@ class Pace:
 
     def close(self, step: int) -> None:
         """The attempt's end: write what is left and take the hooks off the model."""
-        for hook in self._hooks:
-            hook.remove()
-        self._hooks = []
+        self._unhook()
         if self._steps:
             self._write(step, time.perf_counter())
+
+    def _unhook(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks, self._armed, self._forward_start = [], False, None
 
     def _write(self, step: int, now: float) -> None:
         line = {
