@@ -29,7 +29,6 @@ import xxhash
 RULE = "legato-words64-v1"
 ROW_WORDS = 4096
 CHUNK_ROWS = 1024  # rows mixed at once: 32 MiB of words, three such temporaries at most while a digest runs
-MASK64 = (1 << 64) - 1
 MIX = 0x9E3779B97F4A7C15  # the mix's multiplier, odd
 # Seeds of the key streams: the column and row keys of lane 0, then of lane 1.
 SEEDS = (0x243F6A8885A308D3, 0x13198A2E03707344, 0xA4093822299F31D0, 0x082EFA98EC4E6C89)
@@ -46,9 +45,9 @@ def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def _splitmix(x: torch.Tensor) -> torch.Tensor:
-    """SplitMix64's finaliser on int64 words: how the keys are drawn from their positions."""
+    """How the keys are drawn from their positions: multiply and xor-shift twice, with SplitMix64's constants."""
     x = x * _signed(0xBF58476D1CE4E5B9)
-    x = x ^ _shift_right(x, 30)  # (the input's own shift, before the first multiply, is folded into the seeds)
+    x = x ^ _shift_right(x, 30)
     x = x * _signed(0x94D049BB133111EB)
     return x ^ _shift_right(x, 31)
 
@@ -81,7 +80,9 @@ class _Keys:
             if held is None or held.numel() < n:
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)  # nothing still reads the shorter set when it goes
-                positions = torch.arange(max(n, ROW_WORDS), dtype=torch.int64, device=device)
+                # At least twice the set it replaces: a longer tensor's first digest draws its keys once, not chunk by chunk.
+                size = max(n, ROW_WORDS, 2 * (held.numel() if held is not None else 0))
+                positions = torch.arange(size, dtype=torch.int64, device=device)
                 held = _splitmix(positions + _signed(seed)) | 1
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
@@ -108,26 +109,23 @@ def lanes(t: torch.Tensor) -> torch.Tensor:
     """The rule's two 64-bit lanes of `t`'s bytes, as two int64 on `t`'s device (queued there: nothing waits for it)."""
     whole, tail = words(t)
     device = whole.device
-    total = torch.zeros(2, dtype=torch.int64, device=device)
     full = whole.numel() // ROW_WORDS * ROW_WORDS
     matrix = whole[:full].view(-1, ROW_WORDS)
-    for start in range(0, matrix.shape[0], CHUNK_ROWS):
-        total += _lanes_of_rows(_mix(matrix[start : start + CHUNK_ROWS]), start, device)
     last = torch.cat([whole[full:], tail])  # the row the whole rows leave: fewer than ROW_WORDS words
+    rows = matrix.shape[0] + (1 if last.numel() else 0)
+    keys = [(_keys.get(device, SEEDS[2 * lane], ROW_WORDS), _keys.get(device, SEEDS[2 * lane + 1], rows)) for lane in range(2)]
+    total = torch.zeros(2, dtype=torch.int64, device=device)
+    for start in range(0, matrix.shape[0], CHUNK_ROWS):
+        block = matrix[start : start + CHUNK_ROWS]
+        total += _lanes_of_rows(_mix(block), [(columns, by_row[start : start + block.shape[0]]) for columns, by_row in keys])
     if last.numel():
-        total += _lanes_of_rows(_mix(last).view(1, -1), matrix.shape[0], device)
+        total += _lanes_of_rows(_mix(last).view(1, -1), [(columns[: last.numel()], by_row[-1:]) for columns, by_row in keys])
     return total
 
 
-def _lanes_of_rows(mixed: torch.Tensor, first_row: int, device: torch.device) -> torch.Tensor:
-    """Both lanes' sums over a block of mixed rows that starts at row `first_row`."""
-    count, width = mixed.shape
-    sums = []
-    for lane in range(2):
-        columns = _keys.get(device, SEEDS[2 * lane], width)
-        rows = _keys.get(device, SEEDS[2 * lane + 1], first_row + count)[first_row:]
-        sums.append(((mixed * columns).sum(1) * rows).sum())
-    return torch.stack(sums)
+def _lanes_of_rows(mixed: torch.Tensor, keys: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """Both lanes' sums over a block of mixed rows, with each lane's column keys and the keys of the block's rows."""
+    return torch.stack([((mixed * columns).sum(1) * by_row).sum() for columns, by_row in keys])
 
 
 class Landing:
