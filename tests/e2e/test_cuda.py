@@ -13,14 +13,17 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import FAST_GPT, MLP, ROOT, TINY_GPT
 
+from legato.state import recipes
 from legato.state.device_digest import CHUNK_ROWS, ROW_WORDS, device_digest
-from legato.state.hashing import Digests
+from legato.state.hashing import Digests, digest
+from legato.state.snapshot import LANES_ON_DEVICE_BYTES, Snapshot
 
 pytestmark = [
     pytest.mark.slow,
@@ -185,3 +188,21 @@ def test_cuda_digest_follows_the_work_queued_before_it_and_sees_every_chunk() ->
         changed = device.clone()
         changed[where] += 1
         assert Digests().tensor(changed) != Digests().tensor(device), f"a change at byte {where} went unseen"
+
+
+def test_a_snapshot_taken_on_a_side_stream_reports_the_live_digests_to_another_thread() -> None:
+    """A snapshot's lanes land on the host behind an event on the loop's stream: read from another thread (as the
+    asynchronous writer reads them) while the loop runs on a side stream, which the default stream does not wait for,
+    they are the live tensors' digests, for a tensor whose lanes are taken on the GPU and one digested from its copy;
+    and the live tensor changed right after the take (queued behind the lanes) does not reach them."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        model = {"big": torch.randn(LANES_ON_DEVICE_BYTES // 2, device="cuda"), "small": torch.randn(7, device="cuda")}
+        parts = {"model": model}
+        expected = {"model": digest(model)}
+        snap = Snapshot()
+        snap.take(1, parts, {"rank0.pt": model}, set())
+        model["big"].add_(1)
+        with ThreadPoolExecutor(1) as pool:
+            share = pool.submit(snap.share).result()
+    assert [c.components for c in recipes.complete([share])] == [expected]
