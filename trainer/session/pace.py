@@ -49,7 +49,6 @@ class Pace:
         self._forward_start: float | None = None
         self._armed = False  # the loop holds a batch it has not run forward yet: a validation's forwards are not timed
         self._module = module if module is not None and not any(p.is_cuda for p in module.parameters()) else None
-        self._timed = self._module is not None
         self._sampled_at = float("-inf")
         self._hooks: list[Any] = []
         self._unwritable = False
@@ -101,7 +100,7 @@ class Pace:
             "host": socket.gethostname(),
             "step_ms": _median_ms(self._steps),
             "data_ms": _median_ms(self._data),
-            "forward_ms": _median_ms(self._forward) if self._timed else None,
+            "forward_ms": _median_ms(self._forward) if self._module is not None else None,
         }
         self._data, self._forward, self._steps, self._window_start = [], [], [], now
         try:

@@ -28,6 +28,8 @@ from __future__ import annotations
 import torch
 import xxhash
 
+from legato.state.device_digest import word_aligned_bytes
+
 BLOCKS = 64
 WORD = 8  # bytes: the bulk is read as int64 words, whose sum needs no cast (a cast reads 8x slower)
 
@@ -35,9 +37,7 @@ WORD = 8  # bytes: the bulk is read as int64 words, whose sum needs no cast (a c
 def block_sums(tensor: torch.Tensor) -> str:
     """Hex XXH3-128 of the tensor's dtype, shape and the int64 sums of its bytes by block."""
     t = tensor.detach()
-    data = t.contiguous().reshape(-1).view(torch.uint8)
-    if data.data_ptr() % WORD:  # int64 words must start on an 8-byte boundary (a GPU faults on a misaligned load): copied
-        data = data.clone()
+    data = word_aligned_bytes(t)
     bulk = data.numel() // (WORD * BLOCKS) * WORD * BLOCKS
     sums = data[:bulk].view(torch.int64).view(BLOCKS, -1).sum(1)
     tail = data[bulk:].sum(dtype=torch.int64).reshape(1)  # fewer than WORD * BLOCKS bytes, each its own term

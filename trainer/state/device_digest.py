@@ -93,12 +93,17 @@ class _Keys:
 _keys = _Keys()
 
 
+def word_aligned_bytes(t: torch.Tensor) -> torch.Tensor:
+    """`t`'s bytes, flat, on its device, starting on an 8-byte boundary so that int64 words can be read from them: a
+    view where the memory allows, else a copy (a GPU faults on a misaligned load)."""
+    data = t.detach().contiguous().reshape(-1).view(torch.uint8)
+    return data.clone() if data.data_ptr() % 8 else data
+
+
 def words(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The tensor's bytes as int64 words on its device: the whole words (a view where alignment allows), and the last
     bytes that fill no word zero-padded into one (an empty tensor when there are none)."""
-    data = t.detach().contiguous().reshape(-1).view(torch.uint8)
-    if data.data_ptr() % 8:  # int64 words must start on an 8-byte boundary (a GPU faults on a misaligned load): copied
-        data = data.clone()
+    data = word_aligned_bytes(t)
     bulk = data.numel() // 8 * 8
     padded = torch.zeros(8 if bulk < data.numel() else 0, dtype=torch.uint8, device=data.device)
     padded[: data.numel() - bulk] = data[bulk:]

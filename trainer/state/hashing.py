@@ -1,18 +1,15 @@
 """Content digests of training state: per tensor, per component, per rank, global.
 
-One pass over the bytes: every tensor's raw bytes are hashed once, and
-everything else is a hash of small things: a component's digest feeds type
-tags, shapes, dtypes, scalars and those tensor digests into another XXH3-128, by the plain-data rule of
-`legato.state.digest_rule` (which also combines rank and global hashes). The checkpoint writer reuses the same tensor
-digests for the file-integrity hash of the bytes torch.save streams from the
-very same memory (`Digests` remembers them by storage address), so a
-checkpoint's state is hashed once. A tensor on a CUDA device is digested where
-it lives, by the device rule (legato.state.device_digest), so its bytes never
-cross the bus for a digest; every copy of it digests by the rule of the device
-it was copied from (legato.state.snapshot), so the rule follows the state, not
-the copy. XXH3 is a non-cryptographic hash: it guards
-against corruption and proves equality of bits, not against a forger (anyone
-who can rewrite a file can rewrite its manifest too).
+One pass over the bytes: every tensor's raw bytes are digested once, and everything else is a hash of small things: a
+component's digest feeds type tags, shapes, dtypes, scalars and those tensor digests into another XXH3-128, by the
+plain-data rule of `legato.state.digest_rule` (which also combines rank and global hashes). A tensor on the CPU is
+digested with XXH3-128 of its bytes, and the checkpoint writer reuses those digests for the file-integrity hash of the
+bytes torch.save streams from the very same memory (`Digests` remembers them by storage address), so a checkpoint's
+state is hashed once. A tensor on a CUDA device is digested where it lives, by the device rule
+(legato.state.device_digest), so its bytes never cross the bus for a digest; a copy of it on the host reports the
+rule of the device it was copied from (legato.state.snapshot): the rule follows the state, not the copy. Neither is a
+cryptographic hash: they guard against corruption and prove equality of bits, not against a forger (anyone who can
+rewrite a file can rewrite its manifest too).
 
 It must never draw from an RNG, move a tensor in place, or depend on anything
 but the values (no ids, no addresses in a digest, no dict order of insertion
