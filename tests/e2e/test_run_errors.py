@@ -171,16 +171,20 @@ def test_local_launcher_refuses_cleanly(tmp_path: Path, case: str) -> None:
 
 
 def test_a_refusal_on_one_rank_ends_the_job_instead_of_leaving_the_others_waiting(tmp_path: Path) -> None:
-    """Rank 0 refuses a setting during start-up while rank 1 waits for it in a collective (as a strict-mode CUDA
-    setting once did on a GPU): the run ends with exit 2 and the supervisor cancels the job at once instead of
-    leaving rank 1 waiting for the collective timeout (an hour here)."""
+    """Rank 0 refuses a setting during start-up while rank 1 waits for it (as a strict-mode CUDA setting once did on
+    a GPU): the run ends with exit 2 and the supervisor cancels the job at once instead of leaving rank 1 waiting for
+    the collective timeout (an hour here).
+
+    Rank 1 waits the way an NCCL collective waits for a peer that has gone: without noticing. A gloo barrier would
+    not do: gloo reads the connection reset as rank 0 exits and fails rank 1 itself, so the job sometimes ended
+    before the supervisor looked and the cancel under test never had to happen."""
     (tmp_path / "one_refuses.py").write_text(
-        "import torch.distributed as dist\n"
+        "import threading\n"
         "from legato.errors import UsageError\n\n\n"
         "def main(ctx):\n"
         "    if ctx.rank == 0:\n"
         "        raise UsageError('planted: rank 0 refuses a setting.')\n"
-        "    dist.barrier()\n"
+        "    threading.Event().wait(3600)\n"
     )
     run_dir = tmp_path / "run"
     env = dict(os.environ, PYTHONWARNINGS="ignore", PYTHONPATH=str(tmp_path))
