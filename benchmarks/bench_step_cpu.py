@@ -6,7 +6,10 @@ alternating within each round, each the median over the rounds:
 
 - plain: the same body (a 4-sample batch through `Linear(4, 1)`, DDP's with ranks, backward, SGD step, `loss.item()`)
   with no Session;
-- legato Session, defaults: `CheckpointPolicy()` with the final checkpoint outside the timed steps;
+- legato Session, defaults: `CheckpointPolicy()` with the final checkpoint outside the timed steps, the body's
+  `loss.item()` reported;
+- legato Session, report(loss): the same, the loss tensor itself reported (as the README's loop does; the plain row's
+  `loss.item()` is then the Session's);
 - plain again (the control row: the noise floor).
 
 Each row is the CPU time of the whole process (every thread: the Session's own threads count) over `--steps` steps
@@ -26,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,20 +52,23 @@ class Body:
         self.x, self.y = torch.randn(4, 4), torch.randn(4, 1)
 
     def step(self) -> float:
+        return self.step_tensor().item()
+
+    def step_tensor(self) -> torch.Tensor:
         loss = F.mse_loss(self.model(self.x), self.y)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        return loss.item()
+        return loss
 
 
-def _timed(steps: Iterable[int], body: Body, report: Callable[[float], None] | None, warm: int) -> tuple[float, float]:
+def _timed(steps: Iterable[int], step: Callable[[], Any], report: Callable[[Any], None] | None, warm: int) -> tuple[float, float]:
     """CPU and wall seconds per step of the steps after `warm` (the last step, whose boundary is a final checkpoint, out)."""
     marks: list[tuple[float, float]] = []
     for i in steps:
         if i >= warm:
             marks.append((time.process_time(), time.perf_counter()))
-        loss = body.step()
+        loss = step()
         if report is not None:
             report(loss)
     (cpu0, wall0), (cpu1, wall1) = marks[0], marks[-1]
@@ -81,14 +88,20 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
 
     def plain(r: int) -> tuple[float, float]:
         barrier()
-        return _timed(range(total), body, None, args.warm)
+        return _timed(range(total), body.step, None, args.warm)
 
-    def session(r: int) -> tuple[float, float]:
+    def session(r: int, step: Callable[[], Any] = body.step, name: str = "item") -> tuple[float, float]:
         barrier()
-        s = Session(Path(tmp) / f"session-{r}", model=body.model, optimizer=body.opt, total_steps=total, checkpoint=CheckpointPolicy())
-        return _timed(s, body, s.report, args.warm)
+        s = Session(
+            Path(tmp) / f"session-{name}-{r}", model=body.model, optimizer=body.opt, total_steps=total, checkpoint=CheckpointPolicy()
+        )
+        return _timed(s, step, s.report, args.warm)
 
-    rows: dict[str, Callable[[int], tuple[float, float]]] = {"legato Session, defaults": session, "plain (control)": plain}
+    rows: dict[str, Callable[[int], tuple[float, float]]] = {
+        "legato Session, defaults": session,
+        "legato Session, report(loss)": lambda r: session(r, body.step_tensor, "tensor"),
+        "plain (control)": plain,
+    }
     found: dict[str, list[tuple[float, float]]] = {"plain": [], **{name: [] for name in rows}}
     for r in range(args.rounds + 1):  # round 0 warms up and is not counted
         before = plain(r)

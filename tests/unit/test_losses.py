@@ -1,6 +1,7 @@
 """A reported loss stays on its device until a number is needed (legato.session.losses): read back together, exactly,
-in the order reported, and never once per step. On CPU the device is the host; the counts of read-backs and the bits are
-what a GPU run depends on (scripts/gpu_check.sh measures its time)."""
+in the order reported, and never once per step. A CPU loss is read at once (nothing to wait for); the tests here hold
+CPU losses as a GPU's are held (`held_on_cpu`), and the counts of read-backs and the bits are what a GPU run depends on
+(scripts/gpu_check.sh measures its time)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,37 @@ from legato.session import losses, telemetry
 from legato.session.losses import LossBook, number
 from legato.session.position import Metrics
 from legato.store import trajectory as trajectory_file
+
+
+@pytest.fixture(autouse=True)
+def held_on_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hold CPU losses as a GPU's are held, except in the tests of reading them at once."""
+    if "at_once" not in request.node.name:
+        monkeypatch.setattr(losses, "READ_CPU_AT_ONCE", False)
+
+
+def test_a_cpu_loss_is_read_at_once_with_the_bits_a_held_one_reads_back() -> None:
+    """Nothing is held (a held loss a step lives until its read-back: work for the garbage collector), and the value is
+    the one a held loss reads back, integer losses included."""
+    tensors = [torch.tensor(0.1), torch.tensor(0.1, dtype=torch.bfloat16), torch.tensor([2.5], dtype=torch.float16), torch.tensor(3)]
+    book = LossBook()
+    taken = [book.take(t) for t in tensors]
+    assert book._held == [] and all(type(v) is float for v in taken)
+    assert [v.hex() for v in taken] == [v.hex() for v in losses.read_back([t.reshape(()) for t in tensors])]
+
+
+def test_a_session_at_once_reads_no_cpu_loss_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    reads: list[int] = []
+    real = losses.read_back
+    monkeypatch.setattr(losses, "read_back", lambda tensors: reads.append(len(tensors)) or real(tensors))
+    model = torch.nn.Linear(3, 1)
+    session = legato.Session(tmp_path, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.01), total_steps=12)
+    seen = []
+    for _ in session:
+        loss = model(torch.ones(2, 3)).square().mean()
+        seen.append(float(loss.detach()))
+        session.report(loss)
+    assert reads == [] and [r["loss_hex"] for r in trajectory(tmp_path, 0)] == [v.hex() for v in seen]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])

@@ -4,7 +4,11 @@
 step, and a GPU loop loses the overlap of its next launches with this step's
 kernels (the plain loop reads its loss only when it logs). `LossBook.take`
 keeps a detached copy of a reported tensor instead (the loop may write into
-its own); the first time any held value is asked for, `settle` reads back
+its own). A CPU tensor is read at once (READ_CPU_AT_ONCE): reading it waits
+for nothing, and every held loss lives until its read-back, about a second of
+steps, long enough for the garbage collector to walk it again and again (at
+1 rank with a trivial step, 18 µs of a step went there). The first time any
+held value is asked for, `settle` reads back
 every loss held so far, one transfer per device and dtype, and hands the
 values over in the order they were reported. That happens at the capture of
 every checkpoint, state hash and replay base (`Metrics` folds its sum there),
@@ -23,6 +27,10 @@ from typing import cast
 
 import torch
 
+READ_CPU_AT_ONCE = True
+"""Whether a CPU tensor's loss is read when it is reported instead of held (tests turn it off to hold CPU losses as a
+GPU's are held)."""
+
 
 class HeldLoss:
     """One step's reported loss: a number once read back (`value`), with the code that waits for that number."""
@@ -33,7 +41,7 @@ class HeldLoss:
         self._book = book
         self._tensor: torch.Tensor | None = tensor  # None once read back
         self._value: float | None = None
-        self._waiting: list[Callable[[float], None]] = []
+        self._waiting: list[Callable[[float], None]] | None = None  # made by the first `then`: most losses have none
 
     @property
     def value(self) -> float:
@@ -52,16 +60,22 @@ class HeldLoss:
         """`float.hex` of the value (the trajectory's and the replay's exact form)."""
         return self.value.hex()
 
+    # A held loss stands for its own `float.hex` in a record (legato.store.trajectory calls what stands for a value):
+    # one object a step, not a bound method per record.
+    __call__ = hex
+
     def then(self, use: Callable[[float], None]) -> None:
         """Call `use` with the value when it is read back; at once if it was."""
-        if self._value is None:
-            self._waiting.append(use)
-        else:
+        if self._value is not None:
             use(self._value)
+        elif self._waiting is None:
+            self._waiting = [use]
+        else:
+            self._waiting.append(use)
 
     def _read(self, value: float) -> None:
         self._value, self._tensor = value, None
-        waiting, self._waiting = self._waiting, []
+        waiting, self._waiting = self._waiting or [], None
         for use in waiting:
             use(value)
 
@@ -80,7 +94,10 @@ class LossBook:
         (a DTensor) is read back at once: stacking it could run collectives."""
         if type(loss) is not torch.Tensor:
             return float(loss)
-        held = HeldLoss(self, loss.detach().reshape(()).clone())
+        detached = loss.detach()
+        if READ_CPU_AT_ONCE and detached.is_cpu:
+            return float(detached.item())  # an integer tensor's loss is a float too, as read_back makes it
+        held = HeldLoss(self, detached.clone() if detached.dim() == 0 else detached.reshape(()).clone())
         self._held.append(held)
         return held
 
@@ -112,5 +129,5 @@ def number(loss: Loss | None) -> float | None:
 def hex_of(loss: Loss | None) -> str | Callable[[], str] | None:
     """A kept loss's `float.hex`, or for one still held, the function that gives it (written out later)."""
     if isinstance(loss, HeldLoss):
-        return loss.hex() if loss.read else loss.hex
+        return loss.hex() if loss.read else loss
     return None if loss is None else loss.hex()
