@@ -9,8 +9,10 @@ when. Checks are spaced so that their cost stays a small fraction of a step
 The same all-reduce carries the "periodic checkpoint is due by the clock" and
 "new replay base is due by the clock" flags, because wall clocks differ between
 ranks, and whether any rank is still writing (or failed to write) an
-asynchronous checkpoint. The signal handler must never do
-anything but set the flag: no I/O, no collectives, no checkpointing.
+asynchronous checkpoint. A rank without peers keeps the same cadence (its
+votes are read at its checks: most boundaries read nothing) but acts on its
+own stop signal at once: it has no one to agree with. The signal handler must
+never do anything but set the flag: no I/O, no collectives, no checkpointing.
 """
 
 from __future__ import annotations
@@ -90,6 +92,8 @@ class StopAgreement:
     how many of its steps fill about `target_s` seconds, and the smallest
     proposal wins through the same all-reduce, so every rank checks at the same
     steps. An interval at most doubles from one check to the next. A stop signal is acted on within two intervals.
+    Without a group the votes are this rank's own, decided at once at its checks and at the first boundary after
+    a stop signal.
     """
 
     MAX_INTERVAL = 10_000
@@ -106,16 +110,18 @@ class StopAgreement:
 
     def boundary(self, step: int, stop_local: bool, checkpoint_due_local: bool = False, writing_local: bool = False, failed_local: bool = False,
                  base_due_local: bool = False) -> Decision:
-        """Called after every step; returns what the ranks agreed at the previous check."""
+        """Called after every step; returns what the ranks agreed at the previous check (without a group: at this one)."""
         if self._closed:
             raise RuntimeError("StopAgreement.boundary() after close(): the Session's loop has ended")
-        if self.group is None:
-            return Decision(stop_local, checkpoint_due_local, writing_local, failed_local, step, base_due_local)
         if self._next_check is None:
             self._next_check = step
             self._last_check = (step, time.monotonic())
-        if step < self._next_check:
+        if not self.checks_at(step, stop_local):
             return NOTHING_AGREED
+        if self.group is None:
+            self.interval = self._propose(step)
+            self._next_check = step + self.interval
+            return Decision(stop_local, checkpoint_due_local, writing_local, failed_local, step, base_due_local)
         decision, agreed_interval = self._collect()
         flags = torch.tensor(
             [int(stop_local), int(checkpoint_due_local), -self._propose(step), int(writing_local), int(failed_local), int(base_due_local)],
@@ -127,6 +133,11 @@ class StopAgreement:
             self.interval = agreed_interval
         self._next_check = step + self.interval
         return decision
+
+    def checks_at(self, step: int, stop_local: bool) -> bool:
+        """Whether `boundary(step)` reads the votes (the caller gathers them only then): at the first boundary, at the
+        agreed checks, and without a group at once after a stop signal."""
+        return self._next_check is None or step >= self._next_check or (stop_local and self.group is None)
 
     def drain(self) -> None:
         """Finish the outstanding all-reduce (before a collective-free exit or teardown)."""

@@ -103,6 +103,8 @@ def check_batches(epoch_mode: bool, loader: Any, own_loader: Any) -> None:
 def checked_loss(loss: Any) -> torch.Tensor | float:
     """A reported loss as it is (a one-element real tensor) or as a float (a real number), or a UsageError saying what to
     report. The tensor is not read here: that waits for the device (legato.session.losses)."""
+    if type(loss) is float:  # every step of a loop that reports loss.item(): no generic checks
+        return loss
     if isinstance(loss, torch.Tensor) and loss.numel() == 1 and not loss.is_complex():
         return loss
     if isinstance(loss, numbers.Real) and not isinstance(loss, bool):

@@ -83,6 +83,11 @@ class Chaos:
                 assert isinstance(c.obj, _Drawing)  # the "rng." rows are legato.state.rng's generators, which all draw
                 c.obj.draw()
 
+    @property
+    def per_step(self) -> bool:
+        """Whether it acts at step boundaries (a slowed step, a planted stop signal)."""
+        return bool(self.step_sleep_s or self.signal_at_steps)
+
     def slow_step(self) -> None:
         """Slow every step down, replayed ones too: a replay that ran faster than the steps after it would teach the
         stop agreement an interval the slowed steps then take minutes to reach."""

@@ -83,7 +83,7 @@ class HeldBatches:
         self._previous, self._current = self._current, [weakref.ref(t) for t in tensors]
 
     def step_ended(self, step: int) -> None:
-        if self.held_at is None and any(ref() is not None for ref in self._previous):
+        if self.held_at is None and self._previous and any(ref() is not None for ref in self._previous):
             self.held_at = step
         self._previous = []
 

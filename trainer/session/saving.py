@@ -27,7 +27,7 @@ import torch
 
 from legato.config import CheckpointSection
 from legato.dist.peers import Peers
-from legato.dist.stop import Decision
+from legato.dist.stop import NOTHING_AGREED, Decision
 from legato.events import Kind
 from legato.session.losses import Loss
 from legato.session.position import Position
@@ -118,16 +118,34 @@ class Saver:
             return "periodic"
         return None
 
+    def quiet_at(self, step: int, total_steps: int) -> bool:
+        """Whether a boundary that reads no agreement writes nothing at `step` (not the last step, no checkpoint or state
+        hash due by steps): `reason` would be None and `step_end` a trajectory line, which `quiet_end` is."""
+        return step != total_steps and not self.schedule.due_by_steps(step) and not self._hash_due(step)
+
+    def quiet_end(self, loss: Loss | None, lr: float | None) -> None:
+        """`reason` and `step_end` at a boundary `quiet_at` holds for, with no agreement read: no base agreed, nothing to
+        commit, the trajectory line and the progress."""
+        self.base.agreed(NOTHING_AGREED)
+        self._line(loss, lr)
+
+    def _hash_due(self, step: int) -> bool:
+        return bool(self.policy.hash_every_steps) and step % self.policy.hash_every_steps == 0
+
+    def _line(self, loss: Loss | None, lr: float | None) -> None:
+        step, epoch = self.position.step, self.position.epoch
+        self.telemetry.record(step, epoch, loss, lr, None)
+        self.telemetry.progress(step, epoch, loss)
+
     def step_end(
         self, reason: str | None, loss: Loss | None, lr: float | None, received_at: float | None, alongside: AbstractContextManager
     ) -> None:
         """After the agreement: log the trajectory, report progress and a stop, and write the checkpoint due. `alongside`:
         the caller's work that goes with a checkpoint (the census), entered around its write whenever one is due."""
         step, epoch = self.position.step, self.position.epoch
-        hash_due = bool(self.policy.hash_every_steps) and step % self.policy.hash_every_steps == 0
+        hash_due = self._hash_due(step)
         if reason is None and not hash_due:  # most steps: a trajectory line and the progress, nothing of the state
-            self.telemetry.record(step, epoch, loss, lr, None)
-            self.telemetry.progress(step, epoch, loss)
+            self._line(loss, lr)
             return
         began = time.monotonic()
         if reason == "periodic":

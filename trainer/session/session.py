@@ -64,6 +64,7 @@ from legato.session.opening import open_attempt
 from legato.session.pace import Pace
 from legato.session.policy import CheckpointPolicy, HangPolicy, StopPolicy
 from legato.session.position import Metrics, Position
+from legato.session.replay_base import ReplayBase
 from legato.session.replayer import Outcome, Replayer
 from legato.session.resume import GO_ON_UNVERIFIED, REQUIRED, Resumed, Resumer, nothing_to_resume, resume_choice
 from legato.session.saving import Saver
@@ -446,8 +447,15 @@ class Session:
             self._feed.drop()
         step, base = self.step, self._saving.base  # every step runs this: each lookup made once
         record = base.record_step(step, self._loss, self.model)
-        self.chaos.slow_step()
         replaying = self._replayer.active
+        if not replaying and self._quiet(step):
+            # Most steps: what the general path below comes to when no vote is read and nothing is due, in fewer calls
+            # (the Session's own CPU per step is a budget: legato.session docs, benchmarks/bench_step_cpu.py).
+            self._saving.quiet_end(self._loss, self._lr)
+            self._census.early_look(step, sys._getframe())
+            self._tail(step, base)
+            return
+        self.chaos.slow_step()
         if not replaying:
             self.chaos.after_step(self.rank, step, self._flag.signals[0])
         decision = self._agree(step, replaying)
@@ -468,18 +476,36 @@ class Session:
             self.stopped = reason == "signal"
             if not self.stopped:
                 self._census.early_look(step, sys._getframe())
+        self._tail(step, base)
+
+    def _tail(self, step: int, base: ReplayBase) -> None:
+        """Every boundary's end: a new replay base when one is due, the watchdog's and the pace's marks."""
         if base.due(step, self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
         self._watchdog.stepped(step, REPLAY if self._replayer.active else STEP)
         self._pace.stepped(step)
 
+    def _quiet(self, step: int) -> bool:
+        """Whether this trained step's boundary has nothing to do but its trajectory line: no agreement check falls on
+        it (nor, on a rank without peers, a stop signal), no checkpoint or state hash is due by steps, no fault is
+        planted."""
+        return (
+            not self.chaos.per_step
+            and not self._agreement.checks_at(step, self._flag.raised)
+            and self._saving.quiet_at(step, self.total_steps)
+        )
+
     def _agree(self, step: int, replaying: bool) -> Decision:
         """The one place the ranks vote at a step boundary: this rank's stop flag, and while training the Saver's votes (a
-        replay writes nothing, so it votes on the stop alone; its last step is judged, not voted on)."""
+        replay writes nothing, so it votes on the stop alone; its last step is judged, not voted on). The votes are
+        gathered only where the agreement reads them."""
         if replaying and self._replayer.at_end(step):
             return NOTHING_AGREED
+        raised = self._flag.raised
+        if not self._agreement.checks_at(step, raised):
+            return NOTHING_AGREED
         votes = {} if replaying else self._saving.votes()
-        return self._agreement.boundary(step, self._flag.raised, **votes)
+        return self._agreement.boundary(step, raised, **votes)
 
     @contextlib.contextmanager
     def _lifetime(self) -> Iterator[None]:

@@ -134,8 +134,13 @@ def _pair(live: Any, copy: Any, everyone: bool, into: dict[int, tuple[torch.Tens
             _pair(value, copied, everyone, into)
 
 
+_LEAVES = (torch.Tensor, int)
+
+
 def batch_leaves(batch: Any) -> list[Any]:
     """The leaves of a batch (what nested lists, tuples and mappings hold), in a fixed order: mapping keys sorted by repr."""
+    if type(batch) in _LEAVES:  # a tensor, or the step index a Session without a loader yields: no generic checks
+        return [batch]
     if isinstance(batch, Mapping):
         return [leaf for key in sorted(batch, key=repr) for leaf in batch_leaves(batch[key])]
     if isinstance(batch, (list, tuple)):
