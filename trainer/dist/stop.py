@@ -139,6 +139,10 @@ class StopAgreement:
         agreed checks, and without a group at once after a stop signal."""
         return self._next_check is None or step >= self._next_check or (stop_local and self.group is None)
 
+    def next_check(self, step: int) -> int:
+        """The first step after `step` whose boundary reads the votes (a stop signal on a rank without peers aside)."""
+        return step + 1 if self._next_check is None else max(step + 1, self._next_check)
+
     def drain(self) -> None:
         """Finish the outstanding all-reduce (before a collective-free exit or teardown)."""
         self._collect()

@@ -65,6 +65,9 @@ def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
     return h.hexdigest()
 
 
+NO_TENSORS = fingerprint([])  # a batch without tensors (a Session without a loader yields the step index)
+
+
 def comparable(recorded: str | None, replayed: str | None) -> bool:
     """Whether two fingerprints were taken by the same rule: a checkpoint of an older legato holds SHA-256 ones (16 hex
     digits, against XXH3-128's 32), which name no cause here; its loss bits and digests still prove the replay."""

@@ -66,7 +66,7 @@ class ReplayBase:
         if self.snapshot is None:
             return
         tensors = batch_tensors(batch)
-        self._batch_fingerprint = replay.fingerprint(tensors)
+        self._batch_fingerprint = replay.fingerprint(tensors) if tensors else replay.NO_TENSORS
         self.held.yielded(tensors)
 
     def record_step(self, step: int, loss: Loss | None, model: torch.nn.Module) -> dict | None:
@@ -111,7 +111,8 @@ class ReplayBase:
 
     def agreed(self, decision: Decision) -> None:
         """This boundary's decision: whether the ranks agreed that the base is too old."""
-        self._agreed = self.snapshot is not None and BaseClock.agreed(decision, self.snapshot.step)
+        # Most boundaries agree on nothing: answered without the clock's rule.
+        self._agreed = decision.base_due and self.snapshot is not None and BaseClock.agreed(decision, self.snapshot.step)
 
     def replayable(self, manifest: dict, total_steps: int, world_size: int) -> bool:
         """Whether a resume from `manifest` proves itself by a replay."""

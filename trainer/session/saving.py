@@ -118,14 +118,16 @@ class Saver:
             return "periodic"
         return None
 
-    def quiet_at(self, step: int, total_steps: int) -> bool:
-        """Whether a boundary that reads no agreement writes nothing at `step` (not the last step, no checkpoint or state
-        hash due by steps): `reason` would be None and `step_end` a trajectory line, which `quiet_end` is."""
-        return step != total_steps and not self.schedule.due_by_steps(step) and not self._hash_due(step)
+    def next_due(self, step: int, total_steps: int) -> int:
+        """The first step after `step` at which something may be due by steps: the last step, a periodic checkpoint or
+        a state hash by their step counts, a replay base by its spacing. Before it, with no agreement read, `reason` is
+        None and `step_end` a trajectory line: `quiet_end`."""
+        counts = (self.policy.every_steps, self.policy.hash_every_steps, self.base.every if self.base.on else 0)
+        return min([total_steps] + [(step // n + 1) * n for n in counts if n])
 
     def quiet_end(self, loss: Loss | None, lr: float | None) -> None:
-        """`reason` and `step_end` at a boundary `quiet_at` holds for, with no agreement read: no base agreed, nothing to
-        commit, the trajectory line and the progress."""
+        """`reason` and `step_end` before `next_due`, with no agreement read: no base agreed, nothing to commit, the
+        trajectory line and the progress."""
         self.base.agreed(NOTHING_AGREED)
         self._line(loss, lr)
 

@@ -183,6 +183,7 @@ class Session:
             model, optimizer, scheduler, scaler, self._position, self._metrics, self.extras, self.source, self.generators
         )
         self.stopped = False
+        self._loud_at = 0  # boundaries before this step are quiet (`_next_loud`): the first one is not
 
         self._feed = Feed(self.source, self._position, per_epoch if total_epochs is not None else None)
         self._telemetry = Telemetry(self.rank, self.total_steps, self.on_event)
@@ -399,7 +400,7 @@ class Session:
         ]
 
     def _steps(self) -> Iterator[Any]:
-        while self.step < self.total_steps and not self.stopped and not (self._feed.epoch_mode and self._position.epoch_complete):
+        while self._position.step < self.total_steps and not self.stopped and not (self._feed.epoch_mode and self._position.epoch_complete):
             batch = self._feed.next()
             if batch is EPOCH_OVER:
                 return
@@ -445,16 +446,15 @@ class Session:
         if self._position.advance(self._feed.epoch_mode):
             # The finished iterator goes now either way, as the plain loop's does, with its workers.
             self._feed.drop()
-        step, base = self.step, self._saving.base  # every step runs this: each lookup made once
+        step, base = self._position.step, self._saving.base  # every step runs this: each lookup made once
         record = base.record_step(step, self._loss, self.model)
-        replaying = self._replayer.active
-        if not replaying and self._quiet(step):
+        if step < self._loud_at and not self._flag.raised:
             # Most steps: what the general path below comes to when no vote is read and nothing is due, in fewer calls
-            # (the Session's own CPU per step is a budget: legato.session docs, benchmarks/bench_step_cpu.py).
+            # (each function a boundary touches costs about a microsecond of CPU, cold between the body's torch calls).
             self._saving.quiet_end(self._loss, self._lr)
-            self._census.early_look(step, sys._getframe())
-            self._tail(step, base)
+            self._marks(step)  # no base is due before `_loud_at` either
             return
+        replaying = self._replayer.active
         self.chaos.slow_step()
         if not replaying:
             self.chaos.after_step(self.rank, step, self._flag.signals[0])
@@ -476,24 +476,27 @@ class Session:
             self.stopped = reason == "signal"
             if not self.stopped:
                 self._census.early_look(step, sys._getframe())
+        self._loud_at = self._next_loud(step)
         self._tail(step, base)
 
     def _tail(self, step: int, base: ReplayBase) -> None:
-        """Every boundary's end: a new replay base when one is due, the watchdog's and the pace's marks."""
+        """A loud boundary's end: a new replay base when one is due, then the marks."""
         if base.due(step, self.total_steps) and not self.stopped:
             self._saving.take_snapshot()
+        self._marks(step)
+
+    def _marks(self, step: int) -> None:
+        """Every boundary's last act: the watchdog's and the pace's marks."""
         self._watchdog.stepped(step, REPLAY if self._replayer.active else STEP)
         self._pace.stepped(step)
 
-    def _quiet(self, step: int) -> bool:
-        """Whether this trained step's boundary has nothing to do but its trajectory line: no agreement check falls on
-        it (nor, on a rank without peers, a stop signal), no checkpoint or state hash is due by steps, no fault is
-        planted."""
-        return (
-            not self.chaos.per_step
-            and not self._agreement.checks_at(step, self._flag.raised)
-            and self._saving.quiet_at(step, self.total_steps)
-        )
+    def _next_loud(self, step: int) -> int:
+        """After the boundary of `step`: the first step whose boundary may do more than write its trajectory line (a
+        stop signal makes any boundary loud). Until it: no agreement check, nothing due by steps, no replay, no early
+        look of the census, no planted fault."""
+        if self._replayer.active or self.chaos.per_step or self._census.looking:
+            return step + 1
+        return min(self._agreement.next_check(step), self._saving.next_due(step, self.total_steps))
 
     def _agree(self, step: int, replaying: bool) -> Decision:
         """The one place the ranks vote at a step boundary: this rank's stop flag, and while training the Saver's votes (a

@@ -92,9 +92,14 @@ class Census:
             wait([scanned])  # a body that raises leaves once the scan is done: nothing of it outlives the step
         self._settle(step, reason, scanned.result())
 
+    @property
+    def looking(self) -> bool:
+        """Whether early looks are still to come (the next trained step's boundary takes one)."""
+        return self.mode != "off" and self._looks < EARLY_LOOKS
+
     def early_look(self, step: int, frame: types.FrameType) -> None:
         """At the end of each of the attempt's first EARLY_LOOKS trained steps: look at plain objects; collective at the last."""
-        if self.mode == "off" or self._looks >= EARLY_LOOKS:
+        if not self.looking:
             return
         self._looks += 1
         self._early += self._plain_changes(frame)
