@@ -12,9 +12,10 @@ alternating within each round, each the median over the rounds:
   `loss.item()` is then the Session's);
 - plain again (the control row: the noise floor).
 
-Each row is the CPU time of the whole process (every thread: the Session's own threads count) over `--steps` steps
-after `--warm`, per step, and the same in wall time. `--world 2` runs two ranks (gloo) and reports rank 0; a rank's
-CPU then includes the agreement's share of gloo's work.
+Each row is, per step over `--steps` steps after `--warm`: the CPU time of the whole process (every thread); the CPU
+of the loop, this thread's plus legato's own threads' (named `legato-*`), without gloo's threads, whose CPU at two
+ranks moved by more than the Session's whole cost from one row to the next; and the wall time. `--world 2` runs two
+ranks (gloo) and reports rank 0.
 
     python benchmarks/bench_step_cpu.py [--world 1] [--steps 2000] [--warm 100] [--rounds 5]
 """
@@ -22,10 +23,12 @@ CPU then includes the agreement's share of gloo's work.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -62,17 +65,30 @@ class Body:
         return loss
 
 
-def _timed(steps: Iterable[int], step: Callable[[], Any], report: Callable[[Any], None] | None, warm: int) -> tuple[float, float]:
-    """CPU and wall seconds per step of the steps after `warm` (the last step, whose boundary is a final checkpoint, out)."""
-    marks: list[tuple[float, float]] = []
+Figures = tuple[float, float, float]  # process CPU, loop CPU, wall: seconds per step
+
+
+def _loop_cpu() -> float:
+    """CPU seconds of this thread and of legato's own threads so far."""
+    total = time.thread_time()
+    for thread in threading.enumerate():
+        if thread.name.startswith("legato") and thread.ident is not None:
+            with contextlib.suppress(OSError, ProcessLookupError):  # a thread that ended since the listing
+                total += time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+    return total
+
+
+def _timed(steps: Iterable[int], step: Callable[[], Any], report: Callable[[Any], None] | None, warm: int, last: int) -> Figures:
+    """Per step of steps `warm` to `last` (the last step, whose boundary is a final checkpoint, out)."""
+    marks: list[Figures] = []
     for i in steps:
-        if i >= warm:
-            marks.append((time.process_time(), time.perf_counter()))
+        if i in (warm, last):
+            marks.append((time.process_time(), _loop_cpu(), time.perf_counter()))
         loss = step()
         if report is not None:
             report(loss)
-    (cpu0, wall0), (cpu1, wall1) = marks[0], marks[-1]
-    return (cpu1 - cpu0) / (len(marks) - 1), (wall1 - wall0) / (len(marks) - 1)
+    (cpu0, loop0, wall0), (cpu1, loop1, wall1), n = marks[0], marks[1], last - warm
+    return (cpu1 - cpu0) / n, (loop1 - loop0) / n, (wall1 - wall0) / n
 
 
 def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str, out: dict) -> None:
@@ -86,23 +102,23 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
         if world > 1:
             dist.barrier()
 
-    def plain(r: int) -> tuple[float, float]:
+    def plain(r: int) -> Figures:
         barrier()
-        return _timed(range(total), body.step, None, args.warm)
+        return _timed(range(total), body.step, None, args.warm, total - 1)
 
-    def session(r: int, step: Callable[[], Any] = body.step, name: str = "item") -> tuple[float, float]:
+    def session(r: int, step: Callable[[], Any] = body.step, name: str = "item") -> Figures:
         barrier()
         s = Session(
             Path(tmp) / f"session-{name}-{r}", model=body.model, optimizer=body.opt, total_steps=total, checkpoint=CheckpointPolicy()
         )
-        return _timed(s, step, s.report, args.warm)
+        return _timed(s, step, s.report, args.warm, total - 1)
 
-    rows: dict[str, Callable[[int], tuple[float, float]]] = {
+    rows: dict[str, Callable[[int], Figures]] = {
         "legato Session, defaults": session,
         "legato Session, report(loss)": lambda r: session(r, body.step_tensor, "tensor"),
         "plain (control)": plain,
     }
-    found: dict[str, list[tuple[float, float]]] = {"plain": [], **{name: [] for name in rows}}
+    found: dict[str, list[Figures]] = {"plain": [], **{name: [] for name in rows}}
     for r in range(args.rounds + 1):  # round 0 warms up and is not counted
         before = plain(r)
         names = list(rows)
@@ -113,7 +129,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
             for name, value in measured.items():
                 found[name].append(value)
     if rank == 0:
-        out.update({name: (statistics.median(c for c, _ in v), statistics.median(w for _, w in v)) for name, v in found.items()})
+        out.update({name: tuple(statistics.median(column) for column in zip(*v)) for name, v in found.items()})
     if world > 1:
         dist.destroy_process_group()
 
@@ -129,17 +145,19 @@ def main() -> int:
         print("--steps must be at least 2, --warm and --world at least 1.", file=sys.stderr)
         return 2
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.world} rank(s), 1 thread each; {args.steps} steps after {args.warm}")
-    print(f"process CPU and wall per step, medians over {args.rounds} rounds; added = row - plain")
+    print(f"process CPU, loop CPU (this thread and legato's) and wall per step, medians over {args.rounds} rounds; added = row - plain")
     with mp.Manager() as manager, tempfile.TemporaryDirectory() as tmp:
         out = manager.dict()
         if args.world == 1:
             _worker(0, 1, 0, args, tmp, out)
         else:
             mp.spawn(_worker, args=(args.world, free_port(), args, tmp, out), nprocs=args.world, join=True)
-        plain_cpu, plain_wall = out["plain"]
-        print(f"   {'row':<28} {'CPU µs/step':>12} {'added':>9} {'wall µs/step':>13} {'added':>9}")
-        for name, (cpu, wall) in dict(out).items():
-            print(f"   {name:<28} {cpu * 1e6:12.1f} {(cpu - plain_cpu) * 1e6:+9.1f} {wall * 1e6:13.1f} {(wall - plain_wall) * 1e6:+9.1f}")
+        plain = out["plain"]
+        heads = ("process CPU µs", "loop CPU µs", "wall µs")
+        print(f"   {'row':<28} " + " ".join(f"{head:>14} {'added':>8}" for head in heads))
+        for name, figures in dict(out).items():
+            cells = (f"{value * 1e6:14.1f} {(value - base) * 1e6:+8.1f}" for value, base in zip(figures, plain))
+            print(f"   {name:<28} " + " ".join(cells))
     return 0
 
 
