@@ -10,7 +10,13 @@ alternating within each round, each the median over the rounds:
   `loss.item()` reported;
 - legato Session, report(loss): the same, the loss tensor itself reported (as the README's loop does; the plain row's
   `loss.item()` is then the Session's);
+- plain + unrelated Python: the plain body and a few microseconds of Python that is not legato's (json, re) after it,
+  its cost when hot printed above the table: the calibration row. Any Python between two steps runs cold and leaves
+  the body colder; this row shows by how much on this machine, so the Session's rows can be read against it;
 - plain again (the control row: the noise floor).
+
+Above the table, the hot costs: the calibration's Python a call, and a Session's loop at the defaults whose body only
+reports a float (its boundary alone, warm).
 
 Each row is, per step over `--steps` steps after `--warm`: the CPU time of the whole process (every thread); the CPU
 of the loop, this thread's plus legato's own threads' (named `legato-*`), without gloo's threads, whose CPU at two
@@ -24,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
+import re
 import statistics
 import sys
 import tempfile
@@ -68,6 +76,22 @@ class Body:
 Figures = tuple[float, float, float]  # process CPU, loop CPU, wall: seconds per step
 
 
+def _unrelated() -> None:
+    """A few microseconds of Python that has nothing to do with legato or torch (the calibration row's)."""
+    record = {"step": 1, "loss_hex": (0.25).hex(), "lr": 0.1, "batch": [1, 2, 3]}
+    json.dumps(record)
+    re.match(r"\d+", "123abc")
+    sorted(record)
+
+
+def _hot_cost(call: Callable[[], None], times: int = 20_000) -> float:
+    """CPU seconds per call of `call` run back to back (hot)."""
+    began = time.thread_time()
+    for _ in range(times):
+        call()
+    return (time.thread_time() - began) / times
+
+
 def _loop_cpu() -> float:
     """CPU seconds of this thread and of legato's own threads so far."""
     total = time.thread_time()
@@ -106,6 +130,16 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
         barrier()
         return _timed(range(total), body.step, None, args.warm, total - 1)
 
+    def calibration(r: int) -> Figures:
+        barrier()
+
+        def step() -> float:
+            loss = body.step()
+            _unrelated()
+            return loss
+
+        return _timed(range(total), step, None, args.warm, total - 1)
+
     def session(r: int, step: Callable[[], Any] = body.step, name: str = "item") -> Figures:
         barrier()
         s = Session(
@@ -116,6 +150,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
     rows: dict[str, Callable[[int], Figures]] = {
         "legato Session, defaults": session,
         "legato Session, report(loss)": lambda r: session(r, body.step_tensor, "tensor"),
+        "plain + unrelated Python": calibration,
         "plain (control)": plain,
     }
     found: dict[str, list[Figures]] = {"plain": [], **{name: [] for name in rows}}
@@ -128,7 +163,12 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
             found["plain"].append(before)
             for name, value in measured.items():
                 found[name].append(value)
+    barrier()
+    bare = Session(Path(tmp) / "bare", model=body.model, optimizer=body.opt, total_steps=total, checkpoint=CheckpointPolicy())
+    bare_figures = _timed(bare, lambda: 0.25, bare.report, args.warm, total - 1)
     if rank == 0:
+        out["unrelated, hot"] = _hot_cost(_unrelated)
+        out["session, hot"] = bare_figures[1]
         out.update({name: tuple(statistics.median(column) for column in zip(*v)) for name, v in found.items()})
     if world > 1:
         dist.destroy_process_group()
@@ -152,6 +192,8 @@ def main() -> int:
             _worker(0, 1, 0, args, tmp, out)
         else:
             mp.spawn(_worker, args=(args.world, free_port(), args, tmp, out), nprocs=args.world, join=True)
+        print(f"hot: the calibration row's unrelated Python {out.pop('unrelated, hot') * 1e6:.1f} µs a call; a Session's loop with no")
+        print(f"     training step {out.pop('session, hot') * 1e6:.1f} µs of loop CPU a step")
         plain = out["plain"]
         heads = ("process CPU µs", "loop CPU µs", "wall µs")
         print(f"   {'row':<28} " + " ".join(f"{head:>14} {'added':>8}" for head in heads))
