@@ -20,15 +20,15 @@ from legato.store import trajectory as trajectory_file
 
 
 @pytest.fixture(autouse=True)
-def held_on_cpu(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Hold CPU losses as a GPU's are held, except in the tests of reading them at once."""
-    if "at_once" not in request.node.name:
-        monkeypatch.setattr(losses, "READ_CPU_AT_ONCE", False)
+def held_on_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hold CPU losses as a GPU's are held (the tests of reading them at once turn it back on themselves)."""
+    monkeypatch.setattr(losses, "READ_CPU_AT_ONCE", False)
 
 
-def test_a_cpu_loss_is_read_at_once_with_the_bits_a_held_one_reads_back() -> None:
+def test_a_cpu_loss_is_read_at_once_with_the_bits_a_held_one_reads_back(monkeypatch: pytest.MonkeyPatch) -> None:
     """Nothing is held (a held loss a step lives until its read-back: work for the garbage collector), and the value is
     the one a held loss reads back, integer losses included."""
+    monkeypatch.setattr(losses, "READ_CPU_AT_ONCE", True)
     tensors = [torch.tensor(0.1), torch.tensor(0.1, dtype=torch.bfloat16), torch.tensor([2.5], dtype=torch.float16), torch.tensor(3)]
     book = LossBook()
     taken = [book.take(t) for t in tensors]
@@ -37,6 +37,7 @@ def test_a_cpu_loss_is_read_at_once_with_the_bits_a_held_one_reads_back() -> Non
 
 
 def test_a_session_at_once_reads_no_cpu_loss_back(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(losses, "READ_CPU_AT_ONCE", True)
     reads: list[int] = []
     real = losses.read_back
     monkeypatch.setattr(losses, "read_back", lambda tensors: reads.append(len(tensors)) or real(tensors))

@@ -16,6 +16,7 @@ from conftest import fit_step, trajectory
 from torch.utils.data import TensorDataset
 
 import legato
+from legato.dist.stop import Decision, StopAgreement
 from legato.session.saving import Saver
 from legato.session.session import Session
 from legato.store.manifest import list_checkpoints
@@ -53,9 +54,25 @@ def _run(run_dir: Path) -> dict:
         "stopped_at": stopped_at,
         "finished_at": finished_at,
         "trajectory": trajectory(run_dir, 0),
-        "checkpoints": [(m["step"], m["global_hash"]) for m in manifests],
+        "checkpoints": [(m["step"], m["global_hash"], (m.get("replay") or {}).get("from_step")) for m in manifests],
         "state": {k: v.numpy().tobytes().hex() for k, v in state.items()},
     }
+
+
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int | None]]:
+    """Each agreement check: its step and the step it set for the next."""
+    seen: list[tuple[int, int | None]] = []
+    real = StopAgreement.boundary
+
+    def recorded(self: StopAgreement, step: int, *args: object, **kwargs: object) -> Decision:
+        decision = real(self, step, *args, **kwargs)  # type: ignore[arg-type]
+        if decision.checked_at == step:
+            seen.append((step, self._next_check))
+        return decision
+
+    monkeypatch.setattr(StopAgreement, "boundary", recorded)
+    return seen
 
 
 @pytest.fixture
@@ -73,11 +90,15 @@ def quiet_ends(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def test_a_run_with_quiet_boundaries_leaves_the_bits_of_one_without(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quiet_ends: list[int]
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quiet_ends: list[int], checks: list[tuple[int, int | None]]
 ) -> None:
     quiet = _run(tmp_path / "quiet")
     assert quiet_ends, "no boundary was quiet: the comparison would be of the general path with itself"
     assert quiet["stopped_at"] == STOP_AFTER and quiet["finished_at"] == TOTAL
+    # Each check came at the step the one before it set (a quiet boundary never swallowed a check), apart from the
+    # first of each attempt and the check a stop signal brings forward.
+    late = [(step, after) for (_, after), (step, _) in zip(checks, checks[1:]) if after is not None and step > after]
+    assert len(checks) > 4 and not late, (checks, late)
     due = {n * k for n in (7, 5, 4) for k in range(1, TOTAL // n + 1)} | {TOTAL}  # checkpoints, hashes, bases, the end
     assert not due & set(quiet_ends), "a boundary with something due was quiet"
     monkeypatch.setattr(Session, "_next_loud", lambda self, step: step + 1)

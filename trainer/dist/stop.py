@@ -110,7 +110,8 @@ class StopAgreement:
 
     def boundary(self, step: int, stop_local: bool, checkpoint_due_local: bool = False, writing_local: bool = False, failed_local: bool = False,
                  base_due_local: bool = False) -> Decision:
-        """Called after every step; returns what the ranks agreed at the previous check (without a group: at this one)."""
+        """Called after a step, at least wherever `checks_at` holds; returns what the ranks agreed at the previous check
+        (without a group: at this one)."""
         if self._closed:
             raise RuntimeError("StopAgreement.boundary() after close(): the Session's loop has ended")
         if self._next_check is None:

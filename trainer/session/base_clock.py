@@ -14,8 +14,9 @@ Each base is a memory copy of the rank's share of the state, O(state) on a step 
 cost at most `replay_cost` of the training time at any state size, each rank works out from its last copy and the steps
 before it how many steps must pass before the next (`BaseClock.wanted`); the ranks take the largest (one all-reduce
 after each base, legato.session.saving), and the steps rule skips a multiple of `replay_steps` that comes sooner. The
-time bound is the user's bound on a resume's replay and is never delayed. This module must never take a snapshot or
-start a collective.
+time bound is the user's bound on a resume's replay and is never delayed by the cost bound (only by the agreement's
+cadence: about a second, or a fixed `agree_every_steps`, on one rank as on several). This module must never take a
+snapshot or start a collective.
 """
 
 from __future__ import annotations

@@ -127,7 +127,7 @@ def number(loss: Loss | None) -> float | None:
 
 
 def hex_of(loss: Loss | None) -> str | Callable[[], str] | None:
-    """A kept loss's `float.hex`, or for one still held, the function that gives it (written out later)."""
+    """A kept loss's `float.hex`, or for one still held, the held loss itself, callable for it (written out later)."""
     if isinstance(loss, HeldLoss):
         return loss.hex() if loss.read else loss
     return None if loss is None else loss.hex()

@@ -128,7 +128,7 @@ class Saver:
     def quiet_end(self, loss: Loss | None, lr: float | None) -> None:
         """`reason` and `step_end` before `next_due`, with no agreement read: no base agreed, nothing to commit, the
         trajectory line and the progress."""
-        self.base.agreed(NOTHING_AGREED)
+        self.base.agreed(NOTHING_AGREED)  # as `reason` does: it is False here already, and stays so by construction
         self._line(loss, lr)
 
     def _hash_due(self, step: int) -> bool:

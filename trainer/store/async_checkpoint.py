@@ -163,12 +163,13 @@ class AsyncCheckpointer:
         """Collective when one is in flight: a checkpoint is due at `step`; wait for that one (the disk sets the pace)."""
         if self.in_flight is None:
             return None
-        log.warning(
-            "rank %d: periodic checkpoint at step %d waits for the one of step %d, still being written (at most one in flight)",
-            self.rank,
-            step,
-            self.in_flight.job.step,
-        )
+        if not self.in_flight.future.done():  # written already, it waited only for an agreed check to commit it
+            log.warning(
+                "rank %d: periodic checkpoint at step %d waits for the one of step %d, still being written (at most one in flight)",
+                self.rank,
+                step,
+                self.in_flight.job.step,
+            )
         return self.finish()
 
     def close(self) -> None:
