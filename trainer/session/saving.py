@@ -131,9 +131,6 @@ class Saver:
         self.base.agreed(NOTHING_AGREED)  # as `reason` does: it is False here already, and stays so by construction
         self._line(loss, lr)
 
-    def _hash_due(self, step: int) -> bool:
-        return bool(self.policy.hash_every_steps) and step % self.policy.hash_every_steps == 0
-
     def _line(self, loss: Loss | None, lr: float | None) -> None:
         step, epoch = self.position.step, self.position.epoch
         self.telemetry.record(step, epoch, loss, lr, None)
@@ -145,7 +142,7 @@ class Saver:
         """After the agreement: log the trajectory, report progress and a stop, and write the checkpoint due. `alongside`:
         the caller's work that goes with a checkpoint (the census), entered around its write whenever one is due."""
         step, epoch = self.position.step, self.position.epoch
-        hash_due = self._hash_due(step)
+        hash_due = bool(self.policy.hash_every_steps) and step % self.policy.hash_every_steps == 0
         if reason is None and not hash_due:  # most steps: a trajectory line and the progress, nothing of the state
             self._line(loss, lr)
             return
