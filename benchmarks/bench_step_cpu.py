@@ -13,6 +13,9 @@ alternating within each round, each the median over the rounds:
 - plain + unrelated Python: the plain body and a few microseconds of Python that is not legato's (json, re) after it,
   its cost when hot printed above the table: the calibration row. Any Python between two steps runs cold and leaves
   the body colder; this row shows by how much on this machine, so the Session's rows can be read against it;
+- plain + a spin: the plain body and a busy wait as long as the calibration's Python when hot, touching no memory and
+  calling nothing but the clock: where it costs as much as the calibration row, what any Python between two steps adds
+  comes from the delay itself (a rank later to its collective), not from cold caches;
 - plain again (the control row: the noise floor).
 
 Above the table, the hot costs: the calibration's Python a call, and a Session's loop at the defaults whose body only
@@ -84,6 +87,13 @@ def _unrelated() -> None:
     sorted(record)
 
 
+def _spin(seconds: float) -> None:
+    """Wait `seconds` busily, calling nothing but the clock (the spin row's)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def _hot_cost(call: Callable[[], None], times: int = 20_000) -> float:
     """CPU seconds per call of `call` run back to back (hot)."""
     began = time.thread_time()
@@ -121,6 +131,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         dist.init_process_group("gloo", rank=rank, world_size=world)
     body, total = Body(world), args.warm + args.steps
+    unrelated_hot = _hot_cost(_unrelated)
 
     def barrier() -> None:
         if world > 1:
@@ -140,6 +151,16 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
 
         return _timed(range(total), step, None, args.warm, total - 1)
 
+    def spin(r: int) -> Figures:
+        barrier()
+
+        def step() -> float:
+            loss = body.step()
+            _spin(unrelated_hot)
+            return loss
+
+        return _timed(range(total), step, None, args.warm, total - 1)
+
     def session(r: int, step: Callable[[], Any] = body.step, name: str = "item") -> Figures:
         barrier()
         s = Session(
@@ -151,6 +172,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
         "legato Session, defaults": session,
         "legato Session, report(loss)": lambda r: session(r, body.step_tensor, "tensor"),
         "plain + unrelated Python": calibration,
+        "plain + a spin as long": spin,
         "plain (control)": plain,
     }
     found: dict[str, list[Figures]] = {"plain": [], **{name: [] for name in rows}}
@@ -167,7 +189,7 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
     bare = Session(Path(tmp) / "bare", model=body.model, optimizer=body.opt, total_steps=total, checkpoint=CheckpointPolicy())
     bare_figures = _timed(bare, lambda: 0.25, bare.report, args.warm, total - 1)
     if rank == 0:
-        out["unrelated, hot"] = _hot_cost(_unrelated)
+        out["unrelated, hot"] = unrelated_hot
         out["session, hot"] = bare_figures[1]
         out.update({name: tuple(statistics.median(column) for column in zip(*v)) for name, v in found.items()})
     if world > 1:

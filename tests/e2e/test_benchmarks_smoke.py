@@ -20,6 +20,10 @@ from conftest import ROOT
 SMOKE = {
     "bench_defaults.py": (["--ranks", "2", "--mb", "1", "--rounds", "1", "--settle", "0", "--dir", "{tmp}"], "peak memory above"),
     "bench_core.py": (["--steps", "3", "--rounds", "1", "--mb", "1", "--repeats", "1", "--dir", "{tmp}"], "raw write + fsync"),
+    "bench_restore.py": (
+        ["--ranks", "2", "--mb", "1", "--rounds", "1", "--settle", "0", "--cache", "warm", "--dir", "{tmp}"],
+        "resume / torch.load",
+    ),
     "bench_checkpoint_async.py": (["--mb", "1", "--rounds", "1", "--dir", "{tmp}"], "async blocking / memory copy"),
     "bench_reduction.py": (["--world", "2", "--steps", "2", "--rounds", "1", "--hidden", "16"], "restored (legato)"),
     "bench_fsdp2_checkpoint.py": (["--mb", "1", "--rounds", "1", "--dir", "{tmp}"], "legato sharded checkpoint"),
