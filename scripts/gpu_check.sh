@@ -9,10 +9,12 @@
 # and legato is installed (editable) into that Python's environment, so no torch is downloaded. Without network,
 # put wheels of what is missing (submitit) in a folder and set PIP_FIND_LINKS to it.
 #
-# PARTS (default "tests capture defaults steps reduction async digest") picks the parts, in that order:
+# PARTS (default "tests capture defaults restore steps reduction async digest") picks the parts, in that order:
 #   tests      tests/e2e/test_cuda.py, WORKERS (default 6) tests at once on the one GPU; their properties in tests.xml
 #   capture    legato repro capture
 #   defaults   benchmarks/bench_defaults.py: live Sessions at their defaults, BENCH_RANKS ranks (default "2 4") on the GPU
+#   restore    benchmarks/bench_restore.py: a verified resume against torch.load, BENCH_RANKS ranks on the GPU, warm
+#              (and cold, where this runs as root and may drop the page cache)
 #   steps      benchmarks/bench_steps.py: per-step cost at the defaults, one rank over NCCL
 #   reduction  benchmarks/bench_reduction.py: DDP's own bucket layout against the one a resume restores, NCCL
 #   async      benchmarks/bench_checkpoint_async.py: what a checkpoint blocks, one rank
@@ -23,10 +25,12 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-check}
 PY=${PYTHON:-python3}
-PARTS=" ${PARTS:-tests capture defaults steps reduction async digest} "
+PARTS=" ${PARTS:-tests capture defaults restore steps reduction async digest} "
 ROUNDS=${BENCH_ROUNDS:-3}
 read -ra MB <<< "${BENCH_MB:-64 256 1024}"
 read -ra RANKS <<< "${BENCH_RANKS:-2 4}"
+CACHES=(warm)
+[ -w /proc/sys/vm/drop_caches ] && CACHES=(warm cold)
 mkdir -p "$OUT"
 
 if ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
@@ -63,6 +67,8 @@ part tests "$PY" -m pytest -v --durations=20 -p no:cacheprovider -n "${WORKERS:-
     tests/e2e/test_cuda.py
 part capture "$PY" -m legato.orchestrator.cli repro capture "$OUT/capture"
 part defaults "$PY" benchmarks/bench_defaults.py --device cuda --ranks "${RANKS[@]}" --mb "${MB[@]}" --rounds "$ROUNDS" --settle 0.5
+part restore "$PY" benchmarks/bench_restore.py --device cuda --ranks "${RANKS[@]}" --mb "${MB[@]}" --rounds "$ROUNDS" --settle 0.5 \
+    --cache "${CACHES[@]}"
 part steps "$PY" benchmarks/bench_steps.py --device cuda --world 1 --batch 64 --workers 2 --steps 64 --rounds "$ROUNDS"
 part reduction "$PY" benchmarks/bench_reduction.py --device cuda --world 1 --rounds "$((ROUNDS * 3))"
 part async "$PY" benchmarks/bench_checkpoint_async.py --device cuda --rounds "$ROUNDS" --mb "${MB[@]}"
