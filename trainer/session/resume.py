@@ -134,7 +134,10 @@ class Resumer:
         run = self.root, self.peers.world_size, training, self.reshard
         capabilities = self._capabilities = tuple(self.peers.gather(torch.backends.cpu.get_cpu_capability()))
         self._by_config = training is not None
-        led = VerifiedTogether(self.peers).led(lambda verify: pick(*run, check or verify, capabilities, self.compiled, self.gpus))
+        if check is None:  # the other ranks hash their shares of each candidate's files while rank 0 picks
+            led = VerifiedTogether(self.peers).led(lambda verify: pick(*run, verify, capabilities, self.compiled, self.gpus))
+        else:  # rank 0 picks alone: the others have nothing to verify, so they do not serve
+            led = pick(*run, check, capabilities, self.compiled, self.gpus) if self.peers.rank == 0 else None
         picked = self.peers.from_leader(led)
         if isinstance(picked, str):
             raise UsageError(picked)
