@@ -153,14 +153,16 @@ class Resumer:
             self._preloaded = (where, layout.load(self.components, where[0], self.peers.rank, where[1]))
         except Exception as exc:  # bytes not yet verified may fail to load: the pick that verifies first names the cause
             log.debug("rank %d: loading %s before verifying it failed (%s); verifying first", self.peers.rank, where[0], exc)
-        problem = self._verify_together(resting_on(path, manifest))
-        loaded = all(self.peers.gather(self._preloaded is not None))
+        # One exchange carries rank 0's verdict on the files and every rank's load.
+        reports = self.peers.gather((self._first_problem(resting_on(path, manifest)), self._preloaded is not None))
+        problem, loaded = reports[0][0], all(ok for _, ok in reports)
         if problem is not None:
             log.debug("checkpoint %s does not verify after loading it (%s); verifying each candidate first", path, problem)
         return loaded and problem is None
 
-    def _verify_together(self, listed: list[tuple[Path, dict]]) -> str | None:
-        """Collective: every rank hashes its share of each (directory, files); the first problem, on every rank, or None."""
+    def _first_problem(self, listed: list[tuple[Path, dict]]) -> str | None:
+        """Collective: every rank hashes its share of each (directory, files); the first problem on rank 0 (None there when
+        every file verified; None on the other ranks)."""
 
         def first_problem(verify: Verifier) -> str | None:
             try:
@@ -170,7 +172,7 @@ class Resumer:
                 return str(exc)
             return None
 
-        return self.peers.from_leader(VerifiedTogether(self.peers).led(first_problem))
+        return VerifiedTogether(self.peers).led(first_problem)
 
     def restore(self, path: Path, manifest: dict) -> None:
         """Load checkpoint `path` itself, check its digests, and report the resume."""
