@@ -315,7 +315,7 @@ def load_into(path: Path | None, model: torch.nn.Module, optimizer: torch.optim.
 
 
 def worker(
-    rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, cold: bool, directory: str, device: str, out: dict
+    rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, cold: bool, device: str, directory: str, out: dict
 ) -> None:
     global DEVICE
     DEVICE = bench_device.place(device)
@@ -454,6 +454,28 @@ def worker(
     dist.destroy_process_group()
 
 
+def prepare_parent() -> None:
+    """The parent process of a benchmark whose ranks stop by SIGUSR2, before it spawns them."""
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # the stop's signal is for the ranks
+    # Every freed tensor goes back to the system at once (glibc otherwise raises its mmap threshold as large blocks are
+    # freed, up to 32 MiB, and keeps the freed ones in per-thread arenas): each run's peak memory is then its own, not
+    # lowered by what earlier runs left in the allocator. Tensors above 32 MiB (256 MiB states and up) are mapped anyway.
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
+
+
+def on_ranks(target: Callable[..., None], world: int, parent: str, *args: object) -> dict:
+    """Run `target(rank, world, port, *args, directory, out)` on `world` spawned ranks, in a scratch directory made under
+    `parent` and removed after; what the ranks put in `out`."""
+    directory = Path(tempfile.mkdtemp(prefix="legato-bench-", dir=parent))
+    try:
+        with mp.Manager() as manager:
+            out = manager.dict()
+            mp.spawn(target, nprocs=world, args=(world, free_port(), *args, str(directory), out))
+            return dict(out)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
@@ -474,11 +496,7 @@ def main() -> None:
         )
         sys.exit(2)
     bench_device.require(args.device)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    # Every freed tensor goes back to the system at once (glibc otherwise raises its mmap threshold as large blocks are
-    # freed, up to 32 MiB, and keeps the freed ones in per-thread arenas): each run's peak memory is then its own, not
-    # lowered by what earlier runs left in the allocator. Tensors above 32 MiB (256 MiB states and up) are mapped anyway.
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))
+    prepare_parent()
     print(
         f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians, {args.settle:g} s settle before each; "
         f"ratios against torch.save + fsync (plain A); restores from {'disk (page cache dropped)' if args.cold else 'the page cache'}"
@@ -489,16 +507,7 @@ def main() -> None:
         )
     for world in args.ranks:
         for megabytes in args.mb:
-            directory = Path(tempfile.mkdtemp(prefix="legato-bench-", dir=args.dir))
-            with mp.Manager() as manager:
-                out = manager.dict()
-                mp.spawn(
-                    worker,
-                    nprocs=world,
-                    args=(world, free_port(), megabytes, args.rounds, args.settle, args.cold, str(directory), args.device, out),
-                )
-                results = dict(out)
-            shutil.rmtree(directory, ignore_errors=True)
+            results = on_ranks(worker, world, args.dir, megabytes, args.rounds, args.settle, args.cold, args.device)
             anchor = results["control: torch.save + fsync, rank 0 (plain A)"]
             written, peaks, state = results.pop("written"), results.pop("peaks"), results.pop("bytes")
             print(f"\n{world} ranks, {state / 2**20:.0f} MiB state")

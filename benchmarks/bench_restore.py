@@ -39,8 +39,6 @@ from __future__ import annotations
 import argparse
 import gc
 import os
-import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -51,9 +49,6 @@ import bench_defaults as defaults
 import bench_device
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-
-from legato.runtime.launch import free_port
 
 ANCHOR = "torch.load + load_state_dict, every rank (A)"
 CONTROL = "torch.load + load_state_dict, every rank (B)"
@@ -72,7 +67,7 @@ def raw_read(path: Path) -> None:
 
 
 def worker(
-    rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, caches: list[str], directory: str, device: str, out: dict
+    rank: int, world: int, port: int, megabytes: int, rounds: int, settle: float, caches: list[str], device: str, directory: str, out: dict
 ) -> None:
     defaults.DEVICE = bench_device.place(device)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -161,21 +156,11 @@ def main() -> None:
         )
         sys.exit(2)
     bench_device.require(args.device)
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # as bench_defaults.py: the stop's signal is for the ranks
-    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))  # as bench_defaults.py: each row's memory is its own
+    defaults.prepare_parent()
     print(f"torch {torch.__version__}, {os.cpu_count()} CPUs, {args.rounds} rounds, medians, {args.settle:g} s settle before each row")
     for world in args.ranks:
         for megabytes in args.mb:
-            directory = Path(tempfile.mkdtemp(prefix="legato-bench-", dir=args.dir))
-            with mp.Manager() as manager:
-                out = manager.dict()
-                mp.spawn(
-                    worker,
-                    nprocs=world,
-                    args=(world, free_port(), megabytes, args.rounds, args.settle, args.cache, str(directory), args.device, out),
-                )
-                results = dict(out)
-            shutil.rmtree(directory, ignore_errors=True)
+            results = defaults.on_ranks(worker, world, args.dir, megabytes, args.rounds, args.settle, args.cache, args.device)
             print_table(results, args.cache, world)
     sys.stdout.flush()
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -141,25 +142,20 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
         barrier()
         return _timed(range(total), body.step, None, args.warm, total - 1)
 
-    def calibration(r: int) -> Figures:
-        barrier()
+    def plain_then(extra: Callable[[], None]) -> Callable[[int], Figures]:
+        """A row of the plain body with `extra` after each step."""
 
-        def step() -> float:
-            loss = body.step()
-            _unrelated()
-            return loss
+        def row(r: int) -> Figures:
+            barrier()
 
-        return _timed(range(total), step, None, args.warm, total - 1)
+            def step() -> float:
+                loss = body.step()
+                extra()
+                return loss
 
-    def spin(r: int) -> Figures:
-        barrier()
+            return _timed(range(total), step, None, args.warm, total - 1)
 
-        def step() -> float:
-            loss = body.step()
-            _spin(unrelated_hot)
-            return loss
-
-        return _timed(range(total), step, None, args.warm, total - 1)
+        return row
 
     def session(r: int, step: Callable[[], Any] = body.step, name: str = "item") -> Figures:
         barrier()
@@ -171,8 +167,8 @@ def _worker(rank: int, world: int, port: int, args: argparse.Namespace, tmp: str
     rows: dict[str, Callable[[int], Figures]] = {
         "legato Session, defaults": session,
         "legato Session, report(loss)": lambda r: session(r, body.step_tensor, "tensor"),
-        "plain + unrelated Python": calibration,
-        "plain + a spin as long": spin,
+        "plain + unrelated Python": plain_then(_unrelated),
+        "plain + a spin as long": plain_then(functools.partial(_spin, unrelated_hot)),
         "plain (control)": plain,
     }
     found: dict[str, list[Figures]] = {"plain": [], **{name: [] for name in rows}}
