@@ -20,6 +20,7 @@ import pytest
 import torch
 from conftest import FAST_GPT, MLP, ROOT, TINY_GPT
 
+from legato.session.replay import HeldFingerprint, batch_fingerprint, fingerprint
 from legato.state import recipes
 from legato.state.device_digest import CHUNK_ROWS, ROW_WORDS, device_digest
 from legato.state.hashing import Digests, digest
@@ -206,3 +207,20 @@ def test_a_snapshot_taken_on_a_side_stream_reports_the_live_digests_to_another_t
         with ThreadPoolExecutor(1) as pool:
             share = pool.submit(snap.share).result()
     assert [c.components for c in recipes.complete([share])] == [expected]
+
+
+def test_a_cuda_batch_is_fingerprinted_without_waiting_for_the_device_and_as_it_was_yielded() -> None:
+    """The batch fingerprint of a CUDA batch synchronizes nothing when it is taken (any wait raises under the sync debug
+    mode) and reads back, later, the batch as yielded: the value `fingerprint` gives for it, not the one after the body's
+    write into the batch (queued behind the copy)."""
+    batch = [torch.randn(64, 3, 32, 32, device="cuda"), torch.randint(0, 10, (64,), device="cuda")]
+    reference = fingerprint(batch)
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        held = batch_fingerprint(batch)
+        batch[0].mul_(2)  # the body normalizes its batch in place
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert isinstance(held, HeldFingerprint)
+    assert fingerprint(batch) != reference, "the write changes the batch"
+    assert held() == reference

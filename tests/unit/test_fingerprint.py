@@ -5,9 +5,23 @@ Pure functions, one process; the planted faults a whole replay catches are in te
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from legato.session.replay import FINGERPRINT_BYTES, WHOLE_BYTES, ReplayCheck, fingerprint, step_record
+from legato.session import replay
+from legato.session.policy import CheckpointPolicy
+from legato.session.replay import (
+    FINGERPRINT_BYTES,
+    NO_TENSORS,
+    WHOLE_BYTES,
+    HeldFingerprint,
+    ReplayCheck,
+    batch_fingerprint,
+    fingerprint,
+    settle_batch,
+    step_record,
+)
+from legato.session.replay_base import ReplayBase
 
 
 def _batch() -> list[torch.Tensor]:
@@ -63,3 +77,53 @@ def test_a_batch_that_differs_is_located_and_an_older_fingerprint_is_not_taken_f
     assert older.report.batch_step is None and not older.report.diverged
     older.check(step_record(5, 0.25, ours, None))
     assert older.report.loss_step == 5 and older.report.diverged
+
+
+def test_a_held_fingerprint_is_the_one_taken_at_once_and_keeps_the_bytes_of_the_batch_as_yielded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device batch's fingerprint is held (its sample copied on the device) and hashed when asked for; held on the CPU
+    here, it must give `fingerprint`'s value for every dtype and layout, whatever the loop writes into its batch after."""
+    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", True)
+    x, y = _batch()
+    batches = [
+        [x, y],
+        [torch.zeros(WHOLE_BYTES // 4 + 1024)],  # fingerprinted by its strided sample
+        [x.transpose(0, 1), torch.empty(0, 3)],  # not contiguous; no elements
+        *[[x.to(dtype)] for dtype in (torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8, torch.int32, torch.bool)],
+    ]
+    for batch in batches:
+        reference = fingerprint(batch)
+        held = batch_fingerprint(batch)
+        assert isinstance(held, HeldFingerprint)
+        for t in batch:  # the body writes into its batch (a normalization in place)
+            if t.numel():
+                first = (0,) * t.dim()
+                t[first] = ~t[first] if t.dtype == torch.bool else t[first] + 1
+        assert fingerprint(batch) != reference, "the write changes what an unheld fingerprint would read"
+        assert held() == reference
+
+
+def test_a_cpu_batch_is_fingerprinted_at_once_and_a_record_settles_its_held_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    x, y = _batch()
+    assert batch_fingerprint([x, y]) == fingerprint([x, y]) and batch_fingerprint([]) == NO_TENSORS
+    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", True)
+    record = step_record(5, 0.5, batch_fingerprint([x, y]), None)
+    settle_batch(record)
+    assert record["batch"] == fingerprint([x, y])
+
+
+def test_a_long_window_reads_its_held_fingerprints_back_every_held_steps_and_saves_plain_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    """However far apart the bases are, at most HELD_STEPS records hold a copy on the device; a share reads back the rest."""
+    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", True)
+    monkeypatch.setattr(replay, "HELD_STEPS", 3)
+    base = ReplayBase(CheckpointPolicy(replay_steps=4), rank=0)
+    assert base.snapshot is not None
+    base.snapshot.step = 0
+    model, batches = torch.nn.Linear(2, 1), [[torch.full((2, 2), float(i))] for i in range(1, 11)]
+    most_held = 0
+    for step, batch in enumerate(batches, start=1):
+        base.yielded(batch)
+        base.record_step(step, 0.5, model)
+        most_held = max(most_held, sum(isinstance(r["batch"], HeldFingerprint) for r in base.window))
+    assert most_held == 3
+    steps = base.share(None)["steps"]
+    assert [r["batch"] for r in steps] == [fingerprint(batch) for batch in batches]

@@ -20,6 +20,7 @@ from helpers.replay_loops import train
 
 import legato
 from legato.errors import EXIT_OK, EXIT_STOPPED, UsageError
+from legato.session import replay
 
 STEPS = 12
 STOP = 7
@@ -186,3 +187,41 @@ def test_a_resume_that_cannot_replay_a_checkpoint_held_by_its_replay_is_refused(
         train(tmp_path, steps=steps, replay_steps=replay_steps)
     assert cause in str(caught.value)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == [f"step_{STOP}"]
+
+
+@pytest.fixture
+def held_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Hold CPU batches' fingerprints as a GPU batch's are held; counts the held fingerprints read back."""
+    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", True)
+    reads: list[int] = []
+    real = replay.HeldFingerprint.__call__
+    monkeypatch.setattr(replay.HeldFingerprint, "__call__", lambda held: reads.append(1) or real(held))
+    return reads
+
+
+def test_held_batch_fingerprints_name_a_batch_drawn_from_unsaved_randomness(tmp_path: Path, held_batches: list[int]) -> None:
+    assert train(tmp_path, "worker_rng", signal_at=(STOP,), steps=STEPS).exit_code == EXIT_STOPPED
+    with pytest.raises(legato.ResumeMismatchError) as caught:
+        train(tmp_path, "worker_rng", steps=STEPS)
+    step, cause = FAULTS["worker_rng"]
+    assert f"diverged first at step {step} on rank 0" in str(caught.value) and cause in str(caught.value)
+    assert held_batches, "the fingerprints were held and read back"
+
+
+def test_fingerprints_held_before_the_stop_are_the_ones_a_resume_takes_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, held_batches: list[int]
+) -> None:
+    """The stop's records hold fingerprints read back from held copies; the resume fingerprints its batches at once, and
+    its replay finds every batch the same, ending bitwise where the uninterrupted run does."""
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    assert train(resumed, "plain", signal_at=(STOP,), steps=STEPS).exit_code == EXIT_STOPPED
+    assert held_batches
+    steps = manifest(resumed, STOP)["replay"]["ranks"][0]["steps"]
+    assert [type(r["batch"]) for r in steps] == [str, str, str]
+    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", False)
+    assert train(reference, "plain", steps=STEPS).exit_code == EXIT_OK
+    session = train(resumed, "plain", steps=STEPS)
+    assert session.resumed is not None and session.resumed.match and session.resumed.replay.identical
+    assert session.resumed.replay.steps == 3
+    assert manifest(resumed, STEPS)["global_hash"] == manifest(reference, STEPS)["global_hash"]
+    assert trajectory(resumed) == trajectory(reference)

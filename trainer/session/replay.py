@@ -13,6 +13,10 @@ step's record and, at N, every component digest; `judge` turns the ranks'
 reports into one verdict naming the first divergent step, the rank, the
 components that differ at N and the likely cause.
 
+A batch on an accelerator is fingerprinted from a sample copied on its device
+before the body runs, read back when a capture saves the records or a replay
+compares them (`HeldFingerprint`): no step waits for the device for it.
+
 Comparisons are of exact bits (float.hex, XXH3-128 digests). The fingerprints
 only serve to name a cause; the proof is the loss bits and the digests. This
 module must never draw from an RNG or touch the process group.
@@ -44,21 +48,82 @@ def base_share(rank: int, snapshot: Snapshot, window: list[dict]) -> dict:
     return {"rank": rank, "from_step": snapshot.step, SHARE: snapshot.share(), "steps": list(window)}
 
 
+HOLD_CPU_BATCHES = False
+"""Whether a CPU batch's fingerprint is held as a device batch's is (tests turn it on); a CPU batch is hashed at once, since
+reading it waits for nothing."""
+
+HELD_STEPS = 256  # held batch fingerprints are read back at the latest after this many steps (one wait, not one a step)
+
+
 def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
     """XXH3-128 over dtypes, shapes and the bytes of `tensors` (all of a CPU tensor up to WHOLE_BYTES, else an evenly
     strided sample), 32 hex digits."""
+    return _digest(None if t is None else (_header(t), _sample(t)) for t in tensors)
+
+
+class HeldFingerprint:
+    """A batch's fingerprint whose sampled bytes are still on their device: copied there before the body runs (the loop
+    may write into its batch), read back and hashed when the value is first asked for, so that no step waits for the
+    device to fingerprint its batch. The value is the one `fingerprint` gives for the same batch."""
+
+    __slots__ = ("_parts", "_value")
+
+    def __init__(self, tensors: list[torch.Tensor]) -> None:
+        # A CPU tensor of a mixed batch is copied too: hashing it now would put its bytes before an earlier tensor's.
+        self._parts: list[tuple[bytes, torch.Tensor]] | None = [
+            (_header(t), _sample(t).clone(memory_format=torch.contiguous_format)) for t in tensors
+        ]
+        self._value: str | None = None
+
+    def __call__(self) -> str:
+        if self._parts is not None:
+            self._value, self._parts = _digest(self._parts), None
+        assert self._value is not None
+        return self._value
+
+
+Fingerprint = str | HeldFingerprint
+
+
+def batch_fingerprint(tensors: list[torch.Tensor]) -> Fingerprint:
+    """The fingerprint of the batch about to be trained on: at once for CPU tensors, held for a device's."""
+    if not tensors:
+        return NO_TENSORS
+    if HOLD_CPU_BATCHES or any(not t.is_cpu for t in tensors):
+        return HeldFingerprint(tensors)
+    return fingerprint(tensors)
+
+
+def settle_batch(record: dict) -> None:
+    """Put the value of a record's held batch fingerprint in its place (a record is saved and compared as plain data)."""
+    held = record["batch"]
+    if isinstance(held, HeldFingerprint):
+        record["batch"] = held()
+
+
+def _header(t: torch.Tensor) -> bytes:
+    return f"{t.dtype}{tuple(t.shape)}:".encode()
+
+
+def _sample(t: torch.Tensor) -> torch.Tensor:
+    """The elements of `t` its fingerprint hashes, flat: all of a CPU tensor up to WHOLE_BYTES, else an evenly strided
+    sample of FINGERPRINT_BYTES."""
+    flat = t.detach().reshape(-1)
+    whole = t.device.type == "cpu" and t.nbytes <= WHOLE_BYTES
+    limit = max(1, FINGERPRINT_BYTES // max(1, t.element_size()))
+    if not whole and flat.numel() > limit:
+        flat = flat[:: -(-flat.numel() // limit)]
+    return flat
+
+
+def _digest(parts: Iterable[tuple[bytes, torch.Tensor] | None]) -> str:
     h = xxhash.xxh3_128()
-    for t in tensors:
-        if t is None:
+    for part in parts:
+        if part is None:
             h.update(b"none;")
             continue
-        t = t.detach()
-        h.update(f"{t.dtype}{tuple(t.shape)}:".encode())
-        flat = t.reshape(-1)
-        whole = t.device.type == "cpu" and t.nbytes <= WHOLE_BYTES
-        limit = max(1, FINGERPRINT_BYTES // max(1, t.element_size()))
-        if not whole and flat.numel() > limit:
-            flat = flat[:: -(-flat.numel() // limit)]
+        header, flat = part
+        h.update(header)
         if flat.numel():
             # An ndarray is a buffer; numpy's stubs say so only for Python >= 3.12 (`__buffer__`).
             h.update(flat.cpu().contiguous().view(torch.uint8).numpy())  # type: ignore[arg-type]
@@ -91,10 +156,11 @@ class HeldBatches:
         self._previous = []
 
 
-def step_record(step: int, loss: Loss | None, batch: str | None, grads: str | None) -> dict:
+def step_record(step: int, loss: Loss | None, batch: Fingerprint | None, grads: str | None) -> dict:
     """One step's trajectory record: the loss as `float.hex`, the batch fingerprint, and the gradients' digest when given.
     A loss still on its device is a function until it is read back (every capture reads it back, before any record is
-    saved; a record saved before would fail to serialize, never say "no loss")."""
+    saved; a record saved before would fail to serialize, never say "no loss"); a held batch fingerprint likewise, until
+    `settle_batch`."""
     record: dict[str, Any] = {"step": step, "loss_hex": hex_of(loss), "batch": batch}
     if isinstance(loss, HeldLoss) and not loss.read:
         loss.then(lambda value: record.__setitem__("loss_hex", value.hex()))
@@ -138,6 +204,7 @@ class ReplayCheck:
         step, want, r = record["step"], self.recorded.get(record["step"], {}), self.report
         if r.loss_step is None and want.get("loss_hex") != record["loss_hex"]:
             r.loss_step, r.loss_bits = step, (want.get("loss_hex"), record["loss_hex"])
+        settle_batch(record)
         if r.batch_step is None and want.get("batch") != record["batch"] and comparable(want.get("batch"), record["batch"]):
             r.batch_step = step
         grads = want.get("grads")

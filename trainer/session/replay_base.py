@@ -3,7 +3,8 @@ are on disk already.
 
 Every `replay_steps` steps (fewer often when the copies would cost more than `replay_cost`), and when the ranks agreed
 that the base is older than its time bound (legato.session.base_clock), the state is copied into the base (a Snapshot)
-and each later step appends its record, so that every checkpoint carries its own proof. A base is written once: a
+and each later step appends its record (a GPU batch's fingerprint held on the device until a share reads it back), so
+that every checkpoint carries its own proof. A base is written once: a
 checkpoint whose base is already on disk (the newest checkpoint's own state, or the base it wrote or refers to) refers
 to those files instead (legato.store.bases), and a final checkpoint, never replayed, has none. This module must never
 write a checkpoint, take part in a vote or restore anything: legato.session.saving decides when a base is taken and
@@ -46,7 +47,8 @@ class ReplayBase:
         )
         self.held = replay.HeldBatches()
         self._agreed = False  # the ranks agreed at this step's boundary that the base is too old
-        self._batch_fingerprint: str | None = None
+        self._batch_fingerprint: replay.Fingerprint | None = None
+        self._held_fingerprints = 0  # records in the window whose batch fingerprint is still on its device
         # Base states on disk, step -> place: the newest checkpoint's own state and its base, both kept from pruning
         # while it is the newest. A snapshot found here is referred to, never written again.
         self.on_disk: dict[int, Place] = {}
@@ -66,8 +68,19 @@ class ReplayBase:
         if self.snapshot is None:
             return
         tensors = batch_tensors(batch)
-        self._batch_fingerprint = replay.fingerprint(tensors) if tensors else replay.NO_TENSORS
+        fingerprint = self._batch_fingerprint = replay.batch_fingerprint(tensors)
         self.held.yielded(tensors)
+        if type(fingerprint) is not str:
+            if self._held_fingerprints >= replay.HELD_STEPS:  # the window's copies on the device stay bounded
+                self.settle()
+            self._held_fingerprints += 1  # this batch's record joins the window at the step's end
+
+    def settle(self) -> None:
+        """Read back the batch fingerprints held on their device, into the window's records (before they are saved)."""
+        if self._held_fingerprints:
+            for record in self.window:
+                replay.settle_batch(record)
+            self._held_fingerprints = 0
 
     def record_step(self, step: int, loss: Loss | None, model: torch.nn.Module) -> dict | None:
         """This step's replay record (the gradients' fingerprint, of the model inside its wrappers, only on the first
@@ -98,6 +111,7 @@ class ReplayBase:
 
     def _started(self) -> None:
         self.window = []
+        self._held_fingerprints = 0
         self._agreed = False
         self.clock.taken()
 
@@ -168,10 +182,12 @@ class ReplayBase:
     def share(self, at: Place | None) -> dict:
         """This rank's replay share of a checkpoint now; `at` names where the base is on disk when it is already."""
         assert self.snapshot is not None
+        self.settle()
         return _share(self.rank, self.snapshot, self.window, at)
 
     def deferred_share(self, at: Place | None) -> Callable[[], dict]:
         """The same share, built later (by a background writer) from the base and the records as they are now."""
+        self.settle()  # here, on the thread and stream the batches were copied on
         snapshot, window, rank = self.snapshot, list(self.window), self.rank
         assert snapshot is not None
         return lambda: _share(rank, snapshot, window, at)
