@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import FAST_GPT, MLP, ROOT, TINY_GPT
 
-from legato.session.replay import HeldFingerprint, batch_fingerprint, fingerprint
+from legato.session.replay import HeldFingerprint, fingerprint, take_fingerprint
 from legato.state import recipes
 from legato.state.device_digest import CHUNK_ROWS, ROW_WORDS, device_digest
 from legato.state.hashing import Digests, digest
@@ -209,18 +209,20 @@ def test_a_snapshot_taken_on_a_side_stream_reports_the_live_digests_to_another_t
     assert [c.components for c in recipes.complete([share])] == [expected]
 
 
-def test_a_cuda_batch_is_fingerprinted_without_waiting_for_the_device_and_as_it_was_yielded() -> None:
-    """The batch fingerprint of a CUDA batch synchronizes nothing when it is taken (any wait raises under the sync debug
-    mode) and reads back, later, the batch as yielded: the value `fingerprint` gives for it, not the one after the body's
-    write into the batch (queued behind the copy)."""
+def test_a_cuda_batch_and_gradients_are_fingerprinted_without_waiting_for_the_device_and_as_they_were() -> None:
+    """A step record's fingerprint of a CUDA batch (or gradients) synchronizes nothing when it is taken (any wait raises
+    under the sync debug mode) and reads back, later, the tensors as they were: the value `fingerprint` gives for them,
+    not the one after the loop's writes into them (queued behind the copy)."""
     batch = [torch.randn(64, 3, 32, 32, device="cuda"), torch.randint(0, 10, (64,), device="cuda")]
-    reference = fingerprint(batch)
+    grads = [None, torch.randn(4096, 1024, device="cuda")]  # a frozen parameter's and a trained one's
+    reference, grads_reference = fingerprint(batch), fingerprint(grads)
     torch.cuda.set_sync_debug_mode("error")
     try:
-        held = batch_fingerprint(batch)
+        held, held_grads = take_fingerprint(batch), take_fingerprint(grads)
         batch[0].mul_(2)  # the body normalizes its batch in place
+        grads[1].add_(1)  # the next step's backward accumulates into the gradients
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert isinstance(held, HeldFingerprint)
-    assert fingerprint(batch) != reference, "the write changes the batch"
-    assert held() == reference
+    assert isinstance(held, HeldFingerprint) and isinstance(held_grads, HeldFingerprint)
+    assert fingerprint(batch) != reference and fingerprint(grads) != grads_reference, "the writes change the tensors"
+    assert held() == reference and held_grads() == grads_reference

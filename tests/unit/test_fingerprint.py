@@ -16,10 +16,10 @@ from legato.session.replay import (
     WHOLE_BYTES,
     HeldFingerprint,
     ReplayCheck,
-    batch_fingerprint,
     fingerprint,
-    settle_batch,
+    settle_record,
     step_record,
+    take_fingerprint,
 )
 from legato.session.replay_base import ReplayBase
 
@@ -82,7 +82,7 @@ def test_a_batch_that_differs_is_located_and_an_older_fingerprint_is_not_taken_f
 def test_a_held_fingerprint_is_the_one_taken_at_once_and_keeps_the_bytes_of_the_batch_as_yielded(monkeypatch: pytest.MonkeyPatch) -> None:
     """A device batch's fingerprint is held (its sample copied on the device) and hashed when asked for; held on the CPU
     here, it must give `fingerprint`'s value for every dtype and layout, whatever the loop writes into its batch after."""
-    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", True)
+    monkeypatch.setattr(replay, "HOLD_CPU", True)
     x, y = _batch()
     batches = [
         [x, y],
@@ -92,7 +92,7 @@ def test_a_held_fingerprint_is_the_one_taken_at_once_and_keeps_the_bytes_of_the_
     ]
     for batch in batches:
         reference = fingerprint(batch)
-        held = batch_fingerprint(batch)
+        held = take_fingerprint(batch)
         assert isinstance(held, HeldFingerprint)
         for t in batch:  # the body writes into its batch (a normalization in place)
             if t.numel():
@@ -104,26 +104,30 @@ def test_a_held_fingerprint_is_the_one_taken_at_once_and_keeps_the_bytes_of_the_
 
 def test_a_cpu_batch_is_fingerprinted_at_once_and_a_record_settles_its_held_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
     x, y = _batch()
-    assert batch_fingerprint([x, y]) == fingerprint([x, y]) and batch_fingerprint([]) == NO_TENSORS
-    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", True)
-    record = step_record(5, 0.5, batch_fingerprint([x, y]), None)
-    settle_batch(record)
+    assert take_fingerprint([x, y]) == fingerprint([x, y]) and take_fingerprint([]) == NO_TENSORS
+    monkeypatch.setattr(replay, "HOLD_CPU", True)
+    record = step_record(5, 0.5, take_fingerprint([x, y]), None)
+    settle_record(record)
     assert record["batch"] == fingerprint([x, y])
 
 
 def test_a_long_window_reads_its_held_fingerprints_back_every_held_steps_and_saves_plain_values(monkeypatch: pytest.MonkeyPatch) -> None:
     """However far apart the bases are, at most HELD_STEPS records hold a copy on the device; a share reads back the rest."""
-    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", True)
+    monkeypatch.setattr(replay, "HOLD_CPU", True)
     monkeypatch.setattr(replay, "HELD_STEPS", 3)
     base = ReplayBase(CheckpointPolicy(replay_steps=4), rank=0)
     assert base.snapshot is not None
     base.snapshot.step = 0
     model, batches = torch.nn.Linear(2, 1), [[torch.full((2, 2), float(i))] for i in range(1, 11)]
-    most_held = 0
+    most_held, grads = 0, []
     for step, batch in enumerate(batches, start=1):
         base.yielded(batch)
+        model(batch[0]).sum().backward()  # the gradients accumulate: the first step's are not the last step's
+        grads.append([p.grad.clone() for p in model.parameters()])
         base.record_step(step, 0.5, model)
         most_held = max(most_held, sum(isinstance(r["batch"], HeldFingerprint) for r in base.window))
     assert most_held == 3
     steps = base.share(None)["steps"]
     assert [r["batch"] for r in steps] == [fingerprint(batch) for batch in batches]
+    assert steps[0]["grads"] == fingerprint(grads[0]) != fingerprint(grads[-1])  # the first step past the base's, held
+    assert all("grads" not in r for r in steps[1:])

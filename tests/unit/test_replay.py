@@ -192,14 +192,14 @@ def test_a_resume_that_cannot_replay_a_checkpoint_held_by_its_replay_is_refused(
 @pytest.fixture
 def held_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Hold CPU batches' fingerprints as a GPU batch's are held; counts the held fingerprints read back."""
-    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", True)
+    monkeypatch.setattr(replay, "HOLD_CPU", True)
     reads: list[int] = []
     real = replay.HeldFingerprint.__call__
     monkeypatch.setattr(replay.HeldFingerprint, "__call__", lambda held: reads.append(1) or real(held))
     return reads
 
 
-def test_held_batch_fingerprints_name_a_batch_drawn_from_unsaved_randomness(tmp_path: Path, held_batches: list[int]) -> None:
+def test_held_take_fingerprints_name_a_batch_drawn_from_unsaved_randomness(tmp_path: Path, held_batches: list[int]) -> None:
     assert train(tmp_path, "worker_rng", signal_at=(STOP,), steps=STEPS).exit_code == EXIT_STOPPED
     with pytest.raises(legato.ResumeMismatchError) as caught:
         train(tmp_path, "worker_rng", steps=STEPS)
@@ -218,7 +218,7 @@ def test_fingerprints_held_before_the_stop_are_the_ones_a_resume_takes_at_once(
     assert held_batches
     steps = manifest(resumed, STOP)["replay"]["ranks"][0]["steps"]
     assert [type(r["batch"]) for r in steps] == [str, str, str]
-    monkeypatch.setattr(replay, "HOLD_CPU_BATCHES", False)
+    monkeypatch.setattr(replay, "HOLD_CPU", False)
     assert train(reference, "plain", steps=STEPS).exit_code == EXIT_OK
     session = train(resumed, "plain", steps=STEPS)
     assert session.resumed is not None and session.resumed.match and session.resumed.replay.identical

@@ -13,9 +13,9 @@ step's record and, at N, every component digest; `judge` turns the ranks'
 reports into one verdict naming the first divergent step, the rank, the
 components that differ at N and the likely cause.
 
-A batch on an accelerator is fingerprinted from a sample copied on its device
-before the body runs, read back when a capture saves the records or a replay
-compares them (`HeldFingerprint`): no step waits for the device for it.
+A batch or gradients on an accelerator are fingerprinted from a sample copied
+on their device, read back when a capture saves the records or a replay
+compares them (`HeldFingerprint`): no step waits for the device for them.
 
 Comparisons are of exact bits (float.hex, XXH3-128 digests). The fingerprints
 only serve to name a cause; the proof is the loss bits and the digests. This
@@ -25,7 +25,7 @@ module must never draw from an RNG or touch the process group.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -48,11 +48,11 @@ def base_share(rank: int, snapshot: Snapshot, window: list[dict]) -> dict:
     return {"rank": rank, "from_step": snapshot.step, SHARE: snapshot.share(), "steps": list(window)}
 
 
-HOLD_CPU_BATCHES = False
-"""Whether a CPU batch's fingerprint is held as a device batch's is (tests turn it on); a CPU batch is hashed at once, since
-reading it waits for nothing."""
+HOLD_CPU = False
+"""Whether CPU tensors' fingerprints in step records are held as a device's are (tests turn it on); a CPU tensor is hashed
+at once, since reading it waits for nothing."""
 
-HELD_STEPS = 256  # held batch fingerprints are read back at the latest after this many steps (one wait, not one a step)
+HELD_STEPS = 256  # held fingerprints are read back at the latest after this many steps (one wait, not one a step)
 
 
 def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
@@ -62,16 +62,16 @@ def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
 
 
 class HeldFingerprint:
-    """A batch's fingerprint whose sampled bytes are still on their device: copied there before the body runs (the loop
-    may write into its batch), read back and hashed when the value is first asked for, so that no step waits for the
-    device to fingerprint its batch. The value is the one `fingerprint` gives for the same batch."""
+    """A fingerprint whose sampled bytes are still on their device: copied there at once (the loop may write into its
+    batch, the next step into the gradients), read back and hashed when the value is first asked for, so that no step
+    waits for the device to fingerprint. The value is the one `fingerprint` gives for the same tensors."""
 
     __slots__ = ("_parts", "_value")
 
-    def __init__(self, tensors: list[torch.Tensor]) -> None:
-        # A CPU tensor of a mixed batch is copied too: hashing it now would put its bytes before an earlier tensor's.
-        self._parts: list[tuple[bytes, torch.Tensor]] | None = [
-            (_header(t), _sample(t).clone(memory_format=torch.contiguous_format)) for t in tensors
+    def __init__(self, tensors: Sequence[torch.Tensor | None]) -> None:
+        # A CPU tensor among device ones is copied too: hashing it now would put its bytes before an earlier tensor's.
+        self._parts: list[tuple[bytes, torch.Tensor] | None] | None = [
+            None if t is None else (_header(t), _sample(t).clone(memory_format=torch.contiguous_format)) for t in tensors
         ]
         self._value: str | None = None
 
@@ -85,20 +85,20 @@ class HeldFingerprint:
 Fingerprint = str | HeldFingerprint
 
 
-def batch_fingerprint(tensors: list[torch.Tensor]) -> Fingerprint:
-    """The fingerprint of the batch about to be trained on: at once for CPU tensors, held for a device's."""
-    if not tensors:
-        return NO_TENSORS
-    if HOLD_CPU_BATCHES or any(not t.is_cpu for t in tensors):
+def take_fingerprint(tensors: Sequence[torch.Tensor | None]) -> Fingerprint:
+    """The fingerprint of tensors the loop goes on to change (a batch, the gradients) for a step record: hashed at once
+    when they are on the CPU, held when any is on a device."""
+    if HOLD_CPU or any(t is not None and not t.is_cpu for t in tensors):
         return HeldFingerprint(tensors)
     return fingerprint(tensors)
 
 
-def settle_batch(record: dict) -> None:
-    """Put the value of a record's held batch fingerprint in its place (a record is saved and compared as plain data)."""
-    held = record["batch"]
-    if isinstance(held, HeldFingerprint):
-        record["batch"] = held()
+def settle_record(record: dict) -> None:
+    """Put the values of a step record's held fingerprints in their place (a record is saved and compared as plain data)."""
+    for key in ("batch", "grads"):
+        held = record.get(key)
+        if isinstance(held, HeldFingerprint):
+            record[key] = held()
 
 
 def _header(t: torch.Tensor) -> bytes:
@@ -156,11 +156,11 @@ class HeldBatches:
         self._previous = []
 
 
-def step_record(step: int, loss: Loss | None, batch: Fingerprint | None, grads: str | None) -> dict:
+def step_record(step: int, loss: Loss | None, batch: Fingerprint | None, grads: Fingerprint | None) -> dict:
     """One step's trajectory record: the loss as `float.hex`, the batch fingerprint, and the gradients' digest when given.
     A loss still on its device is a function until it is read back (every capture reads it back, before any record is
-    saved; a record saved before would fail to serialize, never say "no loss"); a held batch fingerprint likewise, until
-    `settle_batch`."""
+    saved; a record saved before would fail to serialize, never say "no loss"); a held fingerprint likewise, until
+    `settle_record`."""
     record: dict[str, Any] = {"step": step, "loss_hex": hex_of(loss), "batch": batch}
     if isinstance(loss, HeldLoss) and not loss.read:
         loss.then(lambda value: record.__setitem__("loss_hex", value.hex()))
@@ -204,7 +204,7 @@ class ReplayCheck:
         step, want, r = record["step"], self.recorded.get(record["step"], {}), self.report
         if r.loss_step is None and want.get("loss_hex") != record["loss_hex"]:
             r.loss_step, r.loss_bits = step, (want.get("loss_hex"), record["loss_hex"])
-        settle_batch(record)
+        settle_record(record)
         if r.batch_step is None and want.get("batch") != record["batch"] and comparable(want.get("batch"), record["batch"]):
             r.batch_step = step
         grads = want.get("grads")

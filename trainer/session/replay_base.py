@@ -3,7 +3,7 @@ are on disk already.
 
 Every `replay_steps` steps (fewer often when the copies would cost more than `replay_cost`), and when the ranks agreed
 that the base is older than its time bound (legato.session.base_clock), the state is copied into the base (a Snapshot)
-and each later step appends its record (a GPU batch's fingerprint held on the device until a share reads it back), so
+and each later step appends its record (a GPU batch's and gradients' fingerprints held on the device until a share reads them back), so
 that every checkpoint carries its own proof. A base is written once: a
 checkpoint whose base is already on disk (the newest checkpoint's own state, or the base it wrote or refers to) refers
 to those files instead (legato.store.bases), and a final checkpoint, never replayed, has none. This module must never
@@ -68,7 +68,7 @@ class ReplayBase:
         if self.snapshot is None:
             return
         tensors = batch_tensors(batch)
-        fingerprint = self._batch_fingerprint = replay.batch_fingerprint(tensors)
+        fingerprint = self._batch_fingerprint = replay.take_fingerprint(tensors) if tensors else replay.NO_TENSORS
         self.held.yielded(tensors)
         if type(fingerprint) is not str:
             if self._held_fingerprints >= replay.HELD_STEPS:  # the window's copies on the device stay bounded
@@ -76,10 +76,10 @@ class ReplayBase:
             self._held_fingerprints += 1  # this batch's record joins the window at the step's end
 
     def settle(self) -> None:
-        """Read back the batch fingerprints held on their device, into the window's records (before they are saved)."""
+        """Read back the fingerprints held on their device, into the window's records (before they are saved)."""
         if self._held_fingerprints:
             for record in self.window:
-                replay.settle_batch(record)
+                replay.settle_record(record)
             self._held_fingerprints = 0
 
     def record_step(self, step: int, loss: Loss | None, model: torch.nn.Module) -> dict | None:
@@ -89,7 +89,9 @@ class ReplayBase:
             return None
         first_after_base = step == (self.snapshot.step or 0) + 1
         # A DTensor gradient (FSDP2) is fingerprinted by this rank's shard: no collective, no gather.
-        grads = replay.fingerprint(local(p.grad) for p in unwrap(model).parameters()) if first_after_base else None
+        grads = replay.take_fingerprint([local(p.grad) for p in unwrap(model).parameters()]) if first_after_base else None
+        if grads is not None and type(grads) is not str:
+            self._held_fingerprints += 1
         record = replay.step_record(step, loss, self._batch_fingerprint, grads)
         self.held.step_ended(step)
         self.window.append(record)
