@@ -18,7 +18,19 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FAST_GPT, ROOT, TINY_GPT, assert_bitwise_equal, gpt_reference, manifest, resumed_steps, run_to_completion, run_trainer
+from conftest import (
+    FAST_GPT,
+    ROOT,
+    TINY_GPT,
+    assert_bitwise_equal,
+    codes,
+    gpt_reference,
+    manifest,
+    resumed_steps,
+    run_ranks,
+    run_to_completion,
+    run_trainer,
+)
 from helpers.shared_runs import SharedRuns, run_key
 
 from legato.store.manifest import manifest_checksum
@@ -190,3 +202,21 @@ def test_no_verifiable_checkpoint_refuses_to_start_over(shared_runs: SharedRuns,
     assert_usage_error(proc, "None of the 1 checkpoints", "move the run directory away")
     assert "skipping checkpoint" in proc.stderr and "replay_rank0.pt does not match" in proc.stderr
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_4"]
+
+
+@pytest.mark.slow
+def test_a_read_error_while_rank_0_picks_the_checkpoint_is_told_to_every_rank_and_harms_nothing(tmp_path: Path) -> None:
+    """Rank 0 picks the checkpoint to resume while the others wait for its pick; a disk's read error there (planted:
+    tests/helpers/stop_once.py READ_ERROR) ends rank 0 with the error, and each other rank with that cause rather than a
+    lost connection (or a wait until a timeout, were rank 0's process to live on). The run then resumes as before."""
+    script = [sys.executable, str(ROOT / "tests" / "helpers" / "stop_once.py"), str(tmp_path)]
+    assert codes(run_ranks(script, world_size=2)) == [0, 0]
+    manifests = {p: p.read_bytes() for p in (tmp_path / "checkpoints").glob("*/manifest.json")}
+    failed = run_ranks(script, world_size=2, READ_ERROR="1")
+    assert codes(failed) == [1, 1]
+    assert "OSError: [Errno 5] Input/output error (planted)" in failed[0].stderr
+    told = "rank 0 failed while picking the checkpoint to resume (OSError: [Errno 5] Input/output error (planted))"
+    assert told in failed[1].stderr and "Connection closed" not in failed[1].stderr, failed[1].stderr[-2000:]
+    assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").glob("*/manifest.json")} == manifests
+    again = run_ranks(script, world_size=2)
+    assert codes(again) == [0, 0] and "resumed at step 24" in again[0].stderr and "verified" in again[0].stderr, again[0].stderr[-2000:]

@@ -13,7 +13,9 @@ a replay base every 4 steps, the trajectory hashed every step. Settings by envir
 - DIVERGE=1: planted fault, each rank scales its own (already averaged) gradients by 1 + rank / 8 before the step,
   so the ranks' "replicated" parameters differ from the first step on;
 - WRITER_BUG=R:N: planted fault, rank R's background writer raises KeyError("planted") as it writes checkpoint N (a
-  bug in the writer, not the disk).
+  bug in the writer, not the disk);
+- READ_ERROR=1: planted fault, rank 0's reads of checkpoint manifests fail with OSError(EIO), as a failing disk's do,
+  while it picks the checkpoint to resume and its peers wait for the pick.
 
 A refusal (UsageError) is, as in any script, one paragraph on stderr and exit 2; a failed resume verification exits 3.
 """
@@ -51,11 +53,25 @@ def plant_writer_bug(rank: int, spec: str) -> None:
     AsyncCheckpointer._write = planted  # type: ignore[method-assign]
 
 
+def plant_read_error() -> None:
+    """READ_ERROR: this process's reads of a checkpoint's manifest fail as a failing disk's do."""
+    import errno
+
+    from legato.store import resumable
+
+    def failing(*_: Any, **__: Any) -> None:
+        raise OSError(errno.EIO, "Input/output error (planted)")
+
+    resumable.read_manifest = failing  # type: ignore[assignment]
+
+
 def main(out: Path) -> int:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     if "WRITER_BUG" in os.environ:
         plant_writer_bug(rank, os.environ["WRITER_BUG"])
+    if os.environ.get("READ_ERROR") == "1" and rank == 0:
+        plant_read_error()
     legato.seed_everything(3, rank=rank, mode="fast")
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH))

@@ -134,11 +134,21 @@ class Resumer:
         run = self.root, self.peers.world_size, training, self.reshard
         capabilities = self._capabilities = tuple(self.peers.gather(torch.backends.cpu.get_cpu_capability()))
         self._by_config = training is not None
-        if check is None:  # the other ranks hash their shares of each candidate's files while rank 0 picks
-            led = VerifiedTogether(self.peers).led(lambda verify: pick(*run, verify, capabilities, self.compiled, self.gpus))
-        else:  # rank 0 picks alone: the others have nothing to verify, so they do not serve
-            led = pick(*run, check, capabilities, self.compiled, self.gpus) if self.peers.rank == 0 else None
+        try:
+            if check is None:  # the other ranks hash their shares of each candidate's files while rank 0 picks
+                led = VerifiedTogether(self.peers).led(lambda verify: pick(*run, verify, capabilities, self.compiled, self.gpus))
+            else:  # rank 0 picks alone: the others have nothing to verify, so they do not serve
+                led = pick(*run, check, capabilities, self.compiled, self.gpus) if self.peers.rank == 0 else None
+        except Exception as exc:
+            if self.peers.rank == 0:  # the others wait for the pick: they hear why none comes, then rank 0 raises
+                self.peers.from_leader(PickFailed(f"{type(exc).__name__}: {exc}"))
+            raise
         picked = self.peers.from_leader(led)
+        if isinstance(picked, PickFailed):
+            raise RuntimeError(
+                f"rank 0 failed while picking the checkpoint to resume ({picked.error}); its log has the traceback. Nothing "
+                "was restored, and the checkpoints are as they were: mend the cause and run again."
+            )
         if isinstance(picked, str):
             raise UsageError(picked)
         if picked is None:
@@ -347,6 +357,13 @@ class Resumer:
                 unverified_label(mark),
                 step,
             )
+
+
+@dataclass(frozen=True)
+class PickFailed:
+    """What rank 0 hands the other ranks when picking the checkpoint raised (a disk's read error): the error, in words."""
+
+    error: str
 
 
 def resume_choice(environ: Mapping[str, str]) -> str:
