@@ -20,11 +20,13 @@ import pytest
 import torch
 from conftest import FAST_GPT, MLP, ROOT, TINY_GPT
 
+from legato.session.policy import CheckpointPolicy
 from legato.session.replay import HeldFingerprint, fingerprint, take_fingerprint
+from legato.session.replay_base import ReplayBase
 from legato.state import recipes
 from legato.state.device_digest import CHUNK_ROWS, ROW_WORDS, device_digest
 from legato.state.hashing import Digests, digest
-from legato.state.snapshot import LANES_ON_DEVICE_BYTES, Snapshot
+from legato.state.snapshot import LANES_ON_DEVICE_BYTES, Snapshot, batch_tensors
 
 pytestmark = [
     pytest.mark.slow,
@@ -207,6 +209,39 @@ def test_a_snapshot_taken_on_a_side_stream_reports_the_live_digests_to_another_t
         with ThreadPoolExecutor(1) as pool:
             share = pool.submit(snap.share).result()
     assert [c.components for c in recipes.complete([share])] == [expected]
+
+
+def test_a_step_record_of_a_cuda_batch_and_gradients_waits_for_nothing_and_holds_them_as_they_were() -> None:
+    """A replay base's step record on CUDA, as a step takes it (`ReplayBase.yielded` with the batch the Session yields,
+    `record_step` with the gradients on the first step past the base), synchronizes nothing (any wait raises under the
+    sync debug mode) and saves, later, the fingerprints of the tensors as they were then: the values `fingerprint` gives
+    for them, not the ones after the loop's writes into them (queued behind the copies). The batch holds a sampled
+    tensor, a transposed one, a bool mask and an empty one."""
+    base = ReplayBase(CheckpointPolicy(replay_steps=4), rank=0)
+    assert base.snapshot is not None
+    base.snapshot.step = 0
+    model = torch.nn.Linear(1024, 4, device="cuda")
+    batch = {
+        "x": torch.randn(512, 1024, device="cuda"),
+        "t": torch.randn(64, 32, device="cuda").t(),
+        "mask": torch.rand(512, device="cuda") > 0.5,
+        "empty": torch.empty(0, 3, device="cuda"),
+    }
+    model(batch["x"]).sum().backward()
+    tensors, grads = batch_tensors(batch), [p.grad for p in model.parameters()]
+    batch_reference, grads_reference = fingerprint(tensors), fingerprint(grads)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        base.yielded(batch)
+        base.record_step(1, 0.5, model)
+        batch["x"].mul_(2)  # the next step's body normalizes its batch in place
+        model(batch["x"]).sum().backward()  # and accumulates into the gradients
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert fingerprint(tensors) != batch_reference and fingerprint(grads) != grads_reference, "the writes change the tensors"
+    record = base.share(None)["steps"][0]
+    assert (record["batch"], record["grads"]) == (batch_reference, grads_reference)
 
 
 def test_a_cuda_batch_and_gradients_are_fingerprinted_without_waiting_for_the_device_and_as_they_were() -> None:

@@ -205,18 +205,27 @@ def test_no_verifiable_checkpoint_refuses_to_start_over(shared_runs: SharedRuns,
 
 
 @pytest.mark.slow
-def test_a_read_error_while_rank_0_picks_the_checkpoint_is_told_to_every_rank_and_harms_nothing(tmp_path: Path) -> None:
-    """Rank 0 picks the checkpoint to resume while the others wait for its pick; a disk's read error there (planted:
-    tests/helpers/stop_once.py READ_ERROR) ends rank 0 with the error, and each other rank with that cause rather than a
-    lost connection (or a wait until a timeout, were rank 0's process to live on). The run then resumes as before."""
+@pytest.mark.parametrize("pick", ["first", "verifying"])
+def test_a_read_error_while_rank_0_picks_the_checkpoint_is_told_to_every_rank_and_harms_nothing(tmp_path: Path, pick: str) -> None:
+    """Rank 0 picks the checkpoint to resume while the others wait for its pick (alone at first, by sizes; then, where
+    the newest checkpoint's files do not verify, with the others hashing their shares of each candidate). A disk's read
+    error there (planted: tests/helpers/stop_once.py READ_ERROR) ends rank 0 with the error, and each other rank with
+    that cause rather than a lost connection (or a wait until a timeout, were rank 0's process to live on). Nothing
+    saved is touched, and the run then resumes as it would have."""
     script = [sys.executable, str(ROOT / "tests" / "helpers" / "stop_once.py"), str(tmp_path)]
-    assert codes(run_ranks(script, world_size=2)) == [0, 0]
-    manifests = {p: p.read_bytes() for p in (tmp_path / "checkpoints").glob("*/manifest.json")}
-    failed = run_ranks(script, world_size=2, READ_ERROR="1")
+    assert codes(run_ranks(script, world_size=2, EVERY_STEPS="8")) == [0, 0]
+    if pick == "verifying":  # the newest checkpoint's files no longer verify: the second pick verifies each candidate
+        victim = tmp_path / "checkpoints" / "step_24" / "rank1.pt"
+        data = bytearray(victim.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        victim.write_bytes(bytes(data))
+    saved = {p: p.read_bytes() for p in (tmp_path / "checkpoints").glob("*/*")}
+    failed = run_ranks(script, world_size=2, EVERY_STEPS="8", READ_ERROR=pick)
     assert codes(failed) == [1, 1]
     assert "OSError: [Errno 5] Input/output error (planted)" in failed[0].stderr
     told = "rank 0 failed while picking the checkpoint to resume (OSError: [Errno 5] Input/output error (planted))"
     assert told in failed[1].stderr and "Connection closed" not in failed[1].stderr, failed[1].stderr[-2000:]
-    assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").glob("*/manifest.json")} == manifests
-    again = run_ranks(script, world_size=2)
-    assert codes(again) == [0, 0] and "resumed at step 24" in again[0].stderr and "verified" in again[0].stderr, again[0].stderr[-2000:]
+    assert {p: p.read_bytes() for p in (tmp_path / "checkpoints").glob("*/*")} == saved
+    again = run_ranks(script, world_size=2, EVERY_STEPS="8")
+    resumed = "resumed at step 24" if pick == "first" else "resumed at step 16"
+    assert codes(again) == [0, 0] and resumed in again[0].stderr and "verified" in again[0].stderr, again[0].stderr[-2000:]

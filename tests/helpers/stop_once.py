@@ -14,8 +14,10 @@ a replay base every 4 steps, the trajectory hashed every step. Settings by envir
   so the ranks' "replicated" parameters differ from the first step on;
 - WRITER_BUG=R:N: planted fault, rank R's background writer raises KeyError("planted") as it writes checkpoint N (a
   bug in the writer, not the disk);
-- READ_ERROR=1: planted fault, rank 0's reads of checkpoint manifests fail with OSError(EIO), as a failing disk's do,
-  while it picks the checkpoint to resume and its peers wait for the pick.
+- READ_ERROR=first|verifying: planted fault, rank 0's reads of checkpoint manifests fail with OSError(EIO), as a
+  failing disk's do, while it picks the checkpoint to resume and its peers wait for the pick: in the first pick
+  (sizes only, rank 0 alone), or in the pick that verifies each candidate while the other ranks serve it (after the
+  newest checkpoint's files failed to verify).
 
 A refusal (UsageError) is, as in any script, one paragraph on stderr and exit 2; a failed resume verification exits 3.
 """
@@ -53,16 +55,21 @@ def plant_writer_bug(rank: int, spec: str) -> None:
     AsyncCheckpointer._write = planted  # type: ignore[method-assign]
 
 
-def plant_read_error() -> None:
-    """READ_ERROR: this process's reads of a checkpoint's manifest fail as a failing disk's do."""
+def plant_read_error(pick: str) -> None:
+    """READ_ERROR: this process's reads of a checkpoint's manifest fail as a failing disk's do, in the `pick` named."""
     import errno
 
     from legato.store import resumable
+    from legato.store.manifest import check_listed
 
-    def failing(*_: Any, **__: Any) -> None:
-        raise OSError(errno.EIO, "Input/output error (planted)")
+    read = resumable.read_manifest
 
-    resumable.read_manifest = failing  # type: ignore[assignment]
+    def failing(path: Path, verify: Any = None) -> dict:
+        if (verify is check_listed) == (pick == "first"):
+            raise OSError(errno.EIO, "Input/output error (planted)")
+        return read(path, verify)
+
+    resumable.read_manifest = failing
 
 
 def main(out: Path) -> int:
@@ -70,8 +77,8 @@ def main(out: Path) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     if "WRITER_BUG" in os.environ:
         plant_writer_bug(rank, os.environ["WRITER_BUG"])
-    if os.environ.get("READ_ERROR") == "1" and rank == 0:
-        plant_read_error()
+    if "READ_ERROR" in os.environ and rank == 0:
+        plant_read_error(os.environ["READ_ERROR"])
     legato.seed_everything(3, rank=rank, mode="fast")
     torch.set_num_threads(1)
     model = torch.nn.Sequential(torch.nn.Linear(WIDTH, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, WIDTH))

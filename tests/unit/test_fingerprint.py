@@ -131,3 +131,19 @@ def test_a_long_window_reads_its_held_fingerprints_back_every_held_steps_and_sav
     assert [r["batch"] for r in steps] == [fingerprint(batch) for batch in batches]
     assert steps[0]["grads"] == fingerprint(grads[0]) != fingerprint(grads[-1])  # the first step past the base's, held
     assert all("grads" not in r for r in steps[1:])
+
+
+def test_held_copies_are_read_back_before_their_bytes_pass_their_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A big CPU tensor in a batch with device tensors is copied whole (up to WHOLE_BYTES): the bytes held bound the
+    window too, not only its steps."""
+    monkeypatch.setattr(replay, "HOLD_CPU", True)
+    monkeypatch.setattr(replay, "HELD_BYTES", 3 * 4096)
+    base = ReplayBase(CheckpointPolicy(replay_steps=4), rank=0)
+    assert base.snapshot is not None
+    base.snapshot.step = 0
+    model, most_held = torch.nn.Linear(2, 1), 0
+    for step in range(1, 11):
+        base.yielded([torch.full((1024,), float(step))])  # 4 KiB
+        base.record_step(step, 0.5, model)
+        most_held = max(most_held, sum(r["batch"].nbytes for r in base.window if isinstance(r["batch"], HeldFingerprint)))
+    assert most_held == 3 * 4096

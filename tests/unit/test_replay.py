@@ -199,7 +199,7 @@ def held_batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return reads
 
 
-def test_held_take_fingerprints_name_a_batch_drawn_from_unsaved_randomness(tmp_path: Path, held_batches: list[int]) -> None:
+def test_held_batch_fingerprints_name_a_batch_drawn_from_unsaved_randomness(tmp_path: Path, held_batches: list[int]) -> None:
     assert train(tmp_path, "worker_rng", signal_at=(STOP,), steps=STEPS).exit_code == EXIT_STOPPED
     with pytest.raises(legato.ResumeMismatchError) as caught:
         train(tmp_path, "worker_rng", steps=STEPS)

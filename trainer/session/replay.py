@@ -53,12 +53,20 @@ HOLD_CPU = False
 at once, since reading it waits for nothing."""
 
 HELD_STEPS = 256  # held fingerprints are read back at the latest after this many steps (one wait, not one a step)
+HELD_BYTES = 64 << 20  # or once their copies hold this much (a big CPU tensor in a batch with device tensors)
 
 
 def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
     """XXH3-128 over dtypes, shapes and the bytes of `tensors` (all of a CPU tensor up to WHOLE_BYTES, else an evenly
     strided sample), 32 hex digits."""
-    return _digest(None if t is None else (_header(t), _sample(t)) for t in tensors)
+    h = xxhash.xxh3_128()
+    for t in tensors:  # a loop, not a generator into _digest: a CPU batch is fingerprinted at every step
+        if t is None:
+            h.update(NONE)
+            continue
+        h.update(_header(t))
+        _add(h, _sample(t))
+    return h.hexdigest()
 
 
 class HeldFingerprint:
@@ -66,18 +74,25 @@ class HeldFingerprint:
     batch, the next step into the gradients), read back and hashed when the value is first asked for, so that no step
     waits for the device to fingerprint. The value is the one `fingerprint` gives for the same tensors."""
 
-    __slots__ = ("_parts", "_value")
+    __slots__ = ("_parts", "_value", "nbytes")
 
     def __init__(self, tensors: Sequence[torch.Tensor | None]) -> None:
         # A CPU tensor among device ones is copied too: hashing it now would put its bytes before an earlier tensor's.
-        self._parts: list[tuple[bytes, torch.Tensor] | None] | None = [
-            None if t is None else (_header(t), _sample(t).clone(memory_format=torch.contiguous_format)) for t in tensors
-        ]
+        parts = [None if t is None else (_header(t), _sample(t).clone(memory_format=torch.contiguous_format)) for t in tensors]
+        self._parts: list[tuple[bytes, torch.Tensor] | None] | None = parts
         self._value: str | None = None
+        self.nbytes = sum(part[1].nbytes for part in parts if part is not None)  # what the copies hold
 
     def __call__(self) -> str:
         if self._parts is not None:
-            self._value, self._parts = _digest(self._parts), None
+            h = xxhash.xxh3_128()
+            for part in self._parts:
+                if part is None:
+                    h.update(NONE)
+                    continue
+                h.update(part[0])
+                _add(h, part[1])
+            self._value, self._parts = h.hexdigest(), None
         assert self._value is not None
         return self._value
 
@@ -88,8 +103,9 @@ Fingerprint = str | HeldFingerprint
 def take_fingerprint(tensors: Sequence[torch.Tensor | None]) -> Fingerprint:
     """The fingerprint of tensors the loop goes on to change (a batch, the gradients) for a step record: hashed at once
     when they are on the CPU, held when any is on a device."""
-    if HOLD_CPU or any(t is not None and not t.is_cpu for t in tensors):
-        return HeldFingerprint(tensors)
+    for t in tensors:
+        if HOLD_CPU or (t is not None and not t.is_cpu):
+            return HeldFingerprint(tensors)
     return fingerprint(tensors)
 
 
@@ -116,18 +132,13 @@ def _sample(t: torch.Tensor) -> torch.Tensor:
     return flat
 
 
-def _digest(parts: Iterable[tuple[bytes, torch.Tensor] | None]) -> str:
-    h = xxhash.xxh3_128()
-    for part in parts:
-        if part is None:
-            h.update(b"none;")
-            continue
-        header, flat = part
-        h.update(header)
-        if flat.numel():
-            # An ndarray is a buffer; numpy's stubs say so only for Python >= 3.12 (`__buffer__`).
-            h.update(flat.cpu().contiguous().view(torch.uint8).numpy())  # type: ignore[arg-type]
-    return h.hexdigest()
+NONE = b"none;"  # what stands for a missing tensor (a parameter without a gradient)
+
+
+def _add(h: xxhash.xxh3_128, flat: torch.Tensor) -> None:
+    if flat.numel():
+        # An ndarray is a buffer; numpy's stubs say so only for Python >= 3.12 (`__buffer__`).
+        h.update(flat.cpu().contiguous().view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 NO_TENSORS = fingerprint([])  # a batch without tensors (a Session without a loader yields the step index)

@@ -48,7 +48,9 @@ class ReplayBase:
         self.held = replay.HeldBatches()
         self._agreed = False  # the ranks agreed at this step's boundary that the base is too old
         self._batch_fingerprint: replay.Fingerprint | None = None
-        self._held_fingerprints = 0  # records in the window whose batch fingerprint is still on its device
+        # The window's fingerprints still on their device (legato.session.replay.HeldFingerprint): how many, and the bytes
+        # of their copies; the window is read back before either passes its bound.
+        self._held, self._held_bytes = 0, 0
         # Base states on disk, step -> place: the newest checkpoint's own state and its base, both kept from pruning
         # while it is the newest. A snapshot found here is referred to, never written again.
         self.on_disk: dict[int, Place] = {}
@@ -70,17 +72,23 @@ class ReplayBase:
         tensors = batch_tensors(batch)
         fingerprint = self._batch_fingerprint = replay.take_fingerprint(tensors) if tensors else replay.NO_TENSORS
         self.held.yielded(tensors)
-        if type(fingerprint) is not str:
-            if self._held_fingerprints >= replay.HELD_STEPS:  # the window's copies on the device stay bounded
-                self.settle()
-            self._held_fingerprints += 1  # this batch's record joins the window at the step's end
+        if isinstance(fingerprint, replay.HeldFingerprint):
+            self._holding(fingerprint)
 
     def settle(self) -> None:
         """Read back the fingerprints held on their device, into the window's records (before they are saved)."""
-        if self._held_fingerprints:
+        if self._held:
             for record in self.window:
                 replay.settle_record(record)
-            self._held_fingerprints = 0
+            self._held, self._held_bytes = 0, 0
+
+    def _holding(self, fingerprint: replay.HeldFingerprint) -> None:
+        """Count a held fingerprint whose record joins the window at this step's end, the window's read back first when
+        its copies are at their bound."""
+        if self._held >= replay.HELD_STEPS or self._held_bytes >= replay.HELD_BYTES:
+            self.settle()
+        self._held += 1
+        self._held_bytes += fingerprint.nbytes
 
     def record_step(self, step: int, loss: Loss | None, model: torch.nn.Module) -> dict | None:
         """This step's replay record (the gradients' fingerprint, of the model inside its wrappers, only on the first
@@ -90,8 +98,8 @@ class ReplayBase:
         first_after_base = step == (self.snapshot.step or 0) + 1
         # A DTensor gradient (FSDP2) is fingerprinted by this rank's shard: no collective, no gather.
         grads = replay.take_fingerprint([local(p.grad) for p in unwrap(model).parameters()]) if first_after_base else None
-        if grads is not None and type(grads) is not str:
-            self._held_fingerprints += 1
+        if isinstance(grads, replay.HeldFingerprint):
+            self._holding(grads)
         record = replay.step_record(step, loss, self._batch_fingerprint, grads)
         self.held.step_ended(step)
         self.window.append(record)
@@ -113,7 +121,7 @@ class ReplayBase:
 
     def _started(self) -> None:
         self.window = []
-        self._held_fingerprints = 0
+        self._held, self._held_bytes = 0, 0
         self._agreed = False
         self.clock.taken()
 

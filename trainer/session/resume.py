@@ -141,7 +141,7 @@ class Resumer:
                 led = pick(*run, check, capabilities, self.compiled, self.gpus) if self.peers.rank == 0 else None
         except Exception as exc:
             if self.peers.rank == 0:  # the others wait for the pick: they hear why none comes, then rank 0 raises
-                self.peers.from_leader(PickFailed(f"{type(exc).__name__}: {exc}"))
+                self._tell_failed(exc)
             raise
         picked = self.peers.from_leader(led)
         if isinstance(picked, PickFailed):
@@ -155,6 +155,14 @@ class Resumer:
             return None
         path, manifest, self.skipped = picked
         return Path(path), manifest
+
+    def _tell_failed(self, exc: Exception) -> None:
+        """Rank 0: hand the ranks waiting for its pick the error that ended it. Where telling them fails too (the error was
+        a peer's loss), rank 0 still raises its own error, not the broadcast's."""
+        try:
+            self.peers.from_leader(PickFailed(f"{type(exc).__name__}: {exc}"))
+        except Exception as lost:
+            log.debug("rank 0: could not tell the other ranks that the pick failed (%s)", lost)
 
     def _preload(self, path: Path, manifest: dict, where: tuple[Path, str]) -> bool:
         """Collective: load `where` (directory, prefix) of checkpoint `path`, then verify every file the checkpoint rests on;
