@@ -118,3 +118,22 @@ def test_a_session_reads_its_losses_back_at_its_captures_not_at_every_step(tmp_p
         expected += v
     assert session.metrics == {"loss_sum": expected, "loss_count": 40}
     assert number(None) is None
+
+
+def test_a_learning_rate_held_as_a_tensor_is_written_with_each_step_value(tmp_path: Path) -> None:
+    """A capturable optimizer's learning rate is a tensor, on the GPU there (its float would wait for the device at
+    every step), which the scheduler writes into at every step: held like a loss, each line has its own step's value."""
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda epoch: 0.5**epoch)
+    session = legato.Session(tmp_path, model=model, optimizer=optimizer, scheduler=scheduler, total_steps=6)
+    seen = []
+    for _ in session:
+        seen.append(float(optimizer.param_groups[0]["lr"]))
+        model(torch.ones(2, 3)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        scheduler.step()
+        session.report(0.5)
+    assert [r["lr"] for r in trajectory(tmp_path, 0)] == seen
+    assert len(set(seen)) == 6, "every step's rate differs"

@@ -1,4 +1,4 @@
-"""Reported losses kept on their device until a number is needed, then read back together.
+"""Reported losses (and a learning rate held as a tensor) kept on their device until a number is needed, then read back together.
 
 `float(loss)` after every step makes the host wait for the device at every
 step, and a GPU loop loses the overlap of its next launches with this step's
@@ -83,6 +83,22 @@ class HeldLoss:
 Loss = float | HeldLoss
 
 
+class HeldRate:
+    """A learning rate held on its device as a loss is (a capturable optimizer's tensor): its float when called, as the
+    trajectory's writer calls what stands for a value."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, held: HeldLoss) -> None:
+        self._held = held
+
+    def __call__(self) -> float:
+        return self._held.value
+
+
+Rate = float | HeldRate
+
+
 class LossBook:
     """The losses reported since the last read-back."""
 
@@ -100,6 +116,12 @@ class LossBook:
         held = HeldLoss(self, detached.clone() if detached.dim() == 0 else detached.reshape(()).clone())
         self._held.append(held)
         return held
+
+    def rate(self, lr: torch.Tensor | float) -> Rate:
+        """A param group's learning rate as the trajectory writes it: a float, or a tensor's value held and read back
+        with the losses (from a copy: a scheduler writes into the tensor at every step)."""
+        taken = self.take(lr)
+        return HeldRate(taken) if isinstance(taken, HeldLoss) else taken
 
     def settle(self) -> None:
         """Read back every held loss and hand each value to what waits for it, in the order reported."""

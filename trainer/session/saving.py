@@ -29,7 +29,7 @@ from legato.config import CheckpointSection
 from legato.dist.peers import Peers
 from legato.dist.stop import NOTHING_AGREED, Decision
 from legato.events import Kind
-from legato.session.losses import Loss
+from legato.session.losses import Loss, Rate
 from legato.session.position import Position
 from legato.session.replay_base import ReplayBase
 from legato.session.schedule import Schedule
@@ -125,19 +125,19 @@ class Saver:
         counts = (self.policy.every_steps, self.policy.hash_every_steps, self.base.every if self.base.on else 0)
         return min([total_steps] + [(step // n + 1) * n for n in counts if n])
 
-    def quiet_end(self, loss: Loss | None, lr: float | None) -> None:
+    def quiet_end(self, loss: Loss | None, lr: Rate | None) -> None:
         """`reason` and `step_end` before `next_due`, with no agreement read: no base agreed, nothing to commit, the
         trajectory line and the progress."""
         self.base.agreed(NOTHING_AGREED)  # as `reason` does: it is False here already, and stays so by construction
         self._line(loss, lr)
 
-    def _line(self, loss: Loss | None, lr: float | None) -> None:
+    def _line(self, loss: Loss | None, lr: Rate | None) -> None:
         step, epoch = self.position.step, self.position.epoch
         self.telemetry.record(step, epoch, loss, lr, None)
         self.telemetry.progress(step, epoch, loss)
 
     def step_end(
-        self, reason: str | None, loss: Loss | None, lr: float | None, received_at: float | None, alongside: AbstractContextManager
+        self, reason: str | None, loss: Loss | None, lr: Rate | None, received_at: float | None, alongside: AbstractContextManager
     ) -> None:
         """After the agreement: log the trajectory, report progress and a stop, and write the checkpoint due. `alongside`:
         the caller's work that goes with a checkpoint (the census), entered around its write whenever one is due."""

@@ -59,7 +59,7 @@ from legato.session.attempt_lock import AttemptLock
 from legato.session.chaos import CHAOS_AT_ENV, CHAOS_RANK_ENV, Chaos
 from legato.session.feed import EPOCH_OVER, Feed
 from legato.session.identity import Identity
-from legato.session.losses import Loss, LossBook
+from legato.session.losses import Loss, LossBook, Rate
 from legato.session.opening import open_attempt
 from legato.session.pace import Pace
 from legato.session.policy import CheckpointPolicy, HangPolicy, StopPolicy
@@ -226,7 +226,7 @@ class Session:
         )
         self._losses = LossBook()
         self._loss: Loss | None = None  # this step's, once reported
-        self._lr: float | None = None
+        self._lr: Rate | None = None
         self._begun = False
         self._resumed_step = 0
         self._trackers: list[Tracker] = []
@@ -405,7 +405,8 @@ class Session:
             if batch is EPOCH_OVER:
                 return
             self._loss = None
-            self._lr = float(self.optimizer.param_groups[0]["lr"])
+            lr = self.optimizer.param_groups[0]["lr"]
+            self._lr = lr if type(lr) is float else self._losses.rate(lr)  # a CUDA tensor's float would wait for the GPU
             self._saving.base.yielded(batch)
             self._pace.yielded()
             yield batch

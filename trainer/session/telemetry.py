@@ -16,7 +16,7 @@ from typing import Any
 
 from legato.errors import ResumeMismatchError
 from legato.events import Kind, loop_left_label
-from legato.session.losses import Loss, hex_of, number
+from legato.session.losses import Loss, Rate, hex_of, number
 from legato.state.hashing import rank_hash
 from legato.store.commit import Committed
 from legato.store.trajectory import TrajectoryWriter
@@ -63,7 +63,7 @@ class Telemetry:
         if lost_to is not None:
             self.emit(Kind.WORK_LOST, step=resume_step, trained_to=lost_to, lost_steps=lost_to - resume_step)
 
-    def record(self, step: int, epoch: int, loss: Loss | None, lr: float | None, components: dict[str, str] | None) -> None:
+    def record(self, step: int, epoch: int, loss: Loss | None, lr: Rate | None, components: dict[str, str] | None) -> None:
         """One step's trajectory line; with `components`, the rank's state hash and digests too."""
         record: dict[str, Any] = {"step": step, "epoch": epoch, "loss_hex": hex_of(loss), "lr": lr}
         if components is not None:
