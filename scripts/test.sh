@@ -4,8 +4,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 # Three workers on two cores: the suite is CPU-bound there (the cores stay busy throughout; four workers bought nothing
-# on 2026-11-28), so its time is its CPU. A fresh clone's tests took 20.1 and 20.3 min on 2026-12-05, early morning
-# (1,149 tests; 27.7 beside two busy CPU loops; 28.7 under the recorders of scripts/suite_cpu.py on 2026-12-04); where
+# on 2026-11-28), so its time is its CPU. A fresh clone's tests took 20.1 min on 2026-12-05, morning (1,160 tests;
+# 27.4 beside two busy CPU loops; 28.7 under the recorders of scripts/suite_cpu.py on 2026-12-04); where
 # their 3,070 CPU-s go, by
 # process kind, and how to measure it again: docs/benchmarks.md,
 # "Where does the test suite's CPU go?"; earlier runs: docs/benchmarks-log.md. Most of a rank's start is torch's
