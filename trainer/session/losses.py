@@ -1,4 +1,4 @@
-"""Reported losses (and a learning rate held as a tensor) kept on their device until a number is needed, then read back together.
+"""Reported losses (and a tensor learning rate) kept on their device until a number is needed, then read back together.
 
 `float(loss)` after every step makes the host wait for the device at every
 step, and a GPU loop loses the overlap of its next launches with this step's

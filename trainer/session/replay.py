@@ -54,13 +54,14 @@ at once, since reading it waits for nothing."""
 
 HELD_STEPS = 256  # held fingerprints are read back at the latest after this many steps (one wait, not one a step)
 HELD_BYTES = 64 << 20  # or once their copies hold this much (a big CPU tensor in a batch with device tensors)
+NONE = b"none;"  # what stands for a missing tensor (a parameter without a gradient)
 
 
 def fingerprint(tensors: Iterable[torch.Tensor | None]) -> str:
     """XXH3-128 over dtypes, shapes and the bytes of `tensors` (all of a CPU tensor up to WHOLE_BYTES, else an evenly
     strided sample), 32 hex digits."""
     h = xxhash.xxh3_128()
-    for t in tensors:  # a loop, not a generator into _digest: a CPU batch is fingerprinted at every step
+    for t in tensors:  # a plain loop, helpers inlined but two: a CPU batch is fingerprinted at every step
         if t is None:
             h.update(NONE)
             continue
@@ -130,9 +131,6 @@ def _sample(t: torch.Tensor) -> torch.Tensor:
     if not whole and flat.numel() > limit:
         flat = flat[:: -(-flat.numel() // limit)]
     return flat
-
-
-NONE = b"none;"  # what stands for a missing tensor (a parameter without a gradient)
 
 
 def _add(h: xxhash.xxh3_128, flat: torch.Tensor) -> None:

@@ -3,12 +3,12 @@ are on disk already.
 
 Every `replay_steps` steps (fewer often when the copies would cost more than `replay_cost`), and when the ranks agreed
 that the base is older than its time bound (legato.session.base_clock), the state is copied into the base (a Snapshot)
-and each later step appends its record (a GPU batch's and gradients' fingerprints held on the device until a share reads them back), so
-that every checkpoint carries its own proof. A base is written once: a
-checkpoint whose base is already on disk (the newest checkpoint's own state, or the base it wrote or refers to) refers
-to those files instead (legato.store.bases), and a final checkpoint, never replayed, has none. This module must never
-write a checkpoint, take part in a vote or restore anything: legato.session.saving decides when a base is taken and
-which checkpoint carries it.
+and each later step appends its record (fingerprints of a GPU batch or gradients held on the device until a share reads
+them back), so that every checkpoint carries its own proof. A base is written once: a checkpoint whose base is already
+on disk (the newest checkpoint's own state, or the base it wrote or refers to) refers to those files instead
+(legato.store.bases), and a final checkpoint, never replayed, has none. This module must never write a checkpoint,
+take part in a vote or restore anything: legato.session.saving decides when a base is taken and which checkpoint
+carries it.
 """
 
 from __future__ import annotations
