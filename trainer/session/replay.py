@@ -52,7 +52,7 @@ HOLD_CPU = False
 """Whether CPU tensors' fingerprints in step records are held as a device's are (tests turn it on); a CPU tensor is hashed
 at once, since reading it waits for nothing."""
 
-HELD_STEPS = 256  # held fingerprints are read back at the latest after this many steps (one wait, not one a step)
+HELD_STEPS = 256  # held fingerprints are read back once this many are held (about as many steps): one wait, not one a step
 HELD_BYTES = 64 << 20  # or once their copies hold this much (a big CPU tensor in a batch with device tensors)
 NONE = b"none;"  # what stands for a missing tensor (a parameter without a gradient)
 
